@@ -1,0 +1,279 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/sandbox"
+)
+
+func benchCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "bench", Short: "Measure forkd on this host"}
+	var o benchOpts
+	spawn := &cobra.Command{
+		Use:   "spawn",
+		Short: "Cold boot vs fork-to-ready, concurrent forks, per-child memory (runs its own engine; needs root)",
+		Long: "Runs an engine in-process (its own run dir and namespaces, the shared data dir) and measures,\n" +
+			"in one run: cold boot of the snapshot's image; fork-to-ready p50/p90 over sequential forks;\n" +
+			"wall clock until all N children answer for each concurrent N; per-child PSS and private\n" +
+			"memory (smaps_rollup) against a cold-booted VM; and, for a snapshot with a Python session,\n" +
+			"the first run_code in a fresh child against a cold `import pandas` in the same guest.\n" +
+			"Prints a Markdown report (append it to docs/BENCHMARKS.md).",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runBenchSpawn(cmd.Context(), g, o) },
+	}
+	f := spawn.Flags()
+	f.StringVar(&o.tag, "tag", "bench-minimal", "snapshot to fork (created from --recipe if missing)")
+	f.StringVar(&o.recipe, "recipe", "minimal", "recipe for a missing --tag")
+	f.IntVar(&o.sequential, "sequential", 20, "sequential forks for p50/p90")
+	f.StringVar(&o.concurrent, "concurrent", "10,50", "comma-separated N for concurrent forks")
+	f.IntVar(&o.cold, "cold", 3, "cold boots (median reported)")
+	f.IntVar(&o.memChildren, "mem-children", 10, "children running while memory is measured")
+	f.IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, "pre-started VMMs per snapshot")
+	f.StringVar(&g.vmmName, "vmm", envOr("FORKD_VMM", "qemu"), "VMM driver")
+	f.StringVar(&g.accel, "accel", os.Getenv("FORKD_ACCEL"), "accelerator (kvm, tcg, auto)")
+	cmd.AddCommand(spawn)
+	return cmd
+}
+
+type benchOpts struct {
+	tag, recipe, concurrent string
+	sequential, cold        int
+	memChildren             int
+}
+
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	i := int(p*float64(len(s)-1) + 0.5)
+	return s[i]
+}
+
+// smapsRollup reads Pss and private memory (kB) of a process.
+func smapsRollup(pid int) (pss, private int64, err error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 {
+			continue
+		}
+		v, _ := strconv.ParseInt(fields[1], 10, 64)
+		switch fields[0] {
+		case "Pss:":
+			pss = v
+		case "Private_Clean:", "Private_Dirty:":
+			private += v
+		}
+	}
+	return pss, private, sc.Err()
+}
+
+// waitPool waits (bounded) until the snapshot's pool is full again, so each
+// measured fork sees the steady state of a daemon between requests.
+func waitPool(e *sandbox.Engine, snapID string, size int) {
+	for i := 0; i < 400 && e.PoolSize(snapID) < size; i++ {
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+func runBenchSpawn(ctx context.Context, g *globals, o benchOpts) error {
+	var ns []int
+	for _, s := range strings.Split(o.concurrent, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			return fmt.Errorf("--concurrent %q: want numbers like 10,50: %w", o.concurrent, errdefs.ErrInvalidArgument)
+		}
+		ns = append(ns, n)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	runDir := filepath.Join(g.runDir, fmt.Sprintf("bench-%d", os.Getpid()))
+	g.maxFork = 1000
+	e, _, err := g.newEngine(runDir, "fkb-", log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		e.Close(context.Background())
+		os.RemoveAll(runDir)
+	}()
+	say := func(format string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...) }
+
+	snap, err := e.Store().Get(o.tag)
+	if errdefs.IsNotFound(err) {
+		say("creating snapshot %s from recipe %s", o.tag, o.recipe)
+		snap, err = e.CreateSnapshot(ctx, sandbox.CreateSnapshotOptions{Tag: o.tag, Recipe: o.recipe, Progress: func(m string) { say("  %s", m) }})
+	}
+	if err != nil {
+		return err
+	}
+	var report bytes.Buffer
+	host, _ := os.Hostname()
+	v, _ := e.Driver().Version(ctx)
+	fmt.Fprintf(&report, "### forkd bench spawn — %s\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(&report, "Machine: %s, %d CPUs (%s), kernel %s; VMM %s %s, accel %s; snapshot `%s` (recipe %s, %d MiB, %d vCPU); pool %d.\n\n",
+		host, runtime.NumCPU(), cpuModel(), kernelRelease(), e.Driver().Name(), v, snap.VMM.Accel, snap.Tag, snap.Image.Recipe, snap.MemoryMiB, snap.VCPUs, g.poolSize)
+	fmt.Fprintf(&report, "| measure | value |\n|---|---|\n")
+	row := func(k, format string, a ...any) { fmt.Fprintf(&report, "| %s | %s |\n", k, fmt.Sprintf(format, a...)) }
+
+	// Cold boots.
+	var colds []float64
+	var coldPSS, coldPriv int64
+	for i := 0; i < o.cold; i++ {
+		cv, err := e.ColdBoot(ctx, o.tag)
+		if err != nil {
+			return err
+		}
+		colds = append(colds, float64(cv.Ready.Microseconds())/1000)
+		if i == 0 {
+			cv.Agent.Exec(ctx, agentapi.ExecRequest{Argv: []string{"true"}}, nil, io.Discard, io.Discard)
+			time.Sleep(500 * time.Millisecond)
+			coldPSS, coldPriv, _ = smapsRollup(cv.PID)
+		}
+		cv.Stop()
+		say("cold boot %d: %.0f ms", i+1, colds[i])
+	}
+	coldP50 := percentile(colds, 0.5)
+	row("cold boot to agent answering (median of "+strconv.Itoa(o.cold)+")", "%.0f ms", coldP50)
+
+	// Sequential forks.
+	var readies []float64
+	for i := 0; i < o.sequential; i++ {
+		waitPool(e, snap.ID, g.poolSize)
+		sbs, err := e.Fork(ctx, o.tag, 1)
+		if err != nil {
+			return err
+		}
+		readies = append(readies, sbs[0].ReadyMillis)
+		e.Kill(ctx, []string{sbs[0].ID})
+	}
+	p50, p90 := percentile(readies, 0.5), percentile(readies, 0.9)
+	say("sequential fork-to-ready p50 %.1f ms p90 %.1f ms", p50, p90)
+	row(fmt.Sprintf("fork-to-ready, %d sequential forks, p50 / p90", o.sequential), "%.1f ms / %.1f ms", p50, p90)
+	row("cold boot / fork-to-ready p50", "%.0f×", coldP50/p50)
+
+	// Concurrent forks.
+	for _, n := range ns {
+		waitPool(e, snap.ID, g.poolSize)
+		start := time.Now()
+		sbs, err := e.Fork(ctx, o.tag, n)
+		if err != nil {
+			return err
+		}
+		wall := time.Since(start)
+		var ids []string
+		for _, s := range sbs {
+			ids = append(ids, s.ID)
+		}
+		e.Kill(ctx, ids)
+		say("N=%d concurrent: all answering after %s", n, wall.Round(time.Millisecond))
+		row(fmt.Sprintf("N=%d concurrent forks, wall clock until all answer", n), "%.2f s", wall.Seconds())
+	}
+
+	// Per-child memory.
+	if o.memChildren > 0 {
+		waitPool(e, snap.ID, g.poolSize)
+		sbs, err := e.Fork(ctx, o.tag, o.memChildren)
+		if err != nil {
+			return err
+		}
+		var ids []string
+		for _, s := range sbs {
+			ids = append(ids, s.ID)
+			if a, err := e.Agent(s.ID); err == nil {
+				a.Exec(ctx, agentapi.ExecRequest{Argv: []string{"true"}}, nil, io.Discard, io.Discard)
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+		var psss, privs []float64
+		for _, s := range sbs {
+			pss, priv, err := smapsRollup(s.PID())
+			if err == nil {
+				psss = append(psss, float64(pss))
+				privs = append(privs, float64(priv))
+			}
+		}
+		e.Kill(ctx, ids)
+		mp, mv := percentile(psss, 0.5), percentile(privs, 0.5)
+		row("cold-booted VM: PSS / private", "%.1f MB / %.1f MB", float64(coldPSS)/1024, float64(coldPriv)/1024)
+		row(fmt.Sprintf("per child (median of %d running): PSS / private", len(psss)), "%.1f MB / %.1f MB", mp/1024, mv/1024)
+		if coldPSS > 0 {
+			row("child PSS / cold VM PSS", "%.0f %%", 100*mp/float64(coldPSS))
+		}
+	}
+
+	// Python: first run_code in a fresh child vs a cold import in the same guest.
+	if snap.Python.Enabled {
+		waitPool(e, snap.ID, g.poolSize)
+		sbs, err := e.Fork(ctx, o.tag, 2)
+		if err != nil {
+			return err
+		}
+		a0, _ := e.Agent(sbs[0].ID)
+		t := time.Now()
+		res, err := a0.RunCode(ctx, agentapi.RunCodeRequest{Code: `pd.DataFrame({"a":[1,2]}).sum()`})
+		first := time.Since(t)
+		if err != nil || res.Error != nil {
+			return fmt.Errorf("first run_code failed: %v %+v", err, res.Error)
+		}
+		t = time.Now()
+		a0.RunCode(ctx, agentapi.RunCodeRequest{Code: `pd.DataFrame({"a":[1,2]}).sum()`})
+		second := time.Since(t)
+		a1, _ := e.Agent(sbs[1].ID)
+		t = time.Now()
+		ev, err := a1.Exec(ctx, agentapi.ExecRequest{Argv: []string{"python3", "-c", "import pandas"}}, nil, io.Discard, io.Discard)
+		cold := time.Since(t)
+		if err != nil || ev.ExitCode != 0 {
+			return fmt.Errorf("cold import failed: %v (exit %d)", err, ev.ExitCode)
+		}
+		e.Kill(ctx, []string{sbs[0].ID, sbs[1].ID})
+		row("first run_code `pd.DataFrame(...).sum()` in a fresh child", "%.0f ms (second call %.0f ms)", float64(first.Microseconds())/1000, float64(second.Microseconds())/1000)
+		row("cold `python3 -c 'import pandas'` in the same guest", "%.0f ms", float64(cold.Microseconds())/1000)
+		row("cold import / first run_code", "%.1f×", cold.Seconds()/first.Seconds())
+		row("template creation (boot + warm + save + hash)", "%.1f s", float64(snap.CreateMillis)/1000)
+	}
+	fmt.Print(report.String())
+	return nil
+}
+
+func cpuModel() string {
+	data, _ := os.ReadFile("/proc/cpuinfo")
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(l, "model name") {
+			if _, v, ok := strings.Cut(l, ":"); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+	}
+	return "unknown CPU"
+}
+
+func kernelRelease() string {
+	data, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	return strings.TrimSpace(string(data))
+}

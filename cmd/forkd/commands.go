@@ -1,0 +1,367 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/snapshot"
+)
+
+func table(header string) *tabwriter.Writer {
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	return tw
+}
+
+func human(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+func progressPrinter(g *globals) func(string) {
+	start := time.Now()
+	return func(msg string) {
+		if !g.jsonOut {
+			fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(start).Seconds(), msg)
+		}
+	}
+}
+
+func imageCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "image", Short: "Build and list guest images"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "build RECIPE",
+		Short: "Build (or find cached) the image of a recipe: kernel, initramfs with forkd-agent, read-only root fs",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			img, err := c.BuildImage(cmd.Context(), args[0], progressPrinter(g))
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return printJSON(img)
+			}
+			fmt.Printf("image %s (recipe %s, kernel %s, %s) in %s\n", img.Digest[:12], img.Recipe, img.KernelVersion, human(img.SizeBytes), img.Dir)
+			return nil
+		},
+	})
+	ls := imagesCmd(g)
+	ls.Use = "ls"
+	cmd.AddCommand(ls)
+	return cmd
+}
+
+func imagesCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "images", Short: "List built images", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			imgs, err := c.Images(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return printJSON(imgs)
+			}
+			tw := table("DIGEST\tRECIPE\tKERNEL\tMEMORY\tSIZE\tCREATED")
+			for _, i := range imgs {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d MiB\t%s\t%s\n", i.Digest[:12], i.Recipe, i.KernelVersion, i.MemoryMiB, human(i.SizeBytes), i.Created.Local().Format(time.DateTime))
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+// parseMemory reads "512M", "1G", "512" (MiB).
+func parseMemory(s string) (int, error) {
+	if s == "" {
+		return 0, nil
+	}
+	u := strings.ToUpper(strings.TrimSuffix(strings.TrimSuffix(s, "iB"), "B"))
+	mult := 1
+	switch {
+	case strings.HasSuffix(u, "G"):
+		mult, u = 1024, strings.TrimSuffix(u, "G")
+	case strings.HasSuffix(u, "M"):
+		u = strings.TrimSuffix(u, "M")
+	}
+	var n int
+	if _, err := fmt.Sscanf(u, "%d", &n); err != nil || n <= 0 || fmt.Sprint(n) != u {
+		return 0, fmt.Errorf("memory %q: want a size like 512M or 1G: %w", s, errdefs.ErrInvalidArgument)
+	}
+	return n * mult, nil
+}
+
+func snapshotCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "snapshot", Short: "Create, list, inspect and remove snapshots"}
+	var req apiv1.CreateSnapshotRequest
+	var memory string
+	create := &cobra.Command{
+		Use:   "create --tag TAG --recipe RECIPE",
+		Short: "Boot a recipe's image, warm it, and save it as a snapshot tag to fork from",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := snapshot.ValidateTag(req.Tag); err != nil {
+				return err
+			}
+			mem, err := parseMemory(memory)
+			if err != nil {
+				return err
+			}
+			req.MemoryMiB = mem
+			c, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			snap, err := c.CreateSnapshot(cmd.Context(), req, progressPrinter(g))
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return printJSON(snap)
+			}
+			fmt.Printf("snapshot %s created in %.1fs (recipe %s, %d MiB, %d vCPU, %s on disk)\n", snap.Tag, float64(snap.CreateMillis)/1000, snap.Recipe, snap.MemoryMiB, snap.VCPUs, human(snap.DiskBytes))
+			return nil
+		},
+	}
+	f := create.Flags()
+	f.StringVar(&req.Tag, "tag", "", "tag to create ("+snapshot.TagRule+")")
+	f.StringVar(&req.Recipe, "recipe", "", "recipe name (recipes/NAME.toml) or path")
+	f.StringVar(&req.Warm, "warm", "", "Python code run in the session before the snapshot (replaces the recipe's)")
+	f.StringVar(&memory, "memory", "", "guest memory, e.g. 512M (default: the recipe's)")
+	f.IntVar(&req.VCPUs, "vcpus", 0, "vCPUs (default: the recipe's)")
+	create.MarkFlagRequired("tag")
+	create.MarkFlagRequired("recipe")
+
+	info := &cobra.Command{
+		Use: "info TAG", Short: "Show a snapshot's manifest: files, sizes, digests", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := snapshot.ValidateTag(args[0]); err != nil {
+				return err
+			}
+			c, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			s, err := c.Snapshot(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return printJSON(s)
+			}
+			fmt.Printf("tag:        %s (id %s)\ncreated:    %s in %.1fs\nrecipe:     %s (image %s)\nvmm:        %s %s (%s)\nshape:      %d MiB, %d vCPU, python session: %v\nsize:       %s logical, %s on disk\npooled:     %d VMMs ready\nfiles:\n",
+				s.Tag, s.ID, s.Created.Local().Format(time.DateTime), float64(s.CreateMillis)/1000, s.Recipe, s.ImageDigest[:12], s.VMM, s.VMMVersion, s.Accel, s.MemoryMiB, s.VCPUs, s.Python, human(s.SizeBytes), human(s.DiskBytes), s.Pooled)
+			for name, f := range s.Files {
+				fmt.Printf("  %-10s %10s  sha256:%s\n", name, human(f.Size), f.SHA256)
+			}
+			return nil
+		},
+	}
+	ls := snapshotsCmd(g)
+	ls.Use, ls.Aliases = "ls", []string{"list"}
+	rm := rmiCmd(g)
+	rm.Use = "rm TAG..."
+	cmd.AddCommand(create, info, ls, rm)
+	return cmd
+}
+
+func snapshotsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "snapshots", Short: "List snapshot tags", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			snaps, err := c.Snapshots(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return printJSON(snaps)
+			}
+			tw := table("TAG\tRECIPE\tMEMORY\tVCPUS\tPYTHON\tON DISK\tPOOLED\tCREATED")
+			for _, s := range snaps {
+				fmt.Fprintf(tw, "%s\t%s\t%d MiB\t%d\t%v\t%s\t%d\t%s\n", s.Tag, s.Recipe, s.MemoryMiB, s.VCPUs, s.Python, human(s.DiskBytes), s.Pooled, s.Created.Local().Format(time.DateTime))
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func rmiCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "rmi TAG...", Short: "Remove snapshot tags (running children keep running)", Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			for _, t := range args {
+				if err := snapshot.ValidateTag(t); err != nil {
+					return err
+				}
+			}
+			c, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			for _, t := range args {
+				if err := c.RemoveSnapshot(cmd.Context(), t); err != nil {
+					return err
+				}
+				if !g.jsonOut {
+					fmt.Println("removed", t)
+				}
+			}
+			if g.jsonOut {
+				return printJSON(map[string]any{"removed": args})
+			}
+			return nil
+		},
+	}
+}
+
+func forkCmd(g *globals) *cobra.Command {
+	var tag string
+	var n int
+	var quiet bool
+	cmd := &cobra.Command{
+		Use:   "fork --tag TAG [-n N]",
+		Short: "Fork N sandboxes from a snapshot; returns when every agent answers (they keep running)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := snapshot.ValidateTag(tag); err != nil {
+				return err
+			}
+			if n < 1 {
+				return fmt.Errorf("-n %d: fork at least 1 sandbox: %w", n, errdefs.ErrInvalidArgument)
+			}
+			c, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			resp, err := c.Fork(cmd.Context(), tag, n)
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return printJSON(resp)
+			}
+			if quiet {
+				for _, s := range resp.Sandboxes {
+					fmt.Println(s.ID)
+				}
+				return nil
+			}
+			tw := table("SANDBOX\tREADY\tPOOLED\tPID")
+			for _, s := range resp.Sandboxes {
+				fmt.Fprintf(tw, "%s\t%.1f ms\t%v\t%d\n", s.ID, s.ReadyMillis, s.Pooled, s.PID)
+			}
+			tw.Flush()
+			fmt.Fprintf(os.Stderr, "%d sandbox(es) from %s, all answering after %.1f ms\n", len(resp.Sandboxes), tag, resp.TotalMillis)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&tag, "tag", "", "snapshot tag to fork from")
+	cmd.Flags().IntVarP(&n, "count", "n", 1, "number of sandboxes")
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only the sandbox ids")
+	cmd.MarkFlagRequired("tag")
+	return cmd
+}
+
+func lsCmd(g *globals) *cobra.Command {
+	var tag, state string
+	cmd := &cobra.Command{
+		Use: "ls", Short: "List sandboxes", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			sbs, err := c.Sandboxes(cmd.Context(), tag, state)
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return printJSON(sbs)
+			}
+			tw := table("SANDBOX\tTAG\tSTATE\tREADY\tPID\tCREATED")
+			for _, s := range sbs {
+				st := s.State
+				if s.DeadReason != "" {
+					st += ": " + s.DeadReason
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f ms\t%d\t%s\n", s.ID, s.Tag, st, s.ReadyMillis, s.PID, s.Created.Local().Format(time.TimeOnly))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&tag, "tag", "", "only sandboxes of this snapshot tag")
+	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state (running, dead)")
+	return cmd
+}
+
+func killCmd(g *globals) *cobra.Command {
+	var all bool
+	cmd := &cobra.Command{
+		Use: "kill ID... | --all", Short: "Stop sandboxes", Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if all == (len(args) > 0) {
+				return fmt.Errorf("give sandbox ids or --all: %w", errdefs.ErrInvalidArgument)
+			}
+			c, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			killed, err := c.Kill(cmd.Context(), args, all)
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return printJSON(map[string]any{"killed": killed})
+			}
+			for _, id := range killed {
+				fmt.Println("killed", id)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&all, "all", false, "stop every sandbox")
+	return cmd
+}
+
+// isTerminal reports whether f is a character device (a TTY), where stdin
+// should not be forwarded.
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func readAllLimited(r io.Reader, max int64) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, max+1))
+	if int64(len(data)) > max {
+		return nil, fmt.Errorf("input over %d bytes: %w", max, errdefs.ErrInvalidArgument)
+	}
+	return data, err
+}

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/forkd-dev/forkd/internal/api"
+	"github.com/forkd-dev/forkd/internal/client"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/sandbox"
+	"github.com/forkd-dev/forkd/internal/vmm"
+)
+
+// installDirs are where forkd looks for forkd-agent and recipes/ next to its
+// own binary (bin/forkd in a checkout, /usr/bin/forkd in a package).
+func installDirs() []string {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil
+	}
+	exe, _ = filepath.EvalSymlinks(exe)
+	return []string{filepath.Dir(exe), filepath.Join(filepath.Dir(exe), ".."), "/usr/lib/forkd", "/usr/share/forkd"}
+}
+
+func agentBinary() (string, error) {
+	if p := os.Getenv("FORKD_AGENT"); p != "" {
+		return p, nil
+	}
+	for _, d := range installDirs() {
+		p := filepath.Join(d, "forkd-agent")
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
+			return filepath.Clean(p), nil
+		}
+	}
+	return "", fmt.Errorf("forkd-agent not found next to forkd; run `make build` or set FORKD_AGENT: %w", errdefs.ErrFailedPrecondition)
+}
+
+func recipeDirs(dataDir string) []string {
+	var dirs []string
+	if d := os.Getenv("FORKD_RECIPES"); d != "" {
+		dirs = append(dirs, strings.Split(d, ":")...)
+	}
+	if wd, err := os.Getwd(); err == nil {
+		dirs = append(dirs, filepath.Join(wd, "recipes"))
+	}
+	for _, d := range installDirs() {
+		dirs = append(dirs, filepath.Clean(filepath.Join(d, "recipes")))
+	}
+	return append(dirs, filepath.Join(dataDir, "recipes"))
+}
+
+// newEngine builds the engine the daemon (and `forkd bench`) runs.
+func (g *globals) newEngine(runDir, netnsPrefix string, log *slog.Logger) (*sandbox.Engine, vmm.Constructor, error) {
+	if os.Geteuid() != 0 {
+		return nil, vmm.Constructor{}, fmt.Errorf("the forkd daemon needs root (network namespaces, tap devices); run it with sudo: %w", errdefs.ErrFailedPrecondition)
+	}
+	ctor, err := vmm.Lookup(g.vmmName)
+	if err != nil {
+		return nil, ctor, err
+	}
+	drv, err := ctor.New(vmm.Options{Accel: vmm.Accel(g.accel)})
+	if err != nil {
+		return nil, ctor, err
+	}
+	agent, err := agentBinary()
+	if err != nil {
+		return nil, ctor, err
+	}
+	e, err := sandbox.New(sandbox.Config{
+		DataDir: g.dataDir, RunDir: runDir, Driver: drv, Accel: vmm.Accel(g.accel),
+		RecipeDirs: recipeDirs(g.dataDir), AgentBinary: agent, PoolSize: g.poolSize,
+		NetNSPrefix: netnsPrefix, Logger: log, MaxForkCount: g.maxFork, MaxSandboxes: g.maxSandboxes,
+	})
+	return e, ctor, err
+}
+
+func serveCmd(g *globals) *cobra.Command {
+	var netnsPrefix string
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the daemon in the foreground (owns every VMM; API on a Unix socket)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			if err := os.MkdirAll(g.runDir, 0o700); err != nil {
+				return err
+			}
+			sock := g.socketPath()
+			if err := client.New(sock).Ping(ctx); err == nil {
+				return fmt.Errorf("a forkd daemon already answers on %s: %w", sock, errdefs.ErrAlreadyExists)
+			}
+			os.Remove(sock) // stale socket of a dead daemon
+			e, ctor, err := g.newEngine(g.runDir, netnsPrefix, log)
+			if err != nil {
+				return err
+			}
+			srv := &api.Server{Engine: e, Version: version, Log: log, Checks: func(ctx context.Context) []vmm.Check {
+				return ctor.Checks(ctx, vmm.Options{Accel: vmm.Accel(g.accel)})
+			}}
+			ln, err := net.Listen("unix", sock)
+			if err != nil {
+				e.Close(context.Background())
+				return fmt.Errorf("listen on %s: %w", sock, err)
+			}
+			os.Chmod(sock, 0o600)
+			os.WriteFile(filepath.Join(g.runDir, "forkd.pid"), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600)
+			hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+			errc := make(chan error, 1)
+			go func() { errc <- hs.Serve(ln) }()
+			log.Info("forkd daemon listening", "socket", sock, "data_dir", g.dataDir, "vmm", g.vmmName, "pid", os.Getpid())
+			select {
+			case err = <-errc:
+			case <-ctx.Done():
+				log.Info("shutting down: finishing in-flight requests, stopping sandboxes")
+			}
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			hs.Shutdown(sctx)
+			e.Close(sctx)
+			os.Remove(sock)
+			os.Remove(filepath.Join(g.runDir, "forkd.pid"))
+			if errors.Is(err, http.ErrServerClosed) {
+				err = nil
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&g.vmmName, "vmm", envOr("FORKD_VMM", "qemu"), "VMM driver ("+strings.Join(vmm.List(), ", ")+")")
+	f.StringVar(&g.accel, "accel", os.Getenv("FORKD_ACCEL"), "accelerator: kvm, tcg, or empty for auto (env FORKD_ACCEL)")
+	f.IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, "pre-started VMM processes kept per snapshot")
+	f.StringVar(&netnsPrefix, "netns-prefix", envOr("FORKD_NETNS_PREFIX", "forkd-"), "prefix of the network namespaces this daemon creates (and cleans up at start)")
+	f.IntVar(&g.maxFork, "max-fork", 100, "most sandboxes one fork request may create")
+	f.IntVar(&g.maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: no limit)")
+	return cmd
+}

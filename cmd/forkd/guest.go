@@ -1,0 +1,217 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+)
+
+func execCmd(g *globals) *cobra.Command {
+	var env []string
+	var cwd string
+	var timeout time.Duration
+	var shell bool
+	cmd := &cobra.Command{
+		Use:   "exec ID [flags] -- CMD [ARG...]",
+		Short: "Run a command in a sandbox, streaming its output; exits with the command's code",
+		Long: "Run a command in a sandbox. Output streams as it is produced; forkd exits with the guest\n" +
+			"command's exit code (124 on timeout). Stdin is forwarded when it is not a terminal.\n" +
+			"With --shell, the single argument is run by /bin/sh -c.",
+		Args: cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := apiv1.ExecRequest{Cwd: cwd, TimeoutMillis: timeout.Milliseconds(), Env: map[string]string{}}
+			if shell {
+				req.Shell = strings.Join(args[1:], " ")
+			} else {
+				req.Argv = args[1:]
+			}
+			for _, kv := range env {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || k == "" {
+					return fmt.Errorf("--env %q: want KEY=VALUE: %w", kv, errdefs.ErrInvalidArgument)
+				}
+				req.Env[k] = v
+			}
+			req.Stdin = !isTerminal(os.Stdin)
+			c, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			ev, err := c.Exec(cmd.Context(), args[0], req, os.Stdin, os.Stdout, os.Stderr)
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				printJSON(ev)
+			}
+			switch {
+			case ev.TimedOut:
+				fmt.Fprintf(os.Stderr, "forkd: command timed out after %s; its process group was killed\n", timeout)
+				return exitError{124}
+			case ev.Signal != "":
+				return exitError{128 + signalNumber(ev.Signal)}
+			case ev.ExitCode != 0:
+				return exitError{ev.ExitCode}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE added to the environment (repeatable)")
+	f.StringVarP(&cwd, "cwd", "w", "", "working directory in the guest")
+	f.DurationVar(&timeout, "timeout", 0, "kill the command's process group after this long (e.g. 30s)")
+	f.BoolVar(&shell, "shell", false, "run the command line with /bin/sh -c")
+	return cmd
+}
+
+// signalNumber maps "SIGKILL" or "KILL" to its number (0 if unknown).
+func signalNumber(name string) int {
+	name = strings.ToUpper(name)
+	if !strings.HasPrefix(name, "SIG") {
+		name = "SIG" + name
+	}
+	return int(unix.SignalNum(name))
+}
+
+func runCodeCmd(g *globals) *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "run-code ID [CODE|-]",
+		Short: "Run Python in the sandbox's persistent session (variables persist across calls)",
+		Long:  "Run Python code in the sandbox's warmed session. CODE '-' or no CODE reads stdin.\nPrints stdout, stderr and the value of the last expression; exits 1 on a Python error.",
+		Args:  cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var code string
+			if len(args) == 1 || args[1] == "-" {
+				data, err := readAllLimited(os.Stdin, 4<<20)
+				if err != nil {
+					return err
+				}
+				code = string(data)
+			} else {
+				code = args[1]
+			}
+			c, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			res, err := c.RunCode(cmd.Context(), args[0], apiv1.RunCodeRequest{Code: code, TimeoutMillis: timeout.Milliseconds()})
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				printJSON(res)
+			} else {
+				fmt.Fprint(os.Stdout, res.Stdout)
+				fmt.Fprint(os.Stderr, res.Stderr)
+				if v, ok := res.Result["text/plain"]; ok {
+					fmt.Println(v)
+				}
+				if res.Error != nil {
+					fmt.Fprint(os.Stderr, res.Error.Traceback)
+					if !strings.HasSuffix(res.Error.Traceback, "\n") {
+						fmt.Fprintln(os.Stderr)
+					}
+				}
+			}
+			if res.Error != nil {
+				return exitError{1}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 0, "interrupt the code after this long; the session survives")
+	return cmd
+}
+
+// splitRemote parses "ID:/path". A local path has no colon before its first
+// slash.
+func splitRemote(arg string) (id, path string, ok bool) {
+	i := strings.Index(arg, ":")
+	if i <= 0 || strings.Contains(arg[:i], "/") {
+		return "", "", false
+	}
+	return arg[:i], arg[i+1:], true
+}
+
+func cpCmd(g *globals) *cobra.Command {
+	var mode uint32
+	cmd := &cobra.Command{
+		Use:     "cp SRC DST",
+		Short:   "Copy a file into or out of a sandbox (ID:/path on one side; '-' is stdin/stdout)",
+		Example: "  forkd cp data.csv sb-abc:/root/data.csv\n  forkd cp sb-abc:/root/out.json ./out.json\n  echo hi | forkd cp - sb-abc:/tmp/hi.txt",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			srcID, srcPath, srcRemote := splitRemote(args[0])
+			dstID, dstPath, dstRemote := splitRemote(args[1])
+			if srcRemote == dstRemote {
+				return fmt.Errorf("cp needs exactly one side in a sandbox, written ID:/path: %w", errdefs.ErrInvalidArgument)
+			}
+			c, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if dstRemote {
+				in := os.Stdin
+				if args[0] != "-" {
+					if in, err = os.Open(args[0]); err != nil {
+						return err
+					}
+					defer in.Close()
+				}
+				if strings.HasSuffix(dstPath, "/") {
+					dstPath += filepath.Base(args[0])
+				}
+				fi, err := c.WriteFile(cmd.Context(), dstID, dstPath, mode, in)
+				if err != nil {
+					return err
+				}
+				if g.jsonOut {
+					return printJSON(fi)
+				}
+				fmt.Fprintf(os.Stderr, "copied %s to %s:%s\n", human(fi.Size), dstID, fi.Path)
+				return nil
+			}
+			// Out of the sandbox: write to a temp file and rename, so an
+			// interrupted copy never leaves a truncated file under the name.
+			if args[1] == "-" {
+				_, err := c.ReadFile(cmd.Context(), srcID, srcPath, os.Stdout)
+				return err
+			}
+			dst := args[1]
+			if st, err := os.Stat(dst); err == nil && st.IsDir() {
+				dst = filepath.Join(dst, filepath.Base(srcPath))
+			}
+			tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".forkd-*")
+			if err != nil {
+				return err
+			}
+			defer os.Remove(tmp.Name())
+			n, err := c.ReadFile(cmd.Context(), srcID, srcPath, tmp)
+			if err == nil {
+				err = tmp.Close()
+			}
+			if err != nil {
+				tmp.Close()
+				return err
+			}
+			if err := os.Rename(tmp.Name(), dst); err != nil {
+				return err
+			}
+			if !g.jsonOut {
+				fmt.Fprintf(os.Stderr, "copied %s to %s\n", human(n), dst)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().Uint32Var(&mode, "mode", 0o644, "permission bits of a file copied in")
+	return cmd
+}

@@ -1,0 +1,129 @@
+// Command forkd is the forkd CLI and daemon. `forkd serve` owns every VMM
+// process and serves the HTTP API on a Unix socket; every other command is a
+// client of that API and starts a local daemon when none is running.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/forkd-dev/forkd/internal/client"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+)
+
+// version is set with -ldflags "-X main.version=...".
+var version = "dev"
+
+// globals are the flags every command shares.
+type globals struct {
+	dataDir      string
+	runDir       string
+	socket       string
+	jsonOut      bool
+	noStart      bool
+	vmmName      string
+	accel        string
+	poolSize     int
+	maxFork      int
+	maxSandboxes int
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func main() {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "forkd",
+		Short:         "forkd forks warmed microVM sandboxes in milliseconds",
+		Long:          "forkd boots a microVM once, warms a runtime in it, snapshots it, and forks copy-on-write\nchildren from that snapshot, each its own VMM process in its own network namespace.",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Version:       version,
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.dataDir, "data-dir", envOr("FORKD_DATA_DIR", "/var/lib/forkd"), "images and snapshots (env FORKD_DATA_DIR)")
+	pf.StringVar(&g.runDir, "run-dir", envOr("FORKD_RUN_DIR", "/run/forkd"), "VMM sockets and consoles (env FORKD_RUN_DIR)")
+	pf.StringVar(&g.socket, "socket", os.Getenv("FORKD_SOCKET"), "daemon API socket (env FORKD_SOCKET; default RUN_DIR/forkd.sock)")
+	pf.BoolVar(&g.jsonOut, "json", false, "print JSON for scripts")
+	pf.BoolVar(&g.noStart, "no-autostart", os.Getenv("FORKD_NO_AUTOSTART") != "", "do not start a local daemon when none is running")
+
+	root.AddCommand(
+		serveCmd(g), daemonCmd(g),
+		imageCmd(g), imagesCmd(g),
+		snapshotCmd(g), snapshotsCmd(g), rmiCmd(g),
+		forkCmd(g), lsCmd(g), killCmd(g),
+		execCmd(g), runCodeCmd(g), cpCmd(g),
+		doctorCmd(g), benchCmd(g),
+	)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := root.ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		var ee exitError
+		if errors.As(err, &ee) {
+			os.Exit(ee.code)
+		}
+		fmt.Fprintln(os.Stderr, "forkd:", err)
+		os.Exit(exitCodeOf(err))
+	}
+}
+
+// exitError carries a guest process's exit code out of a command.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// exitCodeOf maps error classes to distinct exit codes for scripts.
+func exitCodeOf(err error) int {
+	switch {
+	case errdefs.IsInvalidArgument(err):
+		return 2
+	case errdefs.IsNotFound(err):
+		return 3
+	case errdefs.IsUnavailable(err):
+		return 4
+	}
+	return 1
+}
+
+func (g *globals) socketPath() string {
+	if g.socket != "" {
+		return g.socket
+	}
+	return filepath.Join(g.runDir, "forkd.sock")
+}
+
+// client returns an API client, starting a local daemon if none answers.
+func (g *globals) client(ctx context.Context) (*client.Client, error) {
+	c := client.New(g.socketPath())
+	err := c.Ping(ctx)
+	if err == nil {
+		return c, nil
+	}
+	if !errors.Is(err, client.ErrDaemonNotRunning) || g.noStart {
+		return nil, err
+	}
+	if err := g.startDaemon(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

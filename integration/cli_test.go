@@ -1,0 +1,205 @@
+package integration
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/snapshot"
+)
+
+// cli runs bin/forkd against one test daemon.
+type cli struct {
+	t      *testing.T
+	env    []string
+	runDir string
+}
+
+func newCLI(t *testing.T) *cli {
+	runDir, err := os.MkdirTemp("/run", "forkd-cli-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cli{t: t, runDir: runDir, env: append(os.Environ(),
+		"FORKD_DATA_DIR="+dataDir,
+		"FORKD_RUN_DIR="+runDir,
+		"FORKD_RECIPES="+filepath.Join(repoRoot, "recipes"),
+		"FORKD_NETNS_PREFIX=fkc"+snapshot.NewID()[:4]+"-",
+	)}
+	t.Cleanup(func() {
+		c.run("daemon", "stop")
+		os.RemoveAll(runDir)
+	})
+	return c
+}
+
+func (c *cli) cmd(args ...string) *exec.Cmd {
+	cmd := exec.Command(filepath.Join(repoRoot, "bin", "forkd"), args...)
+	cmd.Env = c.env
+	return cmd
+}
+
+// run returns stdout, stderr and the exit code.
+func (c *cli) run(args ...string) (string, string, int) {
+	var out, errb bytes.Buffer
+	cmd := c.cmd(args...)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		c.t.Fatalf("forkd %v: %v", args, err)
+	}
+	return out.String(), errb.String(), code
+}
+
+func (c *cli) ok(args ...string) string {
+	c.t.Helper()
+	out, errs, code := c.run(args...)
+	if code != 0 {
+		c.t.Fatalf("forkd %v: exit %d\nstdout: %s\nstderr: %s", args, code, out, errs)
+	}
+	return out
+}
+
+func (c *cli) sandboxes() []apiv1.Sandbox {
+	c.t.Helper()
+	var sbs []apiv1.Sandbox
+	if err := json.Unmarshal([]byte(c.ok("ls", "--json")), &sbs); err != nil {
+		c.t.Fatal(err)
+	}
+	return sbs
+}
+
+// vmmProcesses counts VMM processes whose command line names this daemon's
+// run dir.
+func (c *cli) vmmProcesses() int {
+	n := 0
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		data, _ := os.ReadFile(p)
+		if bytes.Contains(data, []byte("qemu")) && bytes.Contains(data, []byte(c.runDir+"/vms/")) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestCLI drives the daemon through the CLI the way a user does, starting
+// with a command that auto-starts the daemon.
+func TestCLI(t *testing.T) {
+	c := newCLI(t)
+	tag := "it-cli-" + snapshot.NewID()
+	out, errs, code := c.run("snapshot", "create", "--tag", tag, "--recipe", "minimal")
+	if code != 0 || !strings.Contains(out, "snapshot "+tag+" created") || !strings.Contains(errs, "started daemon") {
+		t.Fatalf("snapshot create: exit %d\n%s\n%s", code, out, errs)
+	}
+	defer c.run("rmi", tag)
+
+	var fr apiv1.ForkResponse
+	if err := json.Unmarshal([]byte(c.ok("fork", "--tag", tag, "-n", "2", "--json")), &fr); err != nil {
+		t.Fatal(err)
+	}
+	if len(fr.Sandboxes) != 2 {
+		t.Fatalf("fork: %+v", fr)
+	}
+	id := fr.Sandboxes[0].ID
+
+	out, errs, code = c.run("exec", id, "--", "sh", "-c", "echo out; echo err >&2; exit 3")
+	if code != 3 || out != "out\n" || errs != "err\n" {
+		t.Fatalf("exec: exit %d stdout %q stderr %q", code, out, errs)
+	}
+
+	local := filepath.Join(t.TempDir(), "f.txt")
+	os.WriteFile(local, []byte("cp round trip\n"), 0o644)
+	c.ok("cp", local, id+":/root/f.txt")
+	back := filepath.Join(t.TempDir(), "back.txt")
+	c.ok("cp", id+":/root/f.txt", back)
+	if data, _ := os.ReadFile(back); string(data) != "cp round trip\n" {
+		t.Fatalf("cp back: %q", data)
+	}
+	if _, errs, code := c.run("cp", id+":/no/such/file", back); code == 0 || !strings.Contains(errs, "/no/such/file") {
+		t.Fatalf("cp of a missing file: exit %d %s", code, errs)
+	}
+
+	if _, errs, code := c.run("run-code", id, "1+1"); code == 0 || !strings.Contains(errs, "Python") {
+		t.Fatalf("run-code without python: exit %d %s", code, errs)
+	}
+	if _, errs, code := c.run("fork", "--tag", "no-such-tag"); code != 3 || !strings.Contains(errs, tag) {
+		t.Fatalf("unknown tag: exit %d %s", code, errs)
+	}
+	if _, errs, code := c.run("fork", "--tag", tag, "-n", "0"); code != 2 {
+		t.Fatalf("-n 0: exit %d %s", code, errs)
+	}
+	if _, errs, code := c.run("fork", "--tag", "UPPER"); code != 2 || !strings.Contains(errs, "lowercase") {
+		t.Fatalf("invalid tag: exit %d %s", code, errs)
+	}
+
+	// Killing the CLI mid-fork leaves no VMM without an owner: the daemon
+	// tears down the abandoned request's children.
+	fork := c.cmd("fork", "--tag", tag, "-n", "4")
+	if err := fork.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	fork.Process.Signal(syscall.SIGKILL)
+	fork.Wait()
+	var sbs []apiv1.Sandbox
+	var snap apiv1.Snapshot
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		sbs = c.sandboxes()
+		json.Unmarshal([]byte(c.ok("snapshot", "info", tag, "--json")), &snap)
+		if len(sbs) == 2 && c.vmmProcesses() == len(sbs)+snap.Pooled {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after killing the CLI mid-fork: %d sandboxes listed, %d pooled, %d VMM processes", len(sbs), snap.Pooled, c.vmmProcesses())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	c.ok("kill", "--all")
+	if sbs := c.sandboxes(); len(sbs) != 0 {
+		t.Fatalf("after kill --all: %+v", sbs)
+	}
+	c.ok("rmi", tag)
+	if out := c.ok("snapshots"); strings.Contains(out, tag) {
+		t.Fatalf("rmi left %s:\n%s", tag, out)
+	}
+}
+
+// TestSnapshotCreateInterrupted: a client that goes away while a template
+// boots leaves no tag and no staging directory behind.
+func TestSnapshotCreateInterrupted(t *testing.T) {
+	c := newCLI(t)
+	c.ok("daemon", "start")
+	tag := "it-cut-" + snapshot.NewID()
+	create := c.cmd("snapshot", "create", "--tag", tag, "--recipe", "minimal")
+	if err := create.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	create.Process.Signal(syscall.SIGKILL)
+	create.Wait()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		staging, _ := filepath.Glob(filepath.Join(dataDir, "snapshots", ".staging-"+tag+"*"))
+		_, _, code := c.run("snapshot", "info", tag)
+		if len(staging) == 0 && code == 3 && c.vmmProcesses() == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("interrupted create left staging %v, info exit %d, %d VMMs", staging, code, c.vmmProcesses())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -1,0 +1,221 @@
+// Package agentapi is the wire contract between the host (forkd) and the guest
+// agent (forkd-agent, PID 1 in every microVM).
+//
+// # Transport
+//
+// The agent listens on one byte stream: a virtio-serial port (/dev/vport0p1,
+// named "agent") under QEMU, a vsock connection under Firecracker later. The
+// stream is transport-agnostic; everything above it is identical.
+//
+// A session starts with a line handshake, so that a VM restored from a
+// snapshot (whose agent remembers a session with a host that no longer
+// exists) can be re-attached by a new host:
+//
+//	host  -> agent: "FORKD-HELLO " + JSON(Hello) + "\n"
+//	agent -> host : "FORKD-READY " + JSON(Ready) + "\n"
+//
+// Both sides discard any bytes before their expected prefix (frames left over
+// from a previous session). After the handshake both run yamux over the stream
+// (host = client, agent = server) and every yamux stream carries HTTP/1.1, so
+// requests are concurrent and multiplexed, and bodies stream in both
+// directions. The agent applies the Hello's identity (clock, entropy, hostname,
+// Python reseed) before it answers READY: no request can observe the
+// template's identity.
+//
+// A host that wants to snapshot the VM calls Quiesce; the agent answers, sends
+// a yamux GoAway (the host must open no new stream), ends its yamux session
+// and waits for a new HELLO. If the host goes away (the stream reads EOF), the
+// agent waits for a new HELLO too. A HELLO may also arrive while the agent
+// still runs a session, e.g. in a VM restored from a snapshot taken without
+// Quiesce, or when a new host connected before the agent saw the old one
+// leave: the agent checks every yamux frame header it receives, and bytes
+// that cannot be one (a HELLO starts with 'F'; yamux headers with version 0)
+// end the session and are scanned for the HELLO. The Hello's Nonce, echoed in
+// Ready, lets the host skip READY lines that are not its own.
+package agentapi
+
+import "time"
+
+// Handshake line prefixes.
+const (
+	HelloPrefix = "FORKD-HELLO "
+	ReadyPrefix = "FORKD-READY "
+)
+
+// Version of this wire contract; the agent reports it in Ready and Info.
+const Version = 1
+
+// Paths of the agent's HTTP API (served on each yamux stream).
+const (
+	PathInfo        = "/v1/info"         // GET -> Info
+	PathIdentity    = "/v1/identity"     // POST Identity -> Info (re-apply identity without a new session)
+	PathExec        = "/v1/exec"         // POST: header ExecHeader (JSON ExecRequest), body = stdin stream; response NDJSON ExecEvent stream
+	PathFiles       = "/v1/files"        // GET ?path= -> raw bytes; PUT ?path=&mode=0644 body raw -> FileInfo; DELETE ?path=&recursive=1
+	PathFilesList   = "/v1/files/list"   // GET ?path= -> []FileInfo
+	PathFilesStat   = "/v1/files/stat"   // GET ?path= -> FileInfo
+	PathFilesMkdir  = "/v1/files/mkdir"  // POST MkdirRequest -> FileInfo
+	PathPythonStart = "/v1/python/start" // POST PythonStartRequest -> PythonStartResponse
+	PathRunCode     = "/v1/run_code"     // POST RunCodeRequest -> RunCodeResult
+	PathQuiesce     = "/v1/quiesce"      // POST -> {} ; agent then ends the session and awaits a new HELLO
+	PathShutdown    = "/v1/shutdown"     // POST -> {} ; agent syncs and powers the VM off
+)
+
+// ExecHeader carries the JSON ExecRequest for PathExec, so the body can be
+// the process's stdin stream.
+const ExecHeader = "X-Forkd-Exec"
+
+// Identity is what makes a restored VM a distinct sandbox. It is sent in every
+// Hello and applied before the agent answers.
+type Identity struct {
+	SandboxID string `json:"sandbox_id"`
+	Hostname  string `json:"hostname"`
+	// UnixNano is the host's wall clock; the guest's clock is set to it.
+	UnixNano int64 `json:"unix_nano"`
+	// Entropy is fresh random bytes from the host (>= 32): mixed into the
+	// kernel RNG (RNDADDENTROPY + RNDRESEEDCRNG) and used to reseed the Python
+	// session's random and numpy generators.
+	Entropy []byte `json:"entropy"`
+}
+
+// Hello starts a session.
+type Hello struct {
+	Identity Identity `json:"identity"`
+	// Nonce is echoed in Ready, so a host never mistakes a READY line left
+	// over from an earlier handshake (or one inside stale frames) for the
+	// answer to its own Hello. agentconn.Dial fills it in when empty.
+	Nonce string `json:"nonce,omitempty"`
+}
+
+// Ready answers a Hello.
+type Ready struct {
+	Info  Info   `json:"info"`
+	Nonce string `json:"nonce,omitempty"` // the Hello's Nonce
+	// Error is set when the agent could not apply the Hello (for example an
+	// identity it refuses); no session follows and the agent keeps waiting
+	// for another Hello.
+	Error string `json:"error,omitempty"`
+}
+
+// Info describes the agent and its VM.
+type Info struct {
+	AgentVersion    string `json:"agent_version"`
+	ProtocolVersion int    `json:"protocol_version"`
+	SandboxID       string `json:"sandbox_id"`
+	Hostname        string `json:"hostname"`
+	Kernel          string `json:"kernel"`
+	UptimeMillis    int64  `json:"uptime_ms"`
+	// Python is true while a persistent Python session is running.
+	Python bool `json:"python"`
+	// IdentityApplyMicros is how long applying the last identity took.
+	IdentityApplyMicros int64 `json:"identity_apply_us"`
+}
+
+// ExecRequest starts a process. Exactly one of Argv or Shell is set; Shell is
+// run as /bin/sh -c SHELL.
+type ExecRequest struct {
+	Argv  []string          `json:"argv,omitempty"`
+	Shell string            `json:"shell,omitempty"`
+	Env   map[string]string `json:"env,omitempty"`
+	Cwd   string            `json:"cwd,omitempty"`
+	// TimeoutMillis > 0 kills the whole process group when it elapses.
+	TimeoutMillis int64 `json:"timeout_ms,omitempty"`
+	// Stdin true: the request body is streamed to the process's stdin (EOF
+	// closes it). false: stdin is /dev/null.
+	Stdin bool `json:"stdin,omitempty"`
+}
+
+// Exec event types.
+const (
+	EventStdout = "stdout"
+	EventStderr = "stderr"
+	EventExit   = "exit"
+)
+
+// ExecEvent is one line of the NDJSON response of PathExec. The stream always
+// ends with exactly one EventExit; a stream that ends without it was cut.
+type ExecEvent struct {
+	Type string `json:"type"`
+	Data []byte `json:"data,omitempty"` // stdout/stderr bytes (base64 in JSON)
+	// For EventExit. A process killed by a signal reports Signal ("SIGKILL")
+	// and ExitCode 128+signal number, as shells do.
+	ExitCode int    `json:"exit_code,omitempty"`
+	Signal   string `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out,omitempty"`
+	// Error reports a failure after the stream started (waiting for the
+	// process failed, output was lost). A process that cannot start at all
+	// (executable or cwd missing) is answered with a Problem instead, before
+	// any event.
+	Error          string `json:"error,omitempty"`
+	DurationMicros int64  `json:"duration_us,omitempty"`
+}
+
+// FileInfo describes a guest file.
+type FileInfo struct {
+	Name    string    `json:"name"`
+	Path    string    `json:"path"`
+	Size    int64     `json:"size"`
+	Mode    uint32    `json:"mode"` // permission bits
+	IsDir   bool      `json:"is_dir"`
+	IsLink  bool      `json:"is_link,omitempty"`
+	ModTime time.Time `json:"mod_time"`
+}
+
+// MkdirRequest creates a directory.
+type MkdirRequest struct {
+	Path    string `json:"path"`
+	Parents bool   `json:"parents,omitempty"`
+	Mode    uint32 `json:"mode,omitempty"` // default 0755
+}
+
+// PythonStartRequest starts the persistent Python session (at template
+// creation) and runs warm-up code in it.
+type PythonStartRequest struct {
+	// Python executable, default "python3".
+	Python string `json:"python,omitempty"`
+	// Warm is run once in the session (e.g. "import pandas as pd").
+	Warm          string `json:"warm,omitempty"`
+	TimeoutMillis int64  `json:"timeout_ms,omitempty"`
+}
+
+// PythonStartResponse reports the warm-up.
+type PythonStartResponse struct {
+	Warm RunCodeResult `json:"warm"`
+}
+
+// RunCodeRequest runs code in the persistent Python session. Variables persist
+// across calls.
+type RunCodeRequest struct {
+	Code          string `json:"code"`
+	TimeoutMillis int64  `json:"timeout_ms,omitempty"`
+}
+
+// RunCodeResult is the outcome of one run_code call. Error is nil on success.
+type RunCodeResult struct {
+	Stdout string `json:"stdout"`
+	Stderr string `json:"stderr"`
+	// Result holds the value of the last expression by MIME type
+	// ("text/plain": repr). Empty when the last statement is not an expression
+	// or its value is None.
+	Result map[string]string `json:"result,omitempty"`
+	Error  *CodeError        `json:"error,omitempty"`
+	// TimedOut is true when the code was interrupted by its timeout; the
+	// session stays alive and its variables are kept.
+	TimedOut       bool  `json:"timed_out,omitempty"`
+	DurationMicros int64 `json:"duration_us"`
+}
+
+// CodeError is a Python exception.
+type CodeError struct {
+	Name      string `json:"name"`
+	Value     string `json:"value"`
+	Traceback string `json:"traceback"`
+}
+
+// Problem is the agent's error body (application/problem+json, RFC 9457
+// subset). Code is an errdefs class code ("not_found", ...).
+type Problem struct {
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	Code   string `json:"code"`
+}

@@ -1,0 +1,625 @@
+// Package api is forkd's HTTP API (v1): the daemon's only front door. The
+// CLI and SDKs speak it over a Unix socket (0600); routes map one to one to
+// engine calls, errors leave as RFC 9457 problem+json via StatusOf.
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"mime"
+	"net/http"
+	"runtime"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/image"
+	"github.com/forkd-dev/forkd/internal/sandbox"
+	"github.com/forkd-dev/forkd/internal/snapshot"
+	"github.com/forkd-dev/forkd/internal/vmm"
+)
+
+// MaxJSONBody bounds JSON request bodies; file uploads stream and are not
+// bounded by it.
+const MaxJSONBody = 1 << 20
+
+// Server serves the API for one engine.
+type Server struct {
+	Engine  *sandbox.Engine
+	Version string
+	Checks  func(ctx context.Context) []vmm.Check
+	Log     *slog.Logger
+}
+
+type ctxKey struct{}
+
+func requestID(r *http.Request) string {
+	id, _ := r.Context().Value(ctxKey{}).(string)
+	return id
+}
+
+// Handler returns the routed handler with request ids and logging.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, map[string]string{"status": "ok"}) })
+	mux.HandleFunc("GET /v1/version", s.version)
+	mux.HandleFunc("GET /v1/doctor", s.doctor)
+	mux.HandleFunc("GET /v1/images", s.listImages)
+	mux.HandleFunc("POST /v1/images", s.buildImage)
+	mux.HandleFunc("GET /v1/snapshots", s.listSnapshots)
+	mux.HandleFunc("POST /v1/snapshots", s.createSnapshot)
+	mux.HandleFunc("GET /v1/snapshots/{tag}", s.getSnapshot)
+	mux.HandleFunc("DELETE /v1/snapshots/{tag}", s.deleteSnapshot)
+	mux.HandleFunc("GET /v1/sandboxes", s.listSandboxes)
+	mux.HandleFunc("POST /v1/sandboxes", s.fork)
+	mux.HandleFunc("POST /v1/sandboxes/kill", s.kill)
+	mux.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", s.exec)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/run_code", s.runCode)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/files", s.readFile)
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", s.writeFile)
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}/files", s.removeFile)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/files/list", s.listFiles)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/files/stat", s.statFile)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/files/mkdir", s.mkdir)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, r, fmt.Errorf("no route %s %s (see docs/ARCHITECTURE.md for the API): %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("X-Request-Id")
+		if id == "" || len(id) > 64 {
+			var b [8]byte
+			rand.Read(b[:])
+			id = hex.EncodeToString(b[:])
+		}
+		w.Header().Set("X-Request-Id", id)
+		r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, id))
+		start := time.Now()
+		mux.ServeHTTP(w, r)
+		if s.Log != nil {
+			s.Log.Debug("request", "method", r.Method, "path", r.URL.Path, "request_id", id, "duration", time.Since(start))
+		}
+	})
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}
+
+// decode reads a strict JSON body: right content type, bounded size, no
+// unknown fields, exactly one value.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || mt != "application/json" {
+			return fmt.Errorf("content type %q: send application/json: %w", ct, errdefs.ErrInvalidArgument)
+		}
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxJSONBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return fmt.Errorf("request body over %d bytes: %w", MaxJSONBody, errdefs.ErrInvalidArgument)
+		}
+		return fmt.Errorf("malformed JSON body: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if dec.More() {
+		return fmt.Errorf("malformed JSON body: more than one value: %w", errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func (s *Server) version(w http.ResponseWriter, r *http.Request) {
+	d := s.Engine.Driver()
+	v, _ := d.Version(r.Context())
+	writeJSON(w, apiv1.Version{
+		Version: s.Version, GoVersion: runtime.Version(), VMM: d.Name(), VMMVersion: v,
+		Accel: string(s.Engine.Config().Accel), DataDir: s.Engine.Config().DataDir,
+	})
+}
+
+func (s *Server) doctor(w http.ResponseWriter, r *http.Request) {
+	var out []apiv1.Check
+	if s.Checks != nil {
+		for _, c := range s.Checks(r.Context()) {
+			out = append(out, apiv1.Check{Name: c.Name, OK: c.OK, Detail: c.Detail, Fix: c.Fix})
+		}
+	}
+	writeJSON(w, out)
+}
+
+func imageInfo(img *image.Image) apiv1.Image {
+	var size int64
+	for _, f := range img.Files {
+		size += f.Size
+	}
+	return apiv1.Image{
+		Digest: img.Digest, Recipe: img.Recipe, KernelVersion: img.KernelVersion,
+		MemoryMiB: img.MemoryMiB, VCPUs: img.VCPUs, SizeBytes: size, Created: img.Created, Dir: img.Dir,
+	}
+}
+
+func (s *Server) listImages(w http.ResponseWriter, r *http.Request) {
+	imgs, err := s.Engine.Images()
+	if err != nil && len(imgs) == 0 {
+		writeProblem(w, r, err)
+		return
+	}
+	out := []apiv1.Image{}
+	for _, img := range imgs {
+		out = append(out, imageInfo(img))
+	}
+	writeJSON(w, out)
+}
+
+// progressStream writes NDJSON progress lines for a long-running request
+// and flushes each one, so the CLI can show what the daemon is doing.
+type progressStream struct {
+	mu  sync.Mutex
+	w   http.ResponseWriter
+	enc *json.Encoder
+}
+
+func newProgressStream(w http.ResponseWriter) *progressStream {
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	return &progressStream{w: w, enc: json.NewEncoder(w)}
+}
+
+func (p *progressStream) send(v apiv1.Progress) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.enc.Encode(v)
+	http.NewResponseController(p.w).Flush()
+}
+
+func (p *progressStream) message(msg string) { p.send(apiv1.Progress{Message: msg}) }
+
+func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
+	var req apiv1.BuildImageRequest
+	if err := decode(w, r, &req); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	if _, err := s.Engine.LoadRecipe(req.Recipe); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	ps := newProgressStream(w)
+	img, err := s.Engine.BuildImage(r.Context(), req.Recipe, ps.message)
+	if err != nil {
+		p := ProblemOf(err, requestID(r))
+		ps.send(apiv1.Progress{Error: &p})
+		return
+	}
+	info := imageInfo(img)
+	ps.send(apiv1.Progress{Image: &info})
+}
+
+func (s *Server) snapshotInfo(snap *snapshot.Snapshot) apiv1.Snapshot {
+	out := apiv1.Snapshot{
+		Tag: snap.Tag, ID: snap.ID, Created: snap.Created, Recipe: snap.Image.Recipe, ImageDigest: snap.Image.Digest,
+		VMM: snap.VMM.Kind, VMMVersion: snap.VMM.Version, Accel: snap.VMM.Accel,
+		MemoryMiB: snap.MemoryMiB, VCPUs: snap.VCPUs, Python: snap.Python.Enabled,
+		Files: map[string]apiv1.FileEntry{}, CreateMillis: snap.CreateMillis,
+		Pooled: s.Engine.PoolSize(snap.ID),
+	}
+	for name, f := range snap.Files {
+		out.Files[name] = apiv1.FileEntry{Size: f.Size, SHA256: f.SHA256}
+		out.SizeBytes += f.Size
+		var st syscall.Stat_t
+		if syscall.Stat(snap.Path(name), &st) == nil {
+			out.DiskBytes += st.Blocks * 512
+		}
+	}
+	return out
+}
+
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
+	snaps, err := s.Engine.Store().List()
+	if err != nil && len(snaps) == 0 {
+		writeProblem(w, r, err)
+		return
+	}
+	out := []apiv1.Snapshot{}
+	for _, snap := range snaps {
+		out = append(out, s.snapshotInfo(snap))
+	}
+	writeJSON(w, out)
+}
+
+func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
+	snap, err := s.Engine.Store().Get(r.PathValue("tag"))
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	writeJSON(w, s.snapshotInfo(snap))
+}
+
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
+	if err := s.Engine.RemoveSnapshot(r.Context(), r.PathValue("tag")); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
+	var req apiv1.CreateSnapshotRequest
+	if err := decode(w, r, &req); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	// Validate what can be checked cheaply before committing to a stream, so
+	// bad input gets a plain 4xx.
+	if err := snapshot.ValidateTag(req.Tag); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	if _, err := s.Engine.Store().Get(req.Tag); err == nil {
+		writeProblem(w, r, fmt.Errorf("snapshot %q already exists; remove it first with `forkd rmi %s` or choose another tag: %w", req.Tag, req.Tag, errdefs.ErrAlreadyExists))
+		return
+	}
+	if _, err := s.Engine.LoadRecipe(req.Recipe); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	ps := newProgressStream(w)
+	snap, err := s.Engine.CreateSnapshot(r.Context(), sandbox.CreateSnapshotOptions{
+		Tag: req.Tag, Recipe: req.Recipe, Warm: req.Warm, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Progress: ps.message,
+	})
+	if err != nil {
+		p := ProblemOf(err, requestID(r))
+		ps.send(apiv1.Progress{Error: &p})
+		return
+	}
+	info := s.snapshotInfo(snap)
+	ps.send(apiv1.Progress{Snapshot: &info})
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+	out := []apiv1.Sandbox{}
+	tag := r.URL.Query().Get("tag")
+	state := r.URL.Query().Get("state")
+	for _, sb := range s.Engine.List() {
+		info := sb.Info()
+		if (tag != "" && info.Tag != tag) || (state != "" && info.State != state) {
+			continue
+		}
+		out = append(out, info)
+	}
+	writeJSON(w, out)
+}
+
+func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
+	var req apiv1.ForkRequest
+	if err := decode(w, r, &req); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	if err := snapshot.ValidateTag(req.Tag); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	start := time.Now()
+	sbs, err := s.Engine.Fork(r.Context(), req.Tag, req.Count)
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	resp := apiv1.ForkResponse{TotalMillis: float64(time.Since(start).Microseconds()) / 1000}
+	for _, sb := range sbs {
+		resp.Sandboxes = append(resp.Sandboxes, sb.Info())
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	json.NewEncoder(w).Encode(resp)
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.Engine.Get(r.PathValue("id"))
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	writeJSON(w, sb.Info())
+}
+
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
+	if _, err := s.Engine.Kill(r.Context(), []string{r.PathValue("id")}); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
+	var req apiv1.KillRequest
+	if err := decode(w, r, &req); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	if req.All == (len(req.IDs) > 0) {
+		writeProblem(w, r, fmt.Errorf("give either sandbox ids or all=true: %w", errdefs.ErrInvalidArgument))
+		return
+	}
+	var killed []string
+	var err error
+	if req.All {
+		killed = s.Engine.KillAll(r.Context())
+	} else {
+		killed, err = s.Engine.Kill(r.Context(), req.IDs)
+	}
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	if killed == nil {
+		killed = []string{}
+	}
+	writeJSON(w, apiv1.KillResponse{Killed: killed})
+}
+
+func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
+	var req apiv1.RunCodeRequest
+	if err := decode(w, r, &req); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	agent, err := s.Engine.Agent(r.PathValue("id"))
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	res, err := agent.RunCode(r.Context(), agentRunCode(req))
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	writeJSON(w, res)
+}
+
+func queryPath(r *http.Request) (string, error) {
+	p := r.URL.Query().Get("path")
+	if p == "" {
+		return "", fmt.Errorf("missing ?path= (an absolute path inside the sandbox): %w", errdefs.ErrInvalidArgument)
+	}
+	return p, nil
+}
+
+func parseMode(s string, def uint32) (uint32, error) {
+	if s == "" {
+		return def, nil
+	}
+	m, err := strconv.ParseUint(s, 8, 32)
+	if err != nil || m > 0o7777 {
+		return 0, fmt.Errorf("mode %q: want octal permission bits like 0644: %w", s, errdefs.ErrInvalidArgument)
+	}
+	return uint32(m), nil
+}
+
+// lazyWriter sends the success header on the first byte, so an error that
+// happens before any data can still become a problem response.
+type lazyWriter struct {
+	w       http.ResponseWriter
+	started bool
+}
+
+func (l *lazyWriter) Write(p []byte) (int, error) {
+	if !l.started {
+		l.started = true
+		l.w.Header().Set("Content-Type", "application/octet-stream")
+		l.w.WriteHeader(http.StatusOK)
+	}
+	return l.w.Write(p)
+}
+
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
+	path, err := queryPath(r)
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	agent, err := s.Engine.Agent(r.PathValue("id"))
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	lw := &lazyWriter{w: w}
+	if _, err := agent.ReadFile(r.Context(), path, lw); err != nil {
+		if !lw.started {
+			writeProblem(w, r, err)
+			return
+		}
+		// Mid-stream failure: cut the connection so the client cannot take
+		// partial content for the whole file.
+		panic(http.ErrAbortHandler)
+	}
+	if !lw.started {
+		lw.Write(nil)
+	}
+}
+
+func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
+	path, err := queryPath(r)
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	mode, err := parseMode(r.URL.Query().Get("mode"), 0o644)
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	agent, err := s.Engine.Agent(r.PathValue("id"))
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	fi, err := agent.WriteFile(r.Context(), path, fs.FileMode(mode), r.Body)
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	writeJSON(w, fi)
+}
+
+func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) {
+	path, err := queryPath(r)
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	agent, err := s.Engine.Agent(r.PathValue("id"))
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	if err := agent.Remove(r.Context(), path, r.URL.Query().Get("recursive") == "1" || r.URL.Query().Get("recursive") == "true"); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
+	path, err := queryPath(r)
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	agent, err := s.Engine.Agent(r.PathValue("id"))
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	list, err := agent.ListFiles(r.Context(), path)
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	writeJSON(w, list)
+}
+
+func (s *Server) statFile(w http.ResponseWriter, r *http.Request) {
+	path, err := queryPath(r)
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	agent, err := s.Engine.Agent(r.PathValue("id"))
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	fi, err := agent.Stat(r.Context(), path)
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	writeJSON(w, fi)
+}
+
+func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
+	var req apiv1.MkdirRequest
+	if err := decode(w, r, &req); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	agent, err := s.Engine.Agent(r.PathValue("id"))
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	fi, err := agent.Mkdir(r.Context(), req)
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	writeJSON(w, fi)
+}
+
+// exec proxies a process's stdin, streamed output and exit to the client.
+func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
+	var req apiv1.ExecRequest
+	hdr := r.Header.Get(apiv1.ExecHeader)
+	if hdr == "" {
+		writeProblem(w, r, fmt.Errorf("missing %s header with the JSON exec request: %w", apiv1.ExecHeader, errdefs.ErrInvalidArgument))
+		return
+	}
+	if err := json.Unmarshal([]byte(hdr), &req); err != nil {
+		writeProblem(w, r, fmt.Errorf("malformed %s header: %v: %w", apiv1.ExecHeader, err, errdefs.ErrInvalidArgument))
+		return
+	}
+	if (len(req.Argv) == 0) == (req.Shell == "") {
+		writeProblem(w, r, fmt.Errorf("exec needs exactly one of argv or shell: %w", errdefs.ErrInvalidArgument))
+		return
+	}
+	agent, err := s.Engine.Agent(r.PathValue("id"))
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	rc := http.NewResponseController(w)
+	rc.EnableFullDuplex()
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	rc.Flush()
+	ev := &eventWriter{w: w, rc: rc, enc: json.NewEncoder(w)}
+	var stdin io.Reader
+	if req.Stdin {
+		stdin = r.Body
+	}
+	exit, err := agent.Exec(r.Context(), req, stdin, ev.stream(agentapi.EventStdout), ev.stream(agentapi.EventStderr))
+	if err != nil {
+		exit = apiv1.ExecEvent{Type: agentapi.EventExit, ExitCode: -1, Error: err.Error()}
+	}
+	exit.Type = agentapi.EventExit
+	ev.send(exit)
+}
+
+// eventWriter turns stdout/stderr writes into NDJSON exec events.
+type eventWriter struct {
+	mu  sync.Mutex
+	w   io.Writer
+	rc  *http.ResponseController
+	enc *json.Encoder
+}
+
+func (e *eventWriter) send(ev apiv1.ExecEvent) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := e.enc.Encode(ev); err != nil {
+		return err
+	}
+	return e.rc.Flush()
+}
+
+type eventStream struct {
+	e   *eventWriter
+	typ string
+}
+
+func (e *eventWriter) stream(typ string) io.Writer { return &eventStream{e: e, typ: typ} }
+
+func (s *eventStream) Write(p []byte) (int, error) {
+	if err := s.e.send(apiv1.ExecEvent{Type: s.typ, Data: append([]byte(nil), p...)}); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}

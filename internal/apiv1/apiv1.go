@@ -1,0 +1,169 @@
+// Package apiv1 holds the JSON wire types of forkd's HTTP API (version 1),
+// shared by the daemon (internal/api) and its clients (internal/client, the
+// CLI). It imports nothing from the engine, so clients never link it.
+package apiv1
+
+import (
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/agentapi"
+)
+
+// Exec, file and code types are the agent's: the daemon proxies them.
+type (
+	ExecRequest   = agentapi.ExecRequest
+	ExecEvent     = agentapi.ExecEvent
+	FileInfo      = agentapi.FileInfo
+	MkdirRequest  = agentapi.MkdirRequest
+	RunCodeResult = agentapi.RunCodeResult
+	CodeError     = agentapi.CodeError
+)
+
+// ExecHeader carries the JSON ExecRequest on POST .../exec so the body can
+// stream stdin.
+const ExecHeader = agentapi.ExecHeader
+
+// Version answers GET /v1/version.
+type Version struct {
+	Version    string `json:"version"`
+	GoVersion  string `json:"go_version"`
+	VMM        string `json:"vmm"`
+	VMMVersion string `json:"vmm_version"`
+	Accel      string `json:"accel"`
+	DataDir    string `json:"data_dir"`
+}
+
+// Image is a built guest image.
+type Image struct {
+	Digest        string    `json:"digest"`
+	Recipe        string    `json:"recipe"`
+	KernelVersion string    `json:"kernel_version"`
+	MemoryMiB     int       `json:"memory_mib"`
+	VCPUs         int       `json:"vcpus"`
+	SizeBytes     int64     `json:"size_bytes"`
+	Created       time.Time `json:"created"`
+	Dir           string    `json:"dir"`
+}
+
+// BuildImageRequest is POST /v1/images.
+type BuildImageRequest struct {
+	Recipe string `json:"recipe"` // name in recipes/ or a path on the daemon host
+}
+
+// CreateSnapshotRequest is POST /v1/snapshots.
+type CreateSnapshotRequest struct {
+	Tag    string `json:"tag"`
+	Recipe string `json:"recipe"`
+	// Warm overrides the recipe's Python warm-up code when non-empty.
+	Warm      string `json:"warm,omitempty"`
+	MemoryMiB int    `json:"memory_mib,omitempty"` // 0: the recipe's
+	VCPUs     int    `json:"vcpus,omitempty"`      // 0: the recipe's
+}
+
+// Snapshot describes a snapshot tag.
+type Snapshot struct {
+	Tag          string               `json:"tag"`
+	ID           string               `json:"id"`
+	Created      time.Time            `json:"created"`
+	Recipe       string               `json:"recipe"`
+	ImageDigest  string               `json:"image_digest"`
+	VMM          string               `json:"vmm"`
+	VMMVersion   string               `json:"vmm_version"`
+	Accel        string               `json:"accel"`
+	MemoryMiB    int                  `json:"memory_mib"`
+	VCPUs        int                  `json:"vcpus"`
+	Python       bool                 `json:"python"`
+	Files        map[string]FileEntry `json:"files"`
+	SizeBytes    int64                `json:"size_bytes"`  // logical
+	DiskBytes    int64                `json:"disk_bytes"`  // allocated (memory images are sparse)
+	CreateMillis int64                `json:"create_ms"`
+	Pooled       int                  `json:"pooled_vmms"` // pre-started VMM processes waiting
+}
+
+// FileEntry is one file of a snapshot.
+type FileEntry struct {
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// ForkRequest is POST /v1/sandboxes: N children of a snapshot tag.
+type ForkRequest struct {
+	Tag   string `json:"tag"`
+	Count int    `json:"count"`
+}
+
+// ForkResponse lists the new sandboxes, every one answering.
+type ForkResponse struct {
+	Sandboxes   []Sandbox `json:"sandboxes"`
+	TotalMillis float64   `json:"total_ms"`
+}
+
+// Sandbox states.
+const (
+	StateRunning = "running"
+	StateDead    = "dead"    // the VMM exited on its own; see DeadReason
+	StateStopped = "stopped" // killed on request
+)
+
+// Sandbox describes one sandbox.
+type Sandbox struct {
+	ID      string    `json:"id"`
+	Tag     string    `json:"tag"`
+	State   string    `json:"state"`
+	Created time.Time `json:"created"`
+	// ReadyMillis is fork-to-ready: from taking a VMM to the agent answering.
+	ReadyMillis float64 `json:"ready_ms"`
+	// Pooled is true when a pre-started VMM process was used.
+	Pooled     bool   `json:"pooled"`
+	PID        int    `json:"pid,omitempty"`
+	NetNS      string `json:"netns,omitempty"`
+	GuestIP    string `json:"guest_ip,omitempty"`
+	DeadReason string `json:"dead_reason,omitempty"`
+	// ConsoleTail is the end of the guest console, for dead sandboxes.
+	ConsoleTail string `json:"console_tail,omitempty"`
+}
+
+// KillRequest is POST /v1/sandboxes:kill.
+type KillRequest struct {
+	IDs []string `json:"ids,omitempty"`
+	All bool     `json:"all,omitempty"`
+}
+
+// KillResponse lists what was killed.
+type KillResponse struct {
+	Killed []string `json:"killed"`
+}
+
+// RunCodeRequest is POST /v1/sandboxes/{id}/run_code.
+type RunCodeRequest struct {
+	Code          string `json:"code"`
+	TimeoutMillis int64  `json:"timeout_ms,omitempty"`
+}
+
+// Check is one `forkd doctor` finding.
+type Check struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+	Fix    string `json:"fix,omitempty"`
+}
+
+// Progress is one line of a long-running request's NDJSON response
+// (image build, snapshot create). The last line has Result or Error.
+type Progress struct {
+	Message string   `json:"message,omitempty"`
+	Error   *Problem `json:"error,omitempty"`
+	// Exactly one of these is set on the final line, matching the request.
+	Image    *Image    `json:"image,omitempty"`
+	Snapshot *Snapshot `json:"snapshot,omitempty"`
+}
+
+// Problem is an RFC 9457 problem+json body. Code is the stable errdefs class.
+type Problem struct {
+	Type      string `json:"type,omitempty"`
+	Title     string `json:"title"`
+	Status    int    `json:"status"`
+	Detail    string `json:"detail"`
+	Code      string `json:"code"`
+	RequestID string `json:"request_id,omitempty"`
+}

@@ -1,0 +1,338 @@
+// Package client is the Go client of forkd's HTTP API. The CLI uses it, so
+// the CLI takes the same code path as the SDKs: every command is an API call.
+package client
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"syscall"
+
+	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+)
+
+// Client talks to one daemon.
+type Client struct {
+	socket string
+	http   *http.Client
+}
+
+// New returns a client for the daemon listening on a Unix socket.
+func New(socketPath string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socketPath)
+		},
+		MaxIdleConnsPerHost: 64,
+	}
+	return &Client{socket: socketPath, http: &http.Client{Transport: tr}}
+}
+
+// Error is a problem returned by the daemon. It unwraps to the errdefs class
+// named by its code, so errors.Is(err, errdefs.ErrNotFound) works here too.
+type Error struct {
+	apiv1.Problem
+}
+
+func (e *Error) Error() string { return e.Detail }
+func (e *Error) Unwrap() error { return errdefs.FromCode(e.Code) }
+
+// ErrDaemonNotRunning is returned when nothing listens on the socket.
+var ErrDaemonNotRunning = errors.New("forkd daemon is not running")
+
+func (c *Client) url(path string, q url.Values) string {
+	u := "http://forkd" + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	return u
+}
+
+func (c *Client) send(ctx context.Context, method, path string, q url.Values, body io.Reader, hdr http.Header) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.url(path, q), body)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("%w at %s: start it with `forkd daemon start` (or `forkd serve`): %w", ErrDaemonNotRunning, c.socket, errdefs.ErrUnavailable)
+		}
+		return nil, fmt.Errorf("forkd daemon at %s: %w", c.socket, err)
+	}
+	if resp.StatusCode >= 400 {
+		defer resp.Body.Close()
+		return nil, decodeProblem(resp)
+	}
+	return resp, nil
+}
+
+func decodeProblem(resp *http.Response) error {
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	var p apiv1.Problem
+	if err := json.Unmarshal(data, &p); err != nil || p.Detail == "" {
+		return &Error{apiv1.Problem{Status: resp.StatusCode, Code: "internal", Detail: fmt.Sprintf("daemon answered %s: %s", resp.Status, bytes.TrimSpace(data))}}
+	}
+	return &Error{p}
+}
+
+// call sends a JSON request (nil for none) and decodes a JSON response
+// into out (nil to discard).
+func (c *Client) call(ctx context.Context, method, path string, q url.Values, in, out any) error {
+	var body io.Reader
+	hdr := http.Header{}
+	if in != nil {
+		data, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(data)
+		hdr.Set("Content-Type", "application/json")
+	}
+	resp, err := c.send(ctx, method, path, q, body, hdr)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("decode %s %s response: %w", method, path, err)
+	}
+	return nil
+}
+
+// Ping checks that the daemon answers.
+func (c *Client) Ping(ctx context.Context) error {
+	return c.call(ctx, http.MethodGet, "/v1/healthz", nil, nil, nil)
+}
+
+// Version of the daemon.
+func (c *Client) Version(ctx context.Context) (apiv1.Version, error) {
+	var v apiv1.Version
+	return v, c.call(ctx, http.MethodGet, "/v1/version", nil, nil, &v)
+}
+
+// Doctor runs the daemon host's checks.
+func (c *Client) Doctor(ctx context.Context) ([]apiv1.Check, error) {
+	var out []apiv1.Check
+	return out, c.call(ctx, http.MethodGet, "/v1/doctor", nil, nil, &out)
+}
+
+// Images lists built images.
+func (c *Client) Images(ctx context.Context) ([]apiv1.Image, error) {
+	var out []apiv1.Image
+	return out, c.call(ctx, http.MethodGet, "/v1/images", nil, nil, &out)
+}
+
+// progress reads an NDJSON progress stream until its final line.
+func (c *Client) progress(ctx context.Context, path string, in any, onMsg func(string)) (apiv1.Progress, error) {
+	data, _ := json.Marshal(in)
+	resp, err := c.send(ctx, http.MethodPost, path, nil, bytes.NewReader(data), http.Header{"Content-Type": {"application/json"}})
+	if err != nil {
+		return apiv1.Progress{}, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for sc.Scan() {
+		var p apiv1.Progress
+		if err := json.Unmarshal(sc.Bytes(), &p); err != nil {
+			return p, fmt.Errorf("decode progress: %w", err)
+		}
+		switch {
+		case p.Error != nil:
+			return p, &Error{*p.Error}
+		case p.Image != nil || p.Snapshot != nil:
+			return p, nil
+		case onMsg != nil:
+			onMsg(p.Message)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return apiv1.Progress{}, fmt.Errorf("progress stream cut: %w", err)
+	}
+	return apiv1.Progress{}, fmt.Errorf("progress stream ended without a result (daemon died?): %w", errdefs.ErrUnavailable)
+}
+
+// BuildImage builds a recipe's image, reporting progress lines.
+func (c *Client) BuildImage(ctx context.Context, recipe string, onMsg func(string)) (apiv1.Image, error) {
+	p, err := c.progress(ctx, "/v1/images", apiv1.BuildImageRequest{Recipe: recipe}, onMsg)
+	if err != nil {
+		return apiv1.Image{}, err
+	}
+	return *p.Image, nil
+}
+
+// CreateSnapshot makes a warmed template snapshot.
+func (c *Client) CreateSnapshot(ctx context.Context, req apiv1.CreateSnapshotRequest, onMsg func(string)) (apiv1.Snapshot, error) {
+	p, err := c.progress(ctx, "/v1/snapshots", req, onMsg)
+	if err != nil {
+		return apiv1.Snapshot{}, err
+	}
+	if p.Snapshot == nil {
+		return apiv1.Snapshot{}, fmt.Errorf("daemon sent no snapshot: %w", errdefs.ErrInternal)
+	}
+	return *p.Snapshot, nil
+}
+
+// Snapshots lists snapshot tags.
+func (c *Client) Snapshots(ctx context.Context) ([]apiv1.Snapshot, error) {
+	var out []apiv1.Snapshot
+	return out, c.call(ctx, http.MethodGet, "/v1/snapshots", nil, nil, &out)
+}
+
+// Snapshot describes one tag.
+func (c *Client) Snapshot(ctx context.Context, tag string) (apiv1.Snapshot, error) {
+	var out apiv1.Snapshot
+	return out, c.call(ctx, http.MethodGet, "/v1/snapshots/"+url.PathEscape(tag), nil, nil, &out)
+}
+
+// RemoveSnapshot deletes a tag.
+func (c *Client) RemoveSnapshot(ctx context.Context, tag string) error {
+	return c.call(ctx, http.MethodDelete, "/v1/snapshots/"+url.PathEscape(tag), nil, nil, nil)
+}
+
+// Fork creates n sandboxes from a tag; it returns when all answer.
+func (c *Client) Fork(ctx context.Context, tag string, n int) (apiv1.ForkResponse, error) {
+	var out apiv1.ForkResponse
+	return out, c.call(ctx, http.MethodPost, "/v1/sandboxes", nil, apiv1.ForkRequest{Tag: tag, Count: n}, &out)
+}
+
+// Sandboxes lists sandboxes, optionally filtered by tag and state.
+func (c *Client) Sandboxes(ctx context.Context, tag, state string) ([]apiv1.Sandbox, error) {
+	q := url.Values{}
+	if tag != "" {
+		q.Set("tag", tag)
+	}
+	if state != "" {
+		q.Set("state", state)
+	}
+	var out []apiv1.Sandbox
+	return out, c.call(ctx, http.MethodGet, "/v1/sandboxes", q, nil, &out)
+}
+
+// Sandbox describes one sandbox.
+func (c *Client) Sandbox(ctx context.Context, id string) (apiv1.Sandbox, error) {
+	var out apiv1.Sandbox
+	return out, c.call(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(id), nil, nil, &out)
+}
+
+// Kill stops sandboxes (all of them with all=true).
+func (c *Client) Kill(ctx context.Context, ids []string, all bool) ([]string, error) {
+	var out apiv1.KillResponse
+	return out.Killed, c.call(ctx, http.MethodPost, "/v1/sandboxes/kill", nil, apiv1.KillRequest{IDs: ids, All: all}, &out)
+}
+
+// RunCode runs Python in the sandbox's persistent session.
+func (c *Client) RunCode(ctx context.Context, id string, req apiv1.RunCodeRequest) (apiv1.RunCodeResult, error) {
+	var out apiv1.RunCodeResult
+	return out, c.call(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/run_code", nil, req, &out)
+}
+
+// Exec runs a process, streaming stdin (when req.Stdin) and its output, and
+// returns the exit event. A stream cut before the exit event is an error.
+func (c *Client) Exec(ctx context.Context, id string, req apiv1.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (apiv1.ExecEvent, error) {
+	hdr, err := json.Marshal(req)
+	if err != nil {
+		return apiv1.ExecEvent{}, err
+	}
+	var body io.Reader = http.NoBody
+	if req.Stdin && stdin != nil {
+		body = stdin
+	}
+	resp, err := c.send(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/exec", nil, body, http.Header{apiv1.ExecHeader: {string(hdr)}})
+	if err != nil {
+		return apiv1.ExecEvent{}, err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var ev apiv1.ExecEvent
+		if err := dec.Decode(&ev); err != nil {
+			return apiv1.ExecEvent{}, fmt.Errorf("exec stream cut before the process exited: %w", err)
+		}
+		switch ev.Type {
+		case "stdout":
+			stdout.Write(ev.Data)
+		case "stderr":
+			stderr.Write(ev.Data)
+		case "exit":
+			if ev.Error != "" && ev.ExitCode == -1 {
+				return ev, fmt.Errorf("exec: %s: %w", ev.Error, errdefs.ErrFailedPrecondition)
+			}
+			return ev, nil
+		}
+	}
+}
+
+func fileQuery(path string) url.Values { return url.Values{"path": {path}} }
+
+// ReadFile streams a sandbox file into w.
+func (c *Client) ReadFile(ctx context.Context, id, path string, w io.Writer) (int64, error) {
+	resp, err := c.send(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(id)+"/files", fileQuery(path), nil, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	n, err := io.Copy(w, resp.Body)
+	if err != nil {
+		return n, fmt.Errorf("read %s: stream cut after %d bytes: %w", path, n, err)
+	}
+	return n, nil
+}
+
+// WriteFile streams r into a sandbox file (created or replaced atomically).
+func (c *Client) WriteFile(ctx context.Context, id, path string, mode uint32, r io.Reader) (apiv1.FileInfo, error) {
+	q := fileQuery(path)
+	q.Set("mode", "0"+strconv.FormatUint(uint64(mode), 8))
+	resp, err := c.send(ctx, http.MethodPut, "/v1/sandboxes/"+url.PathEscape(id)+"/files", q, r, http.Header{"Content-Type": {"application/octet-stream"}})
+	if err != nil {
+		return apiv1.FileInfo{}, err
+	}
+	defer resp.Body.Close()
+	var fi apiv1.FileInfo
+	return fi, json.NewDecoder(resp.Body).Decode(&fi)
+}
+
+// ListFiles lists a sandbox directory.
+func (c *Client) ListFiles(ctx context.Context, id, path string) ([]apiv1.FileInfo, error) {
+	var out []apiv1.FileInfo
+	return out, c.call(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(id)+"/files/list", fileQuery(path), nil, &out)
+}
+
+// Stat describes a sandbox file.
+func (c *Client) Stat(ctx context.Context, id, path string) (apiv1.FileInfo, error) {
+	var out apiv1.FileInfo
+	return out, c.call(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(id)+"/files/stat", fileQuery(path), nil, &out)
+}
+
+// Mkdir creates a sandbox directory.
+func (c *Client) Mkdir(ctx context.Context, id string, req apiv1.MkdirRequest) (apiv1.FileInfo, error) {
+	var out apiv1.FileInfo
+	return out, c.call(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/files/mkdir", nil, req, &out)
+}
+
+// Remove deletes a sandbox file or directory.
+func (c *Client) Remove(ctx context.Context, id, path string, recursive bool) error {
+	q := fileQuery(path)
+	if recursive {
+		q.Set("recursive", "1")
+	}
+	return c.call(ctx, http.MethodDelete, "/v1/sandboxes/"+url.PathEscape(id)+"/files", q, nil, nil)
+}

@@ -1,0 +1,190 @@
+// Package recipe reads guest image recipes: small declarative TOML files in
+// recipes/ that say what goes into a root file system, how big the VM is, and
+// what the persistent Python session imports before a snapshot.
+package recipe
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/forkd-dev/forkd/internal/errdefs"
+)
+
+// Bases a recipe can start from.
+const (
+	BaseBusybox = "busybox" // Debian's busybox-static and nothing else
+	BaseDebian  = "debian"  // mmdebstrap of the host's Debian release + Packages
+)
+
+// Recipe is one parsed recipe file.
+type Recipe struct {
+	Name        string   `toml:"name"`
+	Description string   `toml:"description"`
+	Base        string   `toml:"base"`
+	Packages    []string `toml:"packages"`
+	MemoryMiB   int      `toml:"memory_mib"`
+	VCPUs       int      `toml:"vcpus"`
+	Python      Python   `toml:"python"`
+
+	// Path is where the recipe was read from; Source its exact bytes, which
+	// feed the image digest.
+	Path   string `toml:"-"`
+	Source []byte `toml:"-"`
+}
+
+// Python configures the persistent Python session started before snapshot.
+type Python struct {
+	Enabled bool   `toml:"enabled"`
+	Warm    string `toml:"warm"`
+}
+
+var (
+	nameRule    = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
+	packageRule = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`)
+)
+
+// Parse reads a recipe from bytes; path is used in messages only.
+func Parse(path string, data []byte) (*Recipe, error) {
+	var r Recipe
+	md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&r)
+	if err != nil {
+		return nil, fmt.Errorf("recipe %s: %v: %w", path, err, errdefs.ErrInvalidArgument)
+	}
+	if un := md.Undecoded(); len(un) > 0 {
+		keys := make([]string, len(un))
+		for i, k := range un {
+			keys[i] = k.String()
+		}
+		return nil, fmt.Errorf("recipe %s: unknown keys %s (known: name, description, base, packages, memory_mib, vcpus, [python] enabled, warm): %w",
+			path, strings.Join(keys, ", "), errdefs.ErrInvalidArgument)
+	}
+	r.Path, r.Source = path, data
+	if err := r.Validate(); err != nil {
+		return nil, fmt.Errorf("recipe %s: %w", path, err)
+	}
+	return &r, nil
+}
+
+// Validate checks a recipe and fills in defaults (memory_mib 256, vcpus 1).
+// Parse calls it; call it on a Recipe built in code.
+func (r *Recipe) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf(format+": %w", append(a, errdefs.ErrInvalidArgument)...)
+	}
+	if !nameRule.MatchString(r.Name) {
+		return bad("name %q must be 1-32 lowercase letters, digits or '-', starting with a letter or digit", r.Name)
+	}
+	switch r.Base {
+	case BaseBusybox:
+		if len(r.Packages) > 0 {
+			return bad("base %q takes no packages; use base = %q", BaseBusybox, BaseDebian)
+		}
+	case BaseDebian:
+		for _, p := range r.Packages {
+			if !packageRule.MatchString(p) {
+				return bad("package %q is not a Debian package name", p)
+			}
+		}
+	default:
+		return bad("base %q: must be %q or %q", r.Base, BaseBusybox, BaseDebian)
+	}
+	if r.MemoryMiB == 0 {
+		r.MemoryMiB = 256
+	}
+	if r.MemoryMiB < 64 || r.MemoryMiB > 65536 {
+		return bad("memory_mib %d out of range 64..65536", r.MemoryMiB)
+	}
+	if r.VCPUs == 0 {
+		r.VCPUs = 1
+	}
+	if r.VCPUs < 1 || r.VCPUs > 64 {
+		return bad("vcpus %d out of range 1..64", r.VCPUs)
+	}
+	if r.Python.Enabled && r.Base != BaseDebian {
+		return bad("[python] needs base = %q with python3 in packages", BaseDebian)
+	}
+	if r.Python.Enabled && !slices.Contains(r.Packages, "python3") {
+		return bad("[python] enabled = true needs \"python3\" in packages")
+	}
+	if !r.Python.Enabled && strings.TrimSpace(r.Python.Warm) != "" {
+		return bad("[python] warm code is set but enabled is false")
+	}
+	return nil
+}
+
+// Digest is a stable hash of what the recipe asks for: its exact bytes when
+// it was parsed, else (a Recipe built in code) a canonical encoding of its
+// fields.
+func (r *Recipe) Digest() string {
+	src := r.Source
+	if len(src) == 0 {
+		var buf bytes.Buffer
+		c := *r
+		c.Path, c.Source = "", nil
+		if err := toml.NewEncoder(&buf).Encode(c); err != nil {
+			// Only unsupported types fail to encode; Recipe has none.
+			panic("recipe: encode: " + err.Error())
+		}
+		src = buf.Bytes()
+	}
+	sum := sha256.Sum256(src)
+	return hex.EncodeToString(sum[:])
+}
+
+// RootfsKey hashes only what shapes the root file system (base and sorted
+// packages), so editing warm-up code or memory size does not rebuild it.
+func (r *Recipe) RootfsKey() string {
+	pk := append([]string(nil), r.Packages...)
+	sort.Strings(pk)
+	sum := sha256.Sum256([]byte(r.Base + "\n" + strings.Join(pk, "\n")))
+	return hex.EncodeToString(sum[:])
+}
+
+// Load finds a recipe by name or path. A name is looked up as NAME.toml in
+// each of dirs, in order.
+func Load(nameOrPath string, dirs []string) (*Recipe, error) {
+	if strings.ContainsRune(nameOrPath, '/') || strings.HasSuffix(nameOrPath, ".toml") {
+		data, err := os.ReadFile(nameOrPath)
+		if err != nil {
+			return nil, fmt.Errorf("recipe file %s: %v: %w", nameOrPath, err, errdefs.ErrNotFound)
+		}
+		return Parse(nameOrPath, data)
+	}
+	for _, d := range dirs {
+		p := filepath.Join(d, nameOrPath+".toml")
+		if data, err := os.ReadFile(p); err == nil {
+			return Parse(p, data)
+		}
+	}
+	known := Names(dirs)
+	return nil, fmt.Errorf("recipe %q not found in %v (known: %s); pass a path to a .toml file or one of the known names: %w",
+		nameOrPath, dirs, strings.Join(known, ", "), errdefs.ErrNotFound)
+}
+
+// Names lists the recipe names found in dirs.
+func Names(dirs []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, d := range dirs {
+		m, _ := filepath.Glob(filepath.Join(d, "*.toml"))
+		for _, p := range m {
+			n := strings.TrimSuffix(filepath.Base(p), ".toml")
+			if !seen[n] {
+				seen[n] = true
+				out = append(out, n)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}

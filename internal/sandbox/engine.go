@@ -1,0 +1,245 @@
+// Package sandbox is forkd's engine: it turns recipes into warmed template
+// snapshots and forks running sandboxes from them.
+//
+// One Engine lives in the daemon and owns every VMM process it starts. The
+// engine is split by lifecycle phase: template.go creates snapshots, spawn.go
+// restores children (the fork path), pool.go keeps pre-started VMM processes
+// per snapshot, sandbox.go tracks running sandboxes and their deaths, and
+// guest.go proxies agent operations (exec, files, run_code).
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/image"
+	"github.com/forkd-dev/forkd/internal/netns"
+	"github.com/forkd-dev/forkd/internal/recipe"
+	"github.com/forkd-dev/forkd/internal/snapshot"
+	"github.com/forkd-dev/forkd/internal/vmm"
+)
+
+// Config configures an Engine.
+type Config struct {
+	DataDir string // images, snapshots (persistent)
+	RunDir  string // VMM sockets and consoles (tmpfs, per boot)
+	Driver  vmm.Driver
+	// Accel is passed to the driver (empty: auto).
+	Accel vmm.Accel
+	// RecipeDirs are searched for recipes by name.
+	RecipeDirs []string
+	// AgentBinary is the static forkd-agent put into images as /init.
+	AgentBinary string
+	// PoolSize is the number of pre-started VMM processes kept per snapshot.
+	// 0 disables the pool (every fork starts its VMM on the critical path).
+	PoolSize int
+	// MaxForkCount bounds N in one fork request.
+	MaxForkCount int
+	// MaxSandboxes bounds running sandboxes (0: unlimited).
+	MaxSandboxes int
+	// SpawnConcurrency bounds children restored at once (0: 2 x CPUs).
+	SpawnConcurrency int
+	// NetNSPrefix starts the name of every network namespace this engine
+	// creates (default "forkd-"); leftovers with it are removed at start.
+	// Engines sharing a host (daemon, benchmark, tests) use distinct ones.
+	NetNSPrefix string
+	Logger      *slog.Logger
+}
+
+// Engine owns sandboxes, pools and the snapshot store.
+type Engine struct {
+	cfg      Config
+	log      *slog.Logger
+	store    *snapshot.Store
+	builder  *image.Builder
+	spawnSem chan struct{}
+
+	// mu guards the fields below.
+	mu        sync.Mutex
+	sandboxes map[string]*Sandbox
+	pools     map[string]*pool // by snapshot ID
+	closed    bool
+}
+
+// DefaultPoolSize keeps two VMM processes ready per snapshot: enough to take
+// QEMU's start-up off the critical path of sequential forks without holding
+// much memory (a waiting QEMU is ~20 MB).
+const DefaultPoolSize = 2
+
+// New opens the stores and removes what a previous daemon left behind.
+func New(cfg Config) (*Engine, error) {
+	if cfg.Driver == nil {
+		return nil, fmt.Errorf("engine: no VMM driver: %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.NetNSPrefix == "" {
+		cfg.NetNSPrefix = "forkd-"
+	}
+	if cfg.MaxForkCount <= 0 {
+		cfg.MaxForkCount = 100
+	}
+	if cfg.SpawnConcurrency <= 0 {
+		cfg.SpawnConcurrency = 2 * runtime.NumCPU()
+	}
+	for _, d := range []string{cfg.DataDir, cfg.RunDir, filepath.Join(cfg.RunDir, "vms")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+	}
+	store, err := snapshot.Open(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{
+		cfg:       cfg,
+		log:       cfg.Logger,
+		store:     store,
+		builder:   &image.Builder{DataDir: cfg.DataDir, AgentBinary: cfg.AgentBinary},
+		spawnSem:  make(chan struct{}, cfg.SpawnConcurrency),
+		sandboxes: map[string]*Sandbox{},
+		pools:     map[string]*pool{},
+	}
+	e.reapLeftovers()
+	return e, nil
+}
+
+// Store exposes the snapshot store (read-only use by the API).
+func (e *Engine) Store() *snapshot.Store { return e.store }
+
+// Driver returns the VMM driver.
+func (e *Engine) Driver() vmm.Driver { return e.cfg.Driver }
+
+// Config returns the engine's configuration.
+func (e *Engine) Config() Config { return e.cfg }
+
+// reapLeftovers kills VMM processes and removes network namespaces that a
+// previous daemon of this run dir left behind (it crashed, or was killed).
+// Re-adopting them instead is the restart-safe state work (issue 3); until
+// then an unowned VMM is never left running.
+func (e *Engine) reapLeftovers() {
+	vmsDir := filepath.Join(e.cfg.RunDir, "vms") + "/"
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		data, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(data), vmsDir) {
+			continue
+		}
+		var pid int
+		fmt.Sscanf(strings.TrimPrefix(p, "/proc/"), "%d", &pid)
+		if pid > 0 && pid != os.Getpid() {
+			e.log.Warn("killing VMM left by a previous daemon", "pid", pid)
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	entries, _ := os.ReadDir(filepath.Join(e.cfg.RunDir, "vms"))
+	for _, ent := range entries {
+		os.RemoveAll(filepath.Join(e.cfg.RunDir, "vms", ent.Name()))
+	}
+	if names, err := netns.List(e.cfg.NetNSPrefix); err == nil {
+		for _, n := range names {
+			ns, err := netns.Open(n, netns.DefaultTap)
+			if err == nil {
+				err = ns.Remove()
+			}
+			if err != nil {
+				e.log.Warn("removing leftover network namespace", "netns", n, "err", err)
+			}
+		}
+	}
+}
+
+// Close stops every sandbox and pooled VMM. Re-adoption across daemon
+// restarts is not implemented yet, so sandboxes do not outlive the daemon.
+func (e *Engine) Close(ctx context.Context) error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	pools := make([]*pool, 0, len(e.pools))
+	for _, p := range e.pools {
+		pools = append(pools, p)
+	}
+	sbs := make([]*Sandbox, 0, len(e.sandboxes))
+	for _, s := range e.sandboxes {
+		sbs = append(sbs, s)
+	}
+	e.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, p := range pools {
+		wg.Add(1)
+		go func() { defer wg.Done(); p.close(ctx) }()
+	}
+	for _, s := range sbs {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.kill(ctx, "daemon shutting down") }()
+	}
+	wg.Wait()
+	return nil
+}
+
+// LoadRecipe finds a recipe by name (in RecipeDirs) or path.
+func (e *Engine) LoadRecipe(name string) (*recipe.Recipe, error) {
+	return recipe.Load(name, e.cfg.RecipeDirs)
+}
+
+// BuildImage builds (or finds cached) the image of a recipe.
+func (e *Engine) BuildImage(ctx context.Context, recipeName string, progress func(string)) (*image.Image, error) {
+	r, err := e.LoadRecipe(recipeName)
+	if err != nil {
+		return nil, err
+	}
+	b := *e.builder
+	b.Progress = progress
+	return b.Build(ctx, r)
+}
+
+// Images lists built images, newest first.
+func (e *Engine) Images() ([]*image.Image, error) {
+	imgs, err := image.List(e.cfg.DataDir)
+	sort.Slice(imgs, func(i, j int) bool { return imgs[i].Created.After(imgs[j].Created) })
+	return imgs, err
+}
+
+// RemoveSnapshot deletes a tag once no sandbox creation is using its pool.
+// Running children keep working: their VMMs hold the memory file open.
+func (e *Engine) RemoveSnapshot(ctx context.Context, tag string) error {
+	snap, err := e.store.Get(tag)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	p := e.pools[snap.ID]
+	delete(e.pools, snap.ID)
+	e.mu.Unlock()
+	if p != nil {
+		p.close(ctx)
+	}
+	return e.store.Remove(tag)
+}
+
+// PoolSize reports pre-started VMMs waiting for a snapshot.
+func (e *Engine) PoolSize(snapshotID string) int {
+	e.mu.Lock()
+	p := e.pools[snapshotID]
+	e.mu.Unlock()
+	if p == nil {
+		return 0
+	}
+	return p.ready()
+}
+
+func since(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }

@@ -1,0 +1,121 @@
+package sandbox
+
+import (
+	"context"
+	"sync"
+
+	"github.com/forkd-dev/forkd/internal/snapshot"
+)
+
+// pool keeps pre-started VMM processes for one snapshot, so a fork pays only
+// for the restore: QEMU's own start-up (~150 ms here) and the network
+// namespace happen ahead of time. Refills run one at a time in the
+// background, after a fork returns, so they do not compete with it for CPU.
+type pool struct {
+	e    *Engine
+	snap *snapshot.Snapshot
+	size int
+
+	// mu guards the fields below.
+	mu      sync.Mutex
+	items   []*prepared
+	filling bool
+	closed  bool
+}
+
+func (e *Engine) poolFor(snap *snapshot.Snapshot) *pool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	p := e.pools[snap.ID]
+	if p == nil {
+		p = &pool{e: e, snap: snap, size: e.cfg.PoolSize}
+		e.pools[snap.ID] = p
+	}
+	return p
+}
+
+// Warm starts filling the pool of a snapshot (after creation, at start-up).
+func (e *Engine) Warm(tag string) error {
+	snap, err := e.store.Get(tag)
+	if err != nil {
+		return err
+	}
+	e.poolFor(snap).refill()
+	return nil
+}
+
+// take returns a ready VMM, or nil when the pool is empty. VMMs that died
+// while waiting are discarded.
+func (p *pool) take() (*prepared, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(p.items) > 0 {
+		pv := p.items[0]
+		p.items = p.items[1:]
+		select {
+		case <-pv.machine.Done():
+			p.e.log.Warn("pooled VMM died while waiting", "sandbox_id", pv.id, "err", pv.machine.ExitError())
+			go pv.discard(context.Background())
+			continue
+		default:
+		}
+		return pv, true
+	}
+	return nil, false
+}
+
+func (p *pool) ready() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.items)
+}
+
+// refill tops the pool up to its size in the background.
+func (p *pool) refill() {
+	p.mu.Lock()
+	if p.filling || p.closed || len(p.items) >= p.size {
+		p.mu.Unlock()
+		return
+	}
+	p.filling = true
+	p.mu.Unlock()
+	go func() {
+		for {
+			p.mu.Lock()
+			if p.closed || len(p.items) >= p.size {
+				p.filling = false
+				p.mu.Unlock()
+				return
+			}
+			p.mu.Unlock()
+			pv, err := p.e.prepare(context.Background(), p.snap)
+			if err != nil {
+				p.e.log.Warn("pool refill failed", "tag", p.snap.Tag, "err", err)
+				p.mu.Lock()
+				p.filling = false
+				p.mu.Unlock()
+				return
+			}
+			p.mu.Lock()
+			if p.closed {
+				p.mu.Unlock()
+				pv.discard(context.Background())
+				return
+			}
+			p.items = append(p.items, pv)
+			p.mu.Unlock()
+		}
+	}()
+}
+
+// close discards every waiting VMM; later refills do nothing.
+func (p *pool) close(ctx context.Context) {
+	p.mu.Lock()
+	p.closed = true
+	items := p.items
+	p.items = nil
+	p.mu.Unlock()
+	for _, pv := range items {
+		pv.discard(ctx)
+	}
+}

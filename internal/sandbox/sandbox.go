@@ -1,0 +1,238 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"net"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/agentclient"
+	"github.com/forkd-dev/forkd/internal/agentconn"
+	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/cleanup"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/vmm"
+)
+
+// consoleTailBytes is how much of a dead VM's console is kept for the user.
+const consoleTailBytes = 2048
+
+// Sandbox is one running (or dead) child VM with its agent session.
+type Sandbox struct {
+	ID          string
+	Tag         string
+	SnapshotID  string
+	Created     time.Time
+	ReadyMillis float64
+	Pooled      bool
+	GuestIP     string
+
+	machine vmm.Machine
+	netns   string
+	conn    net.Conn
+	session *agentconn.Session
+	agent   *agentclient.Client
+	// teardown releases the netns, run dir and agent connection.
+	teardown []func(context.Context) error
+
+	// mu guards the fields below.
+	mu          sync.Mutex
+	state       string
+	deadReason  string
+	consoleTail string
+	killed      bool
+	exited      chan struct{} // closed after teardown ran
+}
+
+// newSandboxID returns "sb-" and 10 random base-32 characters: short enough
+// to type, long enough to never collide on one host.
+func newSandboxID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz234567"
+	var b [10]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	for i := range b {
+		b[i] = alphabet[b[i]%32]
+	}
+	return "sb-" + string(b[:])
+}
+
+// State returns the sandbox state (apiv1.StateRunning, ...).
+func (s *Sandbox) State() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state
+}
+
+// Info renders the sandbox for the API.
+func (s *Sandbox) Info() apiv1.Sandbox {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return apiv1.Sandbox{
+		ID: s.ID, Tag: s.Tag, State: s.state, Created: s.Created,
+		ReadyMillis: s.ReadyMillis, Pooled: s.Pooled, PID: s.machine.PID(),
+		NetNS: s.netns, GuestIP: s.GuestIP,
+		DeadReason: s.deadReason, ConsoleTail: s.consoleTail,
+	}
+}
+
+// PID of the sandbox's VMM process.
+func (s *Sandbox) PID() int { return s.machine.PID() }
+
+// watch waits for the VMM to exit and records why. A VMM that exits without
+// a kill request makes the sandbox dead, with the tail of its console.
+func (s *Sandbox) watch(e *Engine) {
+	<-s.machine.Done()
+	tail := s.machine.ConsoleTail(consoleTailBytes)
+	s.mu.Lock()
+	if s.killed {
+		s.state = apiv1.StateStopped
+	} else {
+		s.state = apiv1.StateDead
+		reason := "VMM process exited"
+		if err := s.machine.ExitError(); err != nil {
+			reason = err.Error()
+		}
+		s.deadReason = reason
+		s.consoleTail = tail
+		e.log.Warn("sandbox died", "sandbox_id", s.ID, "reason", reason)
+	}
+	s.mu.Unlock()
+	if s.session != nil {
+		s.session.Close()
+	}
+	cleanup.Run(context.Background(), s.teardown)
+	close(s.exited)
+	if s.State() == apiv1.StateStopped {
+		e.forget(s.ID)
+	}
+}
+
+// kill stops the VMM and waits for teardown.
+func (s *Sandbox) kill(ctx context.Context, why string) {
+	s.mu.Lock()
+	already := s.state != apiv1.StateRunning
+	s.killed = true
+	s.mu.Unlock()
+	if !already {
+		s.machine.Kill()
+	}
+	select {
+	case <-s.exited:
+	case <-ctx.Done():
+	}
+}
+
+// client returns the agent client of a running sandbox.
+func (s *Sandbox) client() (*agentclient.Client, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != apiv1.StateRunning {
+		reason := s.deadReason
+		if reason == "" {
+			reason = s.state
+		}
+		return nil, fmt.Errorf("sandbox %s is %s (%s): %w", s.ID, s.state, reason, errdefs.ErrFailedPrecondition)
+	}
+	return s.agent, nil
+}
+
+func (e *Engine) register(s *Sandbox) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return fmt.Errorf("engine is shutting down: %w", errdefs.ErrUnavailable)
+	}
+	e.sandboxes[s.ID] = s
+	return nil
+}
+
+func (e *Engine) forget(id string) {
+	e.mu.Lock()
+	delete(e.sandboxes, id)
+	e.mu.Unlock()
+}
+
+// Get returns a sandbox by id.
+func (e *Engine) Get(id string) (*Sandbox, error) {
+	e.mu.Lock()
+	s := e.sandboxes[id]
+	e.mu.Unlock()
+	if s == nil {
+		return nil, fmt.Errorf("no sandbox %q (list them with `forkd ls`): %w", id, errdefs.ErrNotFound)
+	}
+	return s, nil
+}
+
+// List returns sandboxes sorted by creation time.
+func (e *Engine) List() []*Sandbox {
+	e.mu.Lock()
+	out := make([]*Sandbox, 0, len(e.sandboxes))
+	for _, s := range e.sandboxes {
+		out = append(out, s)
+	}
+	e.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Created.Equal(out[j].Created) {
+			return out[i].ID < out[j].ID
+		}
+		return out[i].Created.Before(out[j].Created)
+	})
+	return out
+}
+
+// Kill stops sandboxes by id and forgets them; a dead sandbox's record is
+// removed. Unknown ids are reported after the known ones are killed.
+func (e *Engine) Kill(ctx context.Context, ids []string) ([]string, error) {
+	var killed, unknown []string
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		s, err := e.Get(id)
+		if err != nil {
+			unknown = append(unknown, id)
+			continue
+		}
+		killed = append(killed, id)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.kill(ctx, "killed on request")
+			e.forget(s.ID)
+		}()
+	}
+	wg.Wait()
+	if len(unknown) > 0 {
+		return killed, fmt.Errorf("no sandbox %s (list them with `forkd ls`): %w", strings.Join(unknown, ", "), errdefs.ErrNotFound)
+	}
+	return killed, nil
+}
+
+// KillAll stops every sandbox.
+func (e *Engine) KillAll(ctx context.Context) []string {
+	var ids []string
+	for _, s := range e.List() {
+		ids = append(ids, s.ID)
+	}
+	killed, _ := e.Kill(ctx, ids)
+	return killed
+}
+
+func removeAllStep(path string) func(context.Context) error {
+	return func(context.Context) error { return os.RemoveAll(path) }
+}
+
+// Agent returns the agent client of a running sandbox, for exec, files and
+// run_code. A dead sandbox is a FailedPrecondition naming why it died.
+func (e *Engine) Agent(id string) (*agentclient.Client, error) {
+	s, err := e.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	return s.client()
+}

@@ -1,0 +1,226 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"net"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/agentclient"
+	"github.com/forkd-dev/forkd/internal/agentconn"
+	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/cleanup"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/netns"
+	"github.com/forkd-dev/forkd/internal/snapshot"
+	"github.com/forkd-dev/forkd/internal/vmm"
+)
+
+// readyTimeout bounds one child's restore plus handshake. Generous: under
+// TCG with 50 children starting on 2 cores a child can wait seconds for CPU.
+const readyTimeout = 90 * time.Second
+
+// prepared is a VMM process started for a snapshot, waiting to be restored,
+// with its network namespace and agent connection already set up. Everything
+// that does not depend on the restore happens here, off the critical path.
+type prepared struct {
+	id       string
+	snap     *snapshot.Snapshot
+	machine  vmm.Machine
+	netns    string
+	conn     net.Conn
+	teardown []func(context.Context) error
+	took     time.Duration
+}
+
+func (p *prepared) discard(ctx context.Context) {
+	p.machine.Kill()
+	cleanup.Run(ctx, p.teardown)
+}
+
+// machineConfig is the VM shape of a snapshot: a child must match its
+// template exactly (image, memory, vCPUs, devices).
+func (e *Engine) machineConfig(id string, snap *snapshot.Snapshot, runDir string) vmm.MachineConfig {
+	return vmm.MachineConfig{
+		ID:     id,
+		RunDir: runDir,
+		Image: vmm.Image{
+			Kernel: snap.Image.Kernel, Initrd: snap.Image.Initrd, Rootfs: snap.Image.Rootfs,
+			KernelArgs: snap.Image.KernelArgs,
+		},
+		MemoryMiB:  snap.MemoryMiB,
+		VCPUs:      snap.VCPUs,
+		Accel:      vmm.Accel(snap.VMM.Accel),
+		MemoryFile: snap.Path(snapshot.MemoryFile),
+		ConsoleLog: filepath.Join(runDir, "console.log"),
+	}
+}
+
+// prepare runs the steps that precede a restore: namespace + tap, VMM
+// process in -incoming mode, agent socket connected.
+func (e *Engine) prepare(ctx context.Context, snap *snapshot.Snapshot) (_ *prepared, err error) {
+	start := time.Now()
+	id := newSandboxID()
+	var cl cleanup.Stack
+	defer func() {
+		if err != nil {
+			cl.Clean(ctx)
+		}
+	}()
+
+	runDir := filepath.Join(e.cfg.RunDir, "vms", id)
+	cl.Push(removeAllStep(runDir))
+	ns, err := netns.Create(ctx, e.cfg.NetNSPrefix+id, netns.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: network namespace: %w", id, err)
+	}
+	cl.Push(func(context.Context) error { return ns.Remove() })
+
+	mc := e.machineConfig(id, snap, runDir)
+	mc.Network = &vmm.Network{NetNSPath: ns.Path(), TapName: netns.DefaultTap, MAC: snap.Network.GuestMAC}
+	mc.VMGenID = newUUID()
+	m, err := e.cfg.Driver.Prepare(ctx, vmm.PrepareSpec{MachineConfig: mc, StateFile: snap.Path(snapshot.StateFile)})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: start VMM: %w", id, err)
+	}
+	cl.Push(func(context.Context) error { return m.Kill() })
+
+	conn, err := m.DialAgent(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: agent socket: %w", id, err)
+	}
+	cl.Push(func(context.Context) error { return conn.Close() })
+	return &prepared{id: id, snap: snap, machine: m, netns: ns.Name(), conn: conn, teardown: cl.Release(), took: time.Since(start)}, nil
+}
+
+// Fork creates n children of the snapshot tagged tag and returns once every
+// child's agent answers. If any child fails, every child of the request is
+// torn down and the first error is returned; the same happens when ctx ends
+// (the client went away), so an abandoned request leaves no VMM behind.
+func (e *Engine) Fork(ctx context.Context, tag string, n int) ([]*Sandbox, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("count %d: fork at least 1 sandbox: %w", n, errdefs.ErrInvalidArgument)
+	}
+	if n > e.cfg.MaxForkCount {
+		return nil, fmt.Errorf("count %d is over the limit of %d per request (forkd serve --max-fork): %w", n, e.cfg.MaxForkCount, errdefs.ErrInvalidArgument)
+	}
+	snap, err := e.store.Get(tag)
+	if err != nil {
+		return nil, err
+	}
+	if snap.VMM.Kind != e.cfg.Driver.Name() {
+		return nil, fmt.Errorf("snapshot %q was made by VMM %q, this daemon runs %q: %w", tag, snap.VMM.Kind, e.cfg.Driver.Name(), errdefs.ErrFailedPrecondition)
+	}
+	if max := e.cfg.MaxSandboxes; max > 0 {
+		e.mu.Lock()
+		running := len(e.sandboxes)
+		e.mu.Unlock()
+		if running+n > max {
+			return nil, fmt.Errorf("%d sandboxes running, %d more would pass the limit of %d (forkd serve --max-sandboxes; kill some with `forkd kill`): %w", running, n, max, errdefs.ErrResourceExhausted)
+		}
+	}
+	p := e.poolFor(snap)
+	defer p.refill()
+
+	results := make([]*Sandbox, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = e.spawnOne(ctx, p)
+		}()
+	}
+	wg.Wait()
+	var firstErr error
+	for _, err := range errs {
+		if err != nil {
+			firstErr = err
+			break
+		}
+	}
+	if firstErr == nil && ctx.Err() != nil {
+		firstErr = fmt.Errorf("fork of %q abandoned: %w", tag, context.Cause(ctx))
+	}
+	if firstErr != nil {
+		var ids []string
+		for _, s := range results {
+			if s != nil {
+				ids = append(ids, s.ID)
+			}
+		}
+		e.Kill(context.WithoutCancel(ctx), ids)
+		return nil, firstErr
+	}
+	return results, nil
+}
+
+// spawnOne turns a prepared VMM (pooled, or started now) into a running
+// sandbox: restore, then the agent handshake carrying the child's identity.
+func (e *Engine) spawnOne(ctx context.Context, p *pool) (_ *Sandbox, err error) {
+	select {
+	case e.spawnSem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+	defer func() { <-e.spawnSem }()
+
+	start := time.Now()
+	pv, pooled := p.take()
+	if pv == nil {
+		if pv, err = e.prepare(ctx, p.snap); err != nil {
+			return nil, err
+		}
+	}
+	defer func() {
+		if err != nil {
+			pv.discard(ctx)
+		}
+	}()
+	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	if _, err := pv.machine.Restore(rctx); err != nil {
+		return nil, fmt.Errorf("sandbox %s: restore: %w (console: %s)", pv.id, err, pv.machine.ConsoleTail(512))
+	}
+	hello := agentapi.Hello{Identity: newIdentity(pv.id)}
+	sess, _, err := agentconn.Dial(rctx, pv.conn, hello)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: agent did not answer: %w (console: %s)", pv.id, err, pv.machine.ConsoleTail(512))
+	}
+	s := &Sandbox{
+		ID: pv.id, Tag: p.snap.Tag, SnapshotID: p.snap.ID, Created: time.Now().UTC(),
+		ReadyMillis: since(start), Pooled: pooled, GuestIP: p.snap.Network.GuestIP,
+		machine: pv.machine, netns: pv.netns, conn: pv.conn, session: sess,
+		agent: agentclient.New(sess), teardown: pv.teardown,
+		state: apiv1.StateRunning, exited: make(chan struct{}),
+	}
+	if err := e.register(s); err != nil {
+		sess.Close()
+		return nil, err
+	}
+	go s.watch(e)
+	return s, nil
+}
+
+// newIdentity makes what distinguishes a child from its siblings: its id as
+// hostname, the host's clock, and fresh entropy for every RNG in the guest.
+func newIdentity(id string) agentapi.Identity {
+	entropy := make([]byte, 64)
+	if _, err := rand.Read(entropy); err != nil {
+		panic(err)
+	}
+	return agentapi.Identity{SandboxID: id, Hostname: id, UnixNano: time.Now().UnixNano(), Entropy: entropy}
+}
+
+func newUUID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}

@@ -1,0 +1,190 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/agentclient"
+	"github.com/forkd-dev/forkd/internal/agentconn"
+	"github.com/forkd-dev/forkd/internal/cleanup"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/image"
+	"github.com/forkd-dev/forkd/internal/netns"
+	"github.com/forkd-dev/forkd/internal/snapshot"
+	"github.com/forkd-dev/forkd/internal/vmm"
+)
+
+// bootTimeout bounds a template's cold boot to its agent answering (3-4 s
+// under TCG here; generous for a loaded machine).
+const bootTimeout = 2 * time.Minute
+
+// warmTimeout bounds the recipe's warm-up code (importing pandas under TCG
+// takes 6-8 s).
+const warmTimeout = 5 * time.Minute
+
+// CreateSnapshotOptions says what template to make.
+type CreateSnapshotOptions struct {
+	Tag    string
+	Recipe string
+	// Warm replaces the recipe's Python warm-up code when non-empty.
+	Warm      string
+	MemoryMiB int // 0: the recipe's
+	VCPUs     int // 0: the recipe's
+	Progress  func(string)
+}
+
+// CreateSnapshot boots the recipe's image with its RAM in a shared file,
+// warms the Python session, and saves the device state: the parent of every
+// later fork. It is staged and committed atomically; on any error no tag is
+// left behind.
+func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions) (_ *snapshot.Snapshot, err error) {
+	start := time.Now()
+	progress := opts.Progress
+	if progress == nil {
+		progress = func(string) {}
+	}
+	if err := snapshot.ValidateTag(opts.Tag); err != nil {
+		return nil, err
+	}
+	r, err := e.LoadRecipe(opts.Recipe)
+	if err != nil {
+		return nil, err
+	}
+	if opts.MemoryMiB != 0 {
+		if opts.MemoryMiB < 64 || opts.MemoryMiB > 65536 {
+			return nil, fmt.Errorf("memory %d MiB out of range 64..65536: %w", opts.MemoryMiB, errdefs.ErrInvalidArgument)
+		}
+		r.MemoryMiB = opts.MemoryMiB
+	}
+	if opts.VCPUs != 0 {
+		if opts.VCPUs < 1 || opts.VCPUs > 64 {
+			return nil, fmt.Errorf("vcpus %d out of range 1..64: %w", opts.VCPUs, errdefs.ErrInvalidArgument)
+		}
+		r.VCPUs = opts.VCPUs
+	}
+	warm := r.Python.Warm
+	if opts.Warm != "" {
+		if !r.Python.Enabled {
+			return nil, fmt.Errorf("--warm needs a recipe with a [python] section; %q has none: %w", r.Name, errdefs.ErrInvalidArgument)
+		}
+		warm = opts.Warm
+	}
+	st, err := e.store.Stage(opts.Tag)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Abort()
+
+	progress(fmt.Sprintf("building image for recipe %s", r.Name))
+	img, err := (&image.Builder{DataDir: e.cfg.DataDir, AgentBinary: e.cfg.AgentBinary, Progress: progress}).Build(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+
+	id := "tpl-" + snapshot.NewID()
+	var cl cleanup.Stack
+	defer cl.Clean(ctx)
+	runDir := filepath.Join(e.cfg.RunDir, "vms", id)
+	cl.Push(removeAllStep(runDir))
+	ns, err := netns.Create(ctx, e.cfg.NetNSPrefix+id, netns.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("template network namespace: %w", err)
+	}
+	cl.Push(func(context.Context) error { return ns.Remove() })
+
+	vimg := img.VMM()
+	vimg.KernelArgs = append(vimg.KernelArgs, guestNetworkArgs()...)
+	mc := vmm.MachineConfig{
+		ID: id, RunDir: runDir, Image: vimg,
+		MemoryMiB: r.MemoryMiB, VCPUs: r.VCPUs, Accel: e.cfg.Accel,
+		Network:    &vmm.Network{NetNSPath: ns.Path(), TapName: netns.DefaultTap, MAC: netns.GuestMAC},
+		MemoryFile: st.Path(snapshot.MemoryFile),
+		ConsoleLog: filepath.Join(runDir, "console.log"),
+	}
+	progress(fmt.Sprintf("booting template (%d MiB, %d vCPU)", r.MemoryMiB, r.VCPUs))
+	bootStart := time.Now()
+	m, err := e.cfg.Driver.Boot(ctx, vmm.BootSpec{MachineConfig: mc})
+	if err != nil {
+		return nil, fmt.Errorf("boot template: %w", err)
+	}
+	cl.Push(func(context.Context) error { return m.Kill() })
+	bctx, cancel := context.WithTimeout(ctx, bootTimeout)
+	defer cancel()
+	conn, err := m.DialAgent(bctx)
+	if err != nil {
+		return nil, fmt.Errorf("template agent socket: %w", err)
+	}
+	cl.Push(func(context.Context) error { return conn.Close() })
+	sess, ready, err := agentconn.Dial(bctx, conn, agentapi.Hello{Identity: newIdentity(id)})
+	if err != nil {
+		return nil, fmt.Errorf("template agent did not answer within %s: %w\nconsole:\n%s", bootTimeout, err, m.ConsoleTail(consoleTailBytes))
+	}
+	cl.Push(func(context.Context) error { return sess.Close() })
+	agent := agentclient.New(sess)
+	progress(fmt.Sprintf("agent %s answered after %s", ready.Info.AgentVersion, time.Since(bootStart).Round(time.Millisecond)))
+
+	if r.Python.Enabled {
+		progress("starting the Python session and running the warm-up code")
+		wctx, cancel := context.WithTimeout(ctx, warmTimeout)
+		res, err := agent.StartPython(wctx, agentapi.PythonStartRequest{Warm: warm, TimeoutMillis: warmTimeout.Milliseconds()})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("start Python session: %w", err)
+		}
+		if res.Warm.Error != nil {
+			return nil, fmt.Errorf("warm-up code failed: %s: %s\n%s: %w", res.Warm.Error.Name, res.Warm.Error.Value, res.Warm.Error.Traceback, errdefs.ErrInvalidArgument)
+		}
+		progress(fmt.Sprintf("warm-up done in %s", time.Duration(res.Warm.DurationMicros)*time.Microsecond))
+	}
+
+	// The agent ends its session and waits for a new HELLO: that is the
+	// state every child resumes in. The host connection stays open through
+	// the save so the virtio-serial port is "connected" in the saved state,
+	// as it will be in each child.
+	if err := agent.Quiesce(ctx); err != nil {
+		return nil, fmt.Errorf("quiesce agent: %w", err)
+	}
+	progress("saving device state")
+	res, err := m.Snapshot(ctx, vmm.SnapshotSpec{Type: vmm.SnapshotFull, StateFile: st.Path(snapshot.StateFile), StopAfter: true})
+	if err != nil {
+		return nil, fmt.Errorf("save template: %w", err)
+	}
+	version, _ := e.cfg.Driver.Version(ctx)
+	accel := string(m.Config().Accel)
+	if res.MemoryFile != st.Path(snapshot.MemoryFile) {
+		return nil, fmt.Errorf("driver wrote memory to %s, want %s: %w", res.MemoryFile, st.Path(snapshot.MemoryFile), errdefs.ErrInternal)
+	}
+	progress("hashing and committing snapshot files")
+	snap, err := st.Commit(snapshot.Manifest{
+		Image: snapshot.ImageRef{
+			Digest: img.Digest, Recipe: r.Name, RecipeDigest: r.Digest(), KernelVersion: img.KernelVersion,
+			Kernel: vimg.Kernel, Initrd: vimg.Initrd, Rootfs: vimg.Rootfs, KernelArgs: vimg.KernelArgs,
+		},
+		VMM:          snapshot.VMMRef{Kind: e.cfg.Driver.Name(), Version: version, Accel: accel},
+		MemoryMiB:    r.MemoryMiB,
+		VCPUs:        r.VCPUs,
+		Python:       snapshot.Python{Enabled: r.Python.Enabled, Warm: strings.TrimSpace(warm)},
+		Network:      snapshot.Network{GuestMAC: netns.GuestMAC, GuestIP: netns.GuestAddr, GatewayIP: netns.HostAddr},
+		CreateMillis: time.Since(start).Milliseconds(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	progress(fmt.Sprintf("snapshot %s ready in %s", snap.Tag, time.Since(start).Round(time.Millisecond)))
+	if e.cfg.PoolSize > 0 {
+		e.poolFor(snap).refill()
+	}
+	return snap, nil
+}
+
+// guestNetworkArgs tell the agent how to configure eth0. The address is the
+// same in every sandbox: each lives in its own network namespace. No gateway
+// is given, so the guest has no default route: egress is off until an egress
+// policy (later) adds one together with a route out of the namespace.
+func guestNetworkArgs() []string {
+	return []string{"forkd.ip=" + netns.GuestAddr + "/30"}
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the Debian packages forkd needs, only those missing. Used by
+# `make quickstart`, `make test` and CI. Needs root (apt-get).
+set -euo pipefail
+
+need=()
+have() { command -v "$1" >/dev/null 2>&1; }
+have qemu-system-x86_64 || need+=(qemu-system-x86)
+have mmdebstrap || need+=(mmdebstrap)
+have mkfs.ext4 || need+=(e2fsprogs)
+have debugfs || need+=(e2fsprogs)
+have ip || need+=(iproute2)
+have cpio || need+=(cpio)
+have python3 || need+=(python3)
+have apt-get || { echo "forkd needs a Debian-based host with apt-get" >&2; exit 1; }
+
+lists=$(ls /var/lib/apt/lists/ 2>/dev/null | grep -c Packages || true)
+if [ "${#need[@]}" -gt 0 ] || [ "$lists" -eq 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "forkd: missing packages (${need[*]:-apt lists}); run as root: sudo $0" >&2
+    exit 1
+  fi
+  echo "forkd: apt-get update" >&2
+  apt-get update -qq
+fi
+if [ "${#need[@]}" -gt 0 ]; then
+  # Deduplicate and install without recommends: qemu's recommends pull a GUI.
+  mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
+  echo "forkd: installing ${need[*]}" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+for m in tun; do
+  [ -e /dev/net/tun ] || modprobe "$m" 2>/dev/null || echo "forkd: /dev/net/tun missing: load the tun module (modprobe tun)" >&2
+done

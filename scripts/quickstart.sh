@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# make quickstart: build the py-pandas snapshot (once), fork 3 sandboxes from
+# it and run pandas code in each, printing results and timings.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" -ne 0 ]; then
+  exec sudo -E "$0" "$@"
+fi
+forkd=./bin/forkd
+ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+
+echo "== forkd doctor"
+$forkd doctor || echo "(doctor reported problems; continuing)"
+
+if ! $forkd snapshot info py-pandas >/dev/null 2>&1; then
+  echo "== creating snapshot py-pandas (first time: builds the image with mmdebstrap, a few minutes)"
+  $forkd snapshot create --tag py-pandas --recipe py-pandas
+else
+  echo "== snapshot py-pandas exists"
+fi
+$forkd snapshots
+
+echo "== forking 3 sandboxes from py-pandas"
+t=$(date +%s%N)
+ids=$($forkd fork --tag py-pandas -n 3 --quiet)
+echo "3 sandboxes answering after $(ms "$t") ms: $(echo $ids)"
+
+code='import socket
+df = pd.DataFrame({"x": np.random.randint(0, 100, 5)})
+print(socket.gethostname(), "x =", df.x.tolist(), "sum =", int(df.x.sum()))
+df.describe().loc[["mean", "std"]].round(2).to_dict()'
+for id in $ids; do
+  t=$(date +%s%N)
+  $forkd run-code "$id" "$code"
+  echo "   ^ run_code in $id took $(ms "$t") ms (pandas was imported before the snapshot)"
+done
+
+echo "== the same code, cold: a fresh python3 importing pandas inside one sandbox"
+first=$(echo $ids | cut -d' ' -f1)
+t=$(date +%s%N)
+$forkd exec "$first" -- python3 -c 'import pandas; print("pandas", pandas.__version__, "imported cold")'
+echo "   ^ cold import took $(ms "$t") ms"
+
+$forkd ls
+$forkd kill $ids >/dev/null
+echo "== done: sandboxes killed. Try: $forkd fork --tag py-pandas -n 3; $forkd exec ID -- uname -a"
