@@ -31,7 +31,10 @@
 // leave: the agent checks every yamux frame header it receives, and bytes
 // that cannot be one (a HELLO starts with 'F'; yamux headers with version 0)
 // end the session and are scanned for the HELLO. The Hello's Nonce, echoed in
-// Ready, lets the host skip READY lines that are not its own.
+// Ready, lets the host skip READY lines that are not its own. A host that gets
+// no READY within a second resynchronizes: it sends zero bytes (more than the
+// largest yamux frame the agent accepts, which completes a frame cut short by
+// a snapshot; a header of zeros is invalid) and a new HELLO with a new nonce.
 package agentapi
 
 import "time"

@@ -1,0 +1,344 @@
+// Package agentclient is the host's typed client of the guest agent's API
+// (package agentapi), over an agentconn.Session.
+//
+// Errors keep their class across the wire: the agent answers failures with a
+// problem document carrying an errdefs code, and the client returns a
+// *ProblemError that unwraps to the errdefs sentinel, so
+// errdefs.IsNotFound(err) and errors.Is work. Transport failures (the VM or
+// the connection is gone) are errdefs.ErrUnavailable; an ended ctx is
+// errdefs.ErrCanceled or ErrDeadlineExceeded.
+package agentclient
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/agentconn"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+)
+
+// Client calls one agent.
+type Client struct {
+	hc   *http.Client
+	base string
+	sess *agentconn.Session
+}
+
+// New returns a client of the agent at the other end of s.
+func New(s *agentconn.Session) *Client {
+	return &Client{hc: s.HTTPClient(), base: agentconn.BaseURL, sess: s}
+}
+
+// NewHTTP returns a client that sends requests to baseURL with hc (tests,
+// other transports).
+func NewHTTP(hc *http.Client, baseURL string) *Client {
+	return &Client{hc: hc, base: baseURL}
+}
+
+// ProblemError is a failure reported by the agent.
+type ProblemError struct {
+	Problem agentapi.Problem
+	Op      string // "exec", "read file /x", ...
+}
+
+func (e *ProblemError) Error() string {
+	return fmt.Sprintf("agent: %s: %s", e.Op, e.Problem.Detail)
+}
+
+// Unwrap returns the errdefs class of the problem.
+func (e *ProblemError) Unwrap() error { return errdefs.FromCode(e.Problem.Code) }
+
+// classForStatus classifies a response that carries no problem document
+// (a proxy, an older agent).
+func classForStatus(status int) string {
+	switch {
+	case status == http.StatusNotFound:
+		return "not_found"
+	case status == http.StatusConflict, status == http.StatusPreconditionFailed:
+		return "failed_precondition"
+	case status == http.StatusTooManyRequests:
+		return "resource_exhausted"
+	case status == http.StatusNotImplemented:
+		return "not_implemented"
+	case status == http.StatusServiceUnavailable, status == http.StatusBadGateway:
+		return "unavailable"
+	case status == http.StatusGatewayTimeout:
+		return "deadline_exceeded"
+	case status >= 400 && status < 500:
+		return "invalid_argument"
+	}
+	return "internal"
+}
+
+func problemFrom(op string, resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var p agentapi.Problem
+	if json.Unmarshal(b, &p) != nil || p.Code == "" {
+		p = agentapi.Problem{
+			Title:  http.StatusText(resp.StatusCode),
+			Status: resp.StatusCode,
+			Detail: fmt.Sprintf("%s: %s", resp.Status, bytes.TrimSpace(b)),
+			Code:   classForStatus(resp.StatusCode),
+		}
+	}
+	return &ProblemError{Problem: p, Op: op}
+}
+
+// transportError classifies a failure to talk to the agent at all.
+func transportError(ctx context.Context, op string, err error) error {
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return fmt.Errorf("agent: %s: %v: %w", op, err, errdefs.ErrDeadlineExceeded)
+	case ctx.Err() != nil:
+		return fmt.Errorf("agent: %s: %v: %w", op, err, errdefs.ErrCanceled)
+	}
+	return fmt.Errorf("agent: %s: %v: %w", op, err, errdefs.ErrUnavailable)
+}
+
+// do sends a request and returns the response if it is a 2xx; otherwise
+// the agent's problem as an error.
+func (c *Client) do(ctx context.Context, op, method, path string, q url.Values, hdr http.Header, body io.Reader) (*http.Response, error) {
+	u := c.base + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %s: %v: %w", op, err, errdefs.ErrInvalidArgument)
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, transportError(ctx, op, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		return nil, problemFrom(op, resp)
+	}
+	return resp, nil
+}
+
+// call sends in (JSON, if not nil) and decodes the response into out (if
+// not nil).
+func (c *Client) call(ctx context.Context, op, method, path string, q url.Values, in, out any) error {
+	var body io.Reader
+	hdr := http.Header{}
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return fmt.Errorf("agent: %s: %v: %w", op, err, errdefs.ErrInvalidArgument)
+		}
+		body = bytes.NewReader(b)
+		hdr.Set("Content-Type", "application/json")
+	}
+	resp, err := c.do(ctx, op, method, path, q, hdr, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return transportError(ctx, op, fmt.Errorf("decoding the response: %w", err))
+	}
+	return nil
+}
+
+// Info describes the agent and its VM.
+func (c *Client) Info(ctx context.Context) (agentapi.Info, error) {
+	var info agentapi.Info
+	err := c.call(ctx, "info", http.MethodGet, agentapi.PathInfo, nil, nil, &info)
+	return info, err
+}
+
+// SetIdentity re-applies an identity without a new session.
+func (c *Client) SetIdentity(ctx context.Context, id agentapi.Identity) (agentapi.Info, error) {
+	var info agentapi.Info
+	err := c.call(ctx, "set identity", http.MethodPost, agentapi.PathIdentity, nil, id, &info)
+	return info, err
+}
+
+// Exec runs a process in the guest, streaming its output to stdout and
+// stderr (nil discards) as it comes, and returns its exit event. stdin, if
+// not nil, is streamed to the process's stdin (its EOF closes it) and
+// req.Stdin is set accordingly.
+//
+// A process that ran returns its exit event with a nil error, whatever its
+// exit code; check ExitCode, Signal and TimedOut. An error means no exit
+// event was received: the request was refused (a *ProblemError, e.g.
+// errdefs.ErrNotFound for a missing executable), or the stream was cut
+// (errdefs.ErrUnavailable) — output written so far may be partial.
+func (c *Client) Exec(ctx context.Context, req agentapi.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (agentapi.ExecEvent, error) {
+	req.Stdin = stdin != nil
+	h, err := json.Marshal(req)
+	if err != nil {
+		return agentapi.ExecEvent{}, fmt.Errorf("agent: exec: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	hdr := http.Header{}
+	hdr.Set(agentapi.ExecHeader, string(h))
+	var body io.Reader
+	if stdin != nil {
+		// Not the caller's reader itself: net/http would Close it if it
+		// were a Closer.
+		body = io.NopCloser(stdin)
+		hdr.Set("Content-Type", "application/octet-stream")
+	}
+	resp, err := c.do(ctx, "exec", http.MethodPost, agentapi.PathExec, nil, hdr, body)
+	if err != nil {
+		return agentapi.ExecEvent{}, err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var ev agentapi.ExecEvent
+		if err := dec.Decode(&ev); err != nil {
+			if err == io.EOF {
+				err = errors.New("the stream ended without an exit event")
+			}
+			return agentapi.ExecEvent{}, transportError(ctx, "exec", err)
+		}
+		var w io.Writer
+		switch ev.Type {
+		case agentapi.EventExit:
+			return ev, nil
+		case agentapi.EventStdout:
+			w = stdout
+		case agentapi.EventStderr:
+			w = stderr
+		default:
+			continue // a newer agent's event type
+		}
+		if w != nil {
+			if _, err := w.Write(ev.Data); err != nil {
+				return agentapi.ExecEvent{}, fmt.Errorf("agent: exec: writing %s: %w", ev.Type, err)
+			}
+		}
+	}
+}
+
+// ReadFile streams the guest file at path to w and returns its size.
+func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (int64, error) {
+	op := "read file " + path
+	resp, err := c.do(ctx, op, http.MethodGet, agentapi.PathFiles, url.Values{"path": {path}}, nil, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	n, err := io.Copy(w, resp.Body)
+	if err != nil {
+		// A cut stream surfaces here as an unexpected EOF (short of the
+		// Content-Length, or a missing final chunk), never as success.
+		return n, transportError(ctx, op, err)
+	}
+	return n, nil
+}
+
+// WriteFile writes r to the guest file at path with permission mode,
+// atomically (readers see the old content or the new, whole). The parent
+// directory must exist (errdefs.ErrNotFound otherwise).
+func (c *Client) WriteFile(ctx context.Context, path string, mode fs.FileMode, r io.Reader) (agentapi.FileInfo, error) {
+	op := "write file " + path
+	perm := uint32(mode.Perm())
+	if mode&fs.ModeSetuid != 0 {
+		perm |= 0o4000
+	}
+	if mode&fs.ModeSetgid != 0 {
+		perm |= 0o2000
+	}
+	if mode&fs.ModeSticky != 0 {
+		perm |= 0o1000
+	}
+	q := url.Values{"path": {path}, "mode": {"0" + strconv.FormatUint(uint64(perm), 8)}}
+	hdr := http.Header{"Content-Type": {"application/octet-stream"}}
+	resp, err := c.do(ctx, op, http.MethodPut, agentapi.PathFiles, q, hdr, io.NopCloser(r))
+	if err != nil {
+		return agentapi.FileInfo{}, err
+	}
+	defer resp.Body.Close()
+	var fi agentapi.FileInfo
+	if err := json.NewDecoder(resp.Body).Decode(&fi); err != nil {
+		return fi, transportError(ctx, op, err)
+	}
+	return fi, nil
+}
+
+// ListFiles lists a guest directory.
+func (c *Client) ListFiles(ctx context.Context, path string) ([]agentapi.FileInfo, error) {
+	var out []agentapi.FileInfo
+	err := c.call(ctx, "list "+path, http.MethodGet, agentapi.PathFilesList, url.Values{"path": {path}}, nil, &out)
+	return out, err
+}
+
+// Stat describes a guest path (a symlink itself, not its target).
+func (c *Client) Stat(ctx context.Context, path string) (agentapi.FileInfo, error) {
+	var fi agentapi.FileInfo
+	err := c.call(ctx, "stat "+path, http.MethodGet, agentapi.PathFilesStat, url.Values{"path": {path}}, nil, &fi)
+	return fi, err
+}
+
+// Mkdir creates a guest directory.
+func (c *Client) Mkdir(ctx context.Context, req agentapi.MkdirRequest) (agentapi.FileInfo, error) {
+	var fi agentapi.FileInfo
+	err := c.call(ctx, "mkdir "+req.Path, http.MethodPost, agentapi.PathFilesMkdir, nil, req, &fi)
+	return fi, err
+}
+
+// Remove removes a guest path; a non-empty directory needs recursive.
+func (c *Client) Remove(ctx context.Context, path string, recursive bool) error {
+	q := url.Values{"path": {path}}
+	if recursive {
+		q.Set("recursive", "1")
+	}
+	return c.call(ctx, "remove "+path, http.MethodDelete, agentapi.PathFiles, q, nil, nil)
+}
+
+// StartPython starts the persistent Python session and runs req.Warm in it.
+// An exception in the warm-up code is reported in the response's
+// Warm.Error, not as an error.
+func (c *Client) StartPython(ctx context.Context, req agentapi.PythonStartRequest) (agentapi.PythonStartResponse, error) {
+	var resp agentapi.PythonStartResponse
+	err := c.call(ctx, "start python", http.MethodPost, agentapi.PathPythonStart, nil, req, &resp)
+	return resp, err
+}
+
+// RunCode runs code in the persistent Python session. A Python exception
+// or a timeout is part of the result (Error, TimedOut); an error means the
+// code could not run (no session: errdefs.ErrFailedPrecondition).
+func (c *Client) RunCode(ctx context.Context, req agentapi.RunCodeRequest) (agentapi.RunCodeResult, error) {
+	var res agentapi.RunCodeResult
+	err := c.call(ctx, "run code", http.MethodPost, agentapi.PathRunCode, nil, req, &res)
+	return res, err
+}
+
+// Quiesce asks the agent to end the session and wait for a new HELLO, as
+// before a snapshot. On success the session is over: the client's Session
+// (if it was made with New) is closed, and a new one must be dialed on a
+// new connection.
+func (c *Client) Quiesce(ctx context.Context) error {
+	if err := c.call(ctx, "quiesce", http.MethodPost, agentapi.PathQuiesce, nil, nil, nil); err != nil {
+		return err
+	}
+	if c.sess != nil {
+		_ = c.sess.Close()
+	}
+	return nil
+}
+
+// Shutdown asks the agent to power the VM off. It returns once the agent
+// has acknowledged; the VMM process exits shortly after.
+func (c *Client) Shutdown(ctx context.Context) error {
+	return c.call(ctx, "shutdown", http.MethodPost, agentapi.PathShutdown, nil, nil, nil)
+}

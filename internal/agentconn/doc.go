@@ -1,0 +1,39 @@
+// Package agentconn is the transport between forkd (the host) and forkd-agent
+// (the guest): a line handshake followed by yamux, with HTTP/1.1 on every
+// yamux stream. See package agentapi for the wire contract.
+//
+// The guest side (Serve) is written for a virtio-serial port, whose
+// properties shape the design:
+//
+//   - A read returns 0 bytes (EOF) while no host is connected, and keeps
+//     doing so until one connects. EOF therefore means "host gone", never
+//     "port closed": the agent ends the session, backs off briefly and keeps
+//     reading.
+//   - The port lives as long as the VM, across many hosts: the template's
+//     builder, then one host per restored child, possibly a restarted host.
+//     A session must never close the port.
+//   - A VM restored from a snapshot resumes wherever the agent was, possibly
+//     inside a session with a host that no longer exists. The new host sends
+//     its HELLO as raw bytes onto that stale session.
+//
+// So one goroutine owns all reads of the port for the life of the agent, and
+// yamux never reads the port itself: the agent parses the yamux frame
+// headers as they go by and feeds whole, valid frames to the current yamux
+// session through a pipe. A header that is not valid yamux (a HELLO line
+// begins with 'F', and every yamux header with a zero version byte) ends the
+// session, and the bytes from that header on are scanned for a HELLO, so a
+// HELLO that arrives in the same read as stale frames is not lost.
+//
+// A HELLO is recognised at a yamux frame boundary (or after EOF). A VM
+// snapshotted while its host was in the middle of writing a frame, and
+// restored without the agent seeing EOF (a quick reconnect is not always
+// reported as EOF, as seen under QEMU), waits for the rest of that frame and
+// takes the new HELLO for payload. Dial therefore resynchronizes when no
+// READY comes within a second: it sends zeros longer than any frame the
+// agent accepts (completing the stale frame; a zero header is invalid, which
+// ends the session) and the HELLO again, with a new nonce so it skips a
+// READY for the first one.
+//
+// The host side (Dial) runs yamux directly over its net.Conn (a Unix socket
+// to QEMU's chardev), since a host connection serves one session only.
+package agentconn

@@ -1,0 +1,293 @@
+package handler
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/guest/procenv"
+	"github.com/forkd-dev/forkd/internal/guest/reaper"
+)
+
+// execChunk is the largest Data of one output event; with the bounded event
+// channel it caps what the agent buffers per process (a slow host makes the
+// process block on a full pipe instead).
+const (
+	execChunk  = 32 << 10
+	execEvents = 8
+)
+
+// execSpec is a validated ExecRequest.
+type execSpec struct {
+	path string
+	argv []string
+	env  []string
+	cwd  string
+	req  agentapi.ExecRequest
+}
+
+func (a *Agent) parseExec(r *http.Request) (execSpec, error) {
+	var req agentapi.ExecRequest
+	h := r.Header.Get(agentapi.ExecHeader)
+	if h == "" {
+		return execSpec{}, fmt.Errorf("missing %s header: %w", agentapi.ExecHeader, errdefs.ErrInvalidArgument)
+	}
+	if err := json.Unmarshal([]byte(h), &req); err != nil {
+		return execSpec{}, fmt.Errorf("decoding %s: %v: %w", agentapi.ExecHeader, err, errdefs.ErrInvalidArgument)
+	}
+	var argv []string
+	switch {
+	case len(req.Argv) > 0 && req.Shell != "":
+		return execSpec{}, fmt.Errorf("set argv or shell, not both: %w", errdefs.ErrInvalidArgument)
+	case len(req.Argv) > 0:
+		argv = req.Argv
+		if argv[0] == "" {
+			return execSpec{}, fmt.Errorf("argv[0] is empty: %w", errdefs.ErrInvalidArgument)
+		}
+	case req.Shell != "":
+		argv = []string{"/bin/sh", "-c", req.Shell}
+	default:
+		return execSpec{}, fmt.Errorf("nothing to run: set argv or shell: %w", errdefs.ErrInvalidArgument)
+	}
+	if req.TimeoutMillis < 0 {
+		return execSpec{}, fmt.Errorf("negative timeout: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := procenv.Validate(req.Env); err != nil {
+		return execSpec{}, err
+	}
+	env := procenv.Merge(a.cfg.Env, req.Env)
+	path, err := procenv.LookPath(argv[0], env)
+	if err != nil {
+		return execSpec{}, err
+	}
+	cwd := req.Cwd
+	if cwd == "" {
+		cwd = defaultCwd(env)
+	} else if fi, err := os.Stat(cwd); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return execSpec{}, fmt.Errorf("working directory %q does not exist: %w", cwd, errdefs.ErrNotFound)
+		}
+		return execSpec{}, fsError(err)
+	} else if !fi.IsDir() {
+		return execSpec{}, fmt.Errorf("working directory %q is not a directory: %w", cwd, errdefs.ErrInvalidArgument)
+	}
+	return execSpec{path: path, argv: argv, env: env, cwd: cwd, req: req}, nil
+}
+
+// handleExec runs a process and streams its output as NDJSON ExecEvents,
+// ending with exactly one exit event. Failures before the process starts
+// are problem responses; once the 200 is sent, the exit event carries them.
+func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
+	spec, err := a.parseExec(r)
+	if err != nil {
+		writeProblem(w, err)
+		return
+	}
+	rc := http.NewResponseController(w)
+
+	// All of the child's ends, closed here once it has started.
+	var childEnds []*os.File
+	defer func() {
+		for _, f := range childEnds {
+			f.Close()
+		}
+	}()
+	var stdin *os.File
+	var stdinW *os.File
+	if spec.req.Stdin {
+		// HTTP/1 servers stop reading a request once the response starts,
+		// unless full duplex is on: stdin and output flow at the same time.
+		if err := rc.EnableFullDuplex(); err != nil {
+			writeProblem(w, fmt.Errorf("streaming stdin: %v: %w", err, errdefs.ErrInternal))
+			return
+		}
+		if stdin, stdinW, err = os.Pipe(); err != nil {
+			writeProblem(w, fsError(err))
+			return
+		}
+		defer func() {
+			if childEnds != nil { // returned before the process started
+				stdinW.Close()
+			}
+		}()
+	} else if stdin, err = os.Open(os.DevNull); err != nil {
+		writeProblem(w, fsError(err))
+		return
+	}
+	childEnds = append(childEnds, stdin)
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		writeProblem(w, fsError(err))
+		return
+	}
+	defer outR.Close()
+	childEnds = append(childEnds, outW)
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		writeProblem(w, fsError(err))
+		return
+	}
+	defer errR.Close()
+	childEnds = append(childEnds, errW)
+
+	start := time.Now()
+	proc, err := reaper.Default().Start(spec.path, spec.argv, &syscall.ProcAttr{
+		Dir:   spec.cwd,
+		Env:   spec.env,
+		Files: []uintptr{stdin.Fd(), outW.Fd(), errW.Fd()},
+		// Its own group: a timeout kills what it started too.
+		Sys: &syscall.SysProcAttr{Setpgid: true},
+	})
+	if err != nil {
+		writeProblem(w, startError(spec.argv[0], err))
+		return
+	}
+	for _, f := range childEnds {
+		f.Close()
+	}
+	childEnds = nil
+
+	if stdinW != nil {
+		go func() {
+			// Ends at the body's EOF (closing stdin) or when the process
+			// stops reading (EPIPE).
+			io.Copy(stdinW, r.Body)
+			stdinW.Close()
+		}()
+	}
+
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	_ = rc.Flush() // the host learns the process started
+
+	events := make(chan agentapi.ExecEvent, execEvents)
+	var drain drainState
+	var pumps sync.WaitGroup
+	pumps.Add(2)
+	go a.pump(&pumps, outR, agentapi.EventStdout, events, &drain)
+	go a.pump(&pumps, errR, agentapi.EventStderr, events, &drain)
+	go func() {
+		pumps.Wait()
+		close(events)
+	}()
+
+	// The watcher kills the group on timeout or when the host goes away,
+	// and after the exit bounds how long output is still drained.
+	var timedOut atomic.Bool
+	go func() {
+		var timeout <-chan time.Time
+		if spec.req.TimeoutMillis > 0 {
+			t := time.NewTimer(time.Duration(spec.req.TimeoutMillis) * time.Millisecond)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-proc.Done():
+		case <-timeout:
+			timedOut.Store(true)
+			proc.KillGroup(unix.SIGKILL)
+		case <-r.Context().Done():
+			proc.KillGroup(unix.SIGKILL)
+		}
+		<-proc.Done()
+		drain.exited.Store(true)
+		// Wake pumps blocked in Read; from now on each read waits at most
+		// ExecQuiet (see pump).
+		quiet := time.Now().Add(a.cfg.ExecQuiet)
+		outR.SetReadDeadline(quiet)
+		errR.SetReadDeadline(quiet)
+		// Children left running (`cmd &`) may keep the pipes open and
+		// busy; stop collecting after ExecDrain.
+		time.AfterFunc(a.cfg.ExecDrain, func() {
+			drain.over.Store(true)
+			outR.SetReadDeadline(time.Unix(1, 0))
+			errR.SetReadDeadline(time.Unix(1, 0))
+		})
+	}()
+
+	enc := json.NewEncoder(w)
+	writeErr := error(nil)
+	for ev := range events {
+		if writeErr != nil {
+			continue // keep draining so the pumps finish
+		}
+		if writeErr = enc.Encode(ev); writeErr == nil && len(events) == 0 {
+			writeErr = rc.Flush()
+		}
+		if writeErr != nil {
+			// The host is gone: nobody will see the output.
+			proc.KillGroup(unix.SIGKILL)
+		}
+	}
+	st := proc.Wait()
+	exit := agentapi.ExecEvent{
+		Type:           agentapi.EventExit,
+		ExitCode:       st.ExitCode(),
+		Signal:         st.Signal(),
+		TimedOut:       timedOut.Load(),
+		DurationMicros: time.Since(start).Microseconds(),
+	}
+	if writeErr == nil {
+		enc.Encode(exit)
+		rc.Flush()
+	}
+}
+
+// drainState tells the pumps how the process is doing.
+type drainState struct {
+	exited atomic.Bool // the process has exited: reads wait at most ExecQuiet
+	over   atomic.Bool // ExecDrain has passed since: stop reading
+}
+
+// pump turns one output pipe into events. Once the process has exited it
+// stops at EOF, at the first read that waits longer than ExecQuiet, or when
+// the drain period is over. Data already in the pipe when the process exits
+// is read however slow the host is: the quiet period starts at each read,
+// not at the exit.
+func (a *Agent) pump(wg *sync.WaitGroup, f *os.File, typ string, events chan<- agentapi.ExecEvent, st *drainState) {
+	defer wg.Done()
+	buf := make([]byte, execChunk)
+	for {
+		if st.over.Load() {
+			return
+		}
+		if st.exited.Load() {
+			f.SetReadDeadline(time.Now().Add(a.cfg.ExecQuiet))
+		}
+		n, err := f.Read(buf)
+		if n > 0 {
+			events <- agentapi.ExecEvent{Type: typ, Data: append([]byte(nil), buf[:n]...)}
+		}
+		if err != nil {
+			return // EOF, or quiet for ExecQuiet after the exit
+		}
+	}
+}
+
+// startError classifies a failure of fork/exec.
+func startError(name string, err error) error {
+	switch {
+	case errors.Is(err, syscall.ENOENT):
+		// The executable exists (LookPath found it): its interpreter or a
+		// library is missing.
+		return fmt.Errorf("starting %q: %v (a missing interpreter or loader?): %w", name, err, errdefs.ErrNotFound)
+	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM), errors.Is(err, syscall.ENOEXEC):
+		return fmt.Errorf("starting %q: %v: %w", name, err, errdefs.ErrFailedPrecondition)
+	case errors.Is(err, syscall.E2BIG), errors.Is(err, syscall.ENAMETOOLONG):
+		return fmt.Errorf("starting %q: %v: %w", name, err, errdefs.ErrInvalidArgument)
+	case errors.Is(err, syscall.ENOMEM), errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.EMFILE):
+		return fmt.Errorf("starting %q: %v: %w", name, err, errdefs.ErrResourceExhausted)
+	}
+	return fmt.Errorf("starting %q: %v: %w", name, err, errdefs.ErrInternal)
+}

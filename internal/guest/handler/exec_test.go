@@ -1,0 +1,247 @@
+package handler_test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+)
+
+func TestExecOutputAndExitCode(t *testing.T) {
+	e := newEnv(t)
+	var out, errb bytes.Buffer
+	ev, err := e.c.Exec(ctxT(t), agentapi.ExecRequest{Shell: "echo out; echo err >&2; exit 3"}, nil, &out, &errb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Type != agentapi.EventExit || ev.ExitCode != 3 || ev.Signal != "" || ev.TimedOut || ev.DurationMicros <= 0 {
+		t.Fatalf("exit event: %+v", ev)
+	}
+	if out.String() != "out\n" || errb.String() != "err\n" {
+		t.Fatalf("stdout %q stderr %q", out.String(), errb.String())
+	}
+
+	out.Reset()
+	ev, err = e.c.Exec(ctxT(t), agentapi.ExecRequest{Argv: []string{"printf", "%s-%s", "a b", "c"}}, nil, &out, nil)
+	if err != nil || ev.ExitCode != 0 || out.String() != "a b-c" {
+		t.Fatalf("argv: %+v %v %q", ev, err, out.String())
+	}
+
+	ev, err = e.c.Exec(ctxT(t), agentapi.ExecRequest{Shell: "kill -TERM $$"}, nil, nil, nil)
+	if err != nil || ev.Signal != "SIGTERM" || ev.ExitCode != 143 {
+		t.Fatalf("signal: %+v %v", ev, err)
+	}
+}
+
+func TestExecEnvAndCwd(t *testing.T) {
+	e := newEnv(t)
+	dir := t.TempDir()
+	var out bytes.Buffer
+	_, err := e.c.Exec(ctxT(t), agentapi.ExecRequest{
+		Shell: `echo "$FOO|$HOME|$LANG|$PATH"; pwd`,
+		Env:   map[string]string{"FOO": "bar baz", "HOME": "/nonexistent"},
+		Cwd:   dir,
+	}, nil, &out, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "bar baz|/nonexistent|C.UTF-8|/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n" + dir + "\n"
+	if out.String() != want {
+		t.Fatalf("got %q, want %q", out.String(), want)
+	}
+	// The agent's own environment is not inherited.
+	os.Setenv("FORKD_TEST_LEAK", "1")
+	defer os.Unsetenv("FORKD_TEST_LEAK")
+	out.Reset()
+	e.c.Exec(ctxT(t), agentapi.ExecRequest{Shell: `echo "[$FORKD_TEST_LEAK]"`}, nil, &out, nil)
+	if out.String() != "[]\n" {
+		t.Fatalf("agent env leaked: %q", out.String())
+	}
+}
+
+func TestExecStdin(t *testing.T) {
+	e := newEnv(t)
+	in := randomBytes(3 << 20)
+	var out bytes.Buffer
+	ev, err := e.c.Exec(ctxT(t), agentapi.ExecRequest{Argv: []string{"cat"}}, bytes.NewReader(in), &out, nil)
+	if err != nil || ev.ExitCode != 0 {
+		t.Fatalf("cat: %+v %v", ev, err)
+	}
+	if !bytes.Equal(out.Bytes(), in) {
+		t.Fatalf("cat returned %d bytes, want %d identical", out.Len(), len(in))
+	}
+	// Interactive: output arrives while stdin is still open.
+	pr, pw := io.Pipe()
+	got := make(chan string, 1)
+	lw := &lineWriter{lines: got}
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.c.Exec(ctxT(t), agentapi.ExecRequest{Shell: "while read l; do echo got:$l; done"}, pr, lw, nil)
+		done <- err
+	}()
+	fmt.Fprintln(pw, "one")
+	select {
+	case l := <-got:
+		if l != "got:one\n" {
+			t.Fatalf("echo: %q", l)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no output while stdin is open")
+	}
+	pw.Close()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+type lineWriter struct{ lines chan string }
+
+func (w *lineWriter) Write(b []byte) (int, error) {
+	select {
+	case w.lines <- string(b):
+	default:
+	}
+	return len(b), nil
+}
+
+func TestExecStreamsPromptly(t *testing.T) {
+	e := newEnv(t)
+	start := time.Now()
+	var first time.Duration
+	var mu sync.Mutex
+	w := writerFunc(func(b []byte) (int, error) {
+		mu.Lock()
+		if first == 0 {
+			first = time.Since(start)
+		}
+		mu.Unlock()
+		return len(b), nil
+	})
+	ev, err := e.c.Exec(ctxT(t), agentapi.ExecRequest{Shell: "echo first; sleep 1; echo second"}, nil, w, nil)
+	if err != nil || ev.ExitCode != 0 {
+		t.Fatal(ev, err)
+	}
+	if first == 0 || first > 800*time.Millisecond {
+		t.Fatalf("first output after %v; want it before the process ends (~1s)", first)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+func TestExecLargeOutput(t *testing.T) {
+	e := newEnv(t)
+	var n countWriter
+	ev, err := e.c.Exec(ctxT(t), agentapi.ExecRequest{Shell: "head -c 8000000 /dev/zero; echo tail >&2"}, nil, &n, io.Discard)
+	if err != nil || ev.ExitCode != 0 || n != 8000000 {
+		t.Fatalf("%+v %v: %d bytes", ev, err, n)
+	}
+}
+
+type countWriter int
+
+func (c *countWriter) Write(b []byte) (int, error) { *c += countWriter(len(b)); return len(b), nil }
+
+func TestExecTimeoutKillsProcessGroup(t *testing.T) {
+	e := newEnv(t)
+	pids := filepath.Join(t.TempDir(), "pids")
+	start := time.Now()
+	ev, err := e.c.Exec(ctxT(t), agentapi.ExecRequest{
+		Shell:         fmt.Sprintf("sleep 100 & echo $! > %s; sleep 100 & echo $! >> %s; wait", pids, pids),
+		TimeoutMillis: 300,
+	}, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("timeout took %v", d)
+	}
+	if !ev.TimedOut || ev.Signal != "SIGKILL" {
+		t.Fatalf("exit event: %+v", ev)
+	}
+	b, _ := os.ReadFile(pids)
+	fields := strings.Fields(string(b))
+	if len(fields) != 2 {
+		t.Fatalf("pids file: %q", b)
+	}
+	for _, f := range fields {
+		pid, _ := strconv.Atoi(f)
+		deadline := time.Now().Add(5 * time.Second)
+		for alive(pid) {
+			if time.Now().After(deadline) {
+				t.Fatalf("background sleep %d survived the timeout", pid)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// alive reports whether pid runs (not gone, not a zombie).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i >= 0 && i+2 < len(s) && s[i+2] != 'Z'
+}
+
+func TestExecBackgroundChildDoesNotHoldTheResponse(t *testing.T) {
+	e := newEnv(t)
+	var out bytes.Buffer
+	start := time.Now()
+	ev, err := e.c.Exec(ctxT(t), agentapi.ExecRequest{Shell: "sleep 10 & echo started"}, nil, &out, nil)
+	if err != nil || ev.ExitCode != 0 || out.String() != "started\n" {
+		t.Fatalf("%+v %v %q", ev, err, out.String())
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("exec waited %v for a background child holding stdout", d)
+	}
+}
+
+func TestExecStartErrors(t *testing.T) {
+	e := newEnv(t)
+	for name, req := range map[string]agentapi.ExecRequest{
+		"missing executable": {Argv: []string{"no-such-command-forkd"}},
+		"missing cwd":        {Shell: "true", Cwd: "/no/such/dir"},
+	} {
+		_, err := e.c.Exec(ctxT(t), req, nil, nil, nil)
+		if !errdefs.IsNotFound(err) {
+			t.Errorf("%s: %v, want not found", name, err)
+		}
+	}
+	for name, req := range map[string]agentapi.ExecRequest{
+		"nothing": {},
+		"both":    {Argv: []string{"true"}, Shell: "true"},
+		"bad env": {Shell: "true", Env: map[string]string{"A=B": "c"}},
+	} {
+		_, err := e.c.Exec(ctxT(t), req, nil, nil, nil)
+		if !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%s: %v, want invalid argument", name, err)
+		}
+	}
+}
+
+func TestExecCutStreamIsAnError(t *testing.T) {
+	e := newEnv(t)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		e.sess.Close() // the connection to the VM is lost mid-exec
+	}()
+	var out bytes.Buffer
+	_, err := e.c.Exec(ctxT(t), agentapi.ExecRequest{Shell: "echo partial; sleep 10"}, nil, &out, nil)
+	if !errdefs.IsUnavailable(err) {
+		t.Fatalf("cut stream: %v (stdout %q), want unavailable", err, out.String())
+	}
+}

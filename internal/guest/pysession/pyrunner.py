@@ -1,0 +1,166 @@
+"""forkd persistent Python session runner.
+
+Started by forkd-agent as `python3 -u pyrunner.py TOKEN`. Requests arrive on
+fd 3 and responses leave on fd 4, one JSON object per line, so nothing user
+code prints can corrupt the protocol. User output is not captured here:
+fd 1 and fd 2 are pipes the agent reads, so print() and the output of child
+processes (os.system, subprocess) land in the same place, in order. After
+each request the runner flushes sys.stdout/sys.stderr and writes a marker
+("\\x1eFORKD:TOKEN:ID\\x1e") on both fds; the agent attributes everything
+before the marker to that request.
+
+Requests:
+  {"id": N, "op": "run", "code": "..."}
+      -> {"id": N, "result": {"text/plain": ...}} or {"id": N, "error": {...}}
+  {"id": N, "op": "reseed", "seed": "<hex>"}
+      -> {"id": N}
+On start the runner answers {"id": 0, "python": VERSION} without markers.
+
+SIGINT (sent by the agent when a request times out) raises
+KeyboardInterrupt only while user code runs; between requests it is ignored,
+so a late interrupt never kills the session.
+"""
+
+import ast
+import json
+import linecache
+import os
+import random
+import signal
+import sys
+import traceback
+
+REQ_FD = 3
+RESP_FD = 4
+
+_in_user_code = False
+
+
+def _on_sigint(signum, frame):
+    if _in_user_code:
+        raise KeyboardInterrupt
+    # Between requests (or while answering one): a late interrupt, ignored.
+
+
+def _marker(token, req_id):
+    return ("\x1eFORKD:%s:%d\x1e" % (token, req_id)).encode()
+
+
+def _user_traceback(exc, filename_prefix):
+    """Format exc with the runner's own frames removed."""
+    tb = exc.__traceback__
+    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith(filename_prefix):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _error(exc, filename_prefix):
+    return {
+        "name": type(exc).__name__,
+        "value": str(exc),
+        "traceback": _user_traceback(exc, filename_prefix),
+    }
+
+
+class Runner:
+    def __init__(self, token):
+        self.token = token
+        self.globals = {"__name__": "__main__", "__builtins__": __builtins__}
+        self.cells = 0
+
+    def run(self, code):
+        global _in_user_code
+        self.cells += 1
+        filename = "<cell-%d>" % self.cells
+        # Let tracebacks show the cell's source lines, now and later (a
+        # function defined in this cell may fail in a later one).
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        try:
+            tree = ast.parse(code, filename, "exec")
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(tree.body.pop().value)
+            body = compile(tree, filename, "exec")
+            last_code = compile(last, filename, "eval") if last is not None else None
+        except BaseException as exc:  # SyntaxError, ValueError (null bytes), ...
+            return {"error": _error(exc, "<cell-")}
+        value = None
+        try:
+            _in_user_code = True
+            try:
+                exec(body, self.globals)
+                if last_code is not None:
+                    value = eval(last_code, self.globals)
+            finally:
+                _in_user_code = False
+        except BaseException as exc:  # includes KeyboardInterrupt, SystemExit
+            return {"error": _error(exc, "<cell-")}
+        if value is None:
+            return {}
+        self.globals["_"] = value
+        try:
+            text = repr(value)
+        except BaseException as exc:
+            return {"error": _error(exc, "<cell-")}
+        return {"result": {"text/plain": text}}
+
+    def reseed(self, seed_hex):
+        seed = bytes.fromhex(seed_hex)
+        random.seed(seed)
+        np = sys.modules.get("numpy")
+        if np is not None:
+            words = [int.from_bytes(seed[i:i + 4], "little") for i in range(0, len(seed) - 3, 4)]
+            np.random.seed(words)
+        return {}
+
+
+def main():
+    token = sys.argv[1]
+    signal.signal(signal.SIGINT, _on_sigint)
+    # User code and its children must not see (or write) the protocol fds.
+    os.set_inheritable(REQ_FD, False)
+    os.set_inheritable(RESP_FD, False)
+    requests = os.fdopen(REQ_FD, "rb")
+    responses = os.fdopen(RESP_FD, "wb", buffering=0)
+    runner = Runner(token)
+
+    def answer(msg):
+        responses.write(json.dumps(msg).encode() + b"\n")
+
+    answer({"id": 0, "python": sys.version.split()[0]})
+    while True:
+        line = requests.readline()  # PEP 475: EINTR from a SIGINT is retried
+        if not line:
+            return  # the agent closed the channel
+        req = {}
+        try:
+            req = json.loads(line)
+            op = req.get("op")
+            if op == "run":
+                out = runner.run(req.get("code", ""))
+            elif op == "reseed":
+                out = runner.reseed(req["seed"])
+            else:
+                out = {"error": {"name": "ProtocolError", "value": "unknown op %r" % (op,), "traceback": ""}}
+        except BaseException as exc:
+            if not isinstance(req, dict):
+                req = {}
+            out = {"error": {"name": type(exc).__name__, "value": str(exc), "traceback": traceback.format_exc()}}
+        req_id = req.get("id", -1)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass  # user replaced or closed it
+        mark = _marker(token, req_id)
+        for fd in (1, 2):
+            try:
+                os.write(fd, mark)
+            except OSError:
+                pass
+        out["id"] = req_id
+        answer(out)
+
+
+if __name__ == "__main__":
+    main()

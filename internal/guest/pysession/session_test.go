@@ -1,0 +1,251 @@
+package pysession
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+)
+
+func newManager(t *testing.T) *Manager {
+	t.Helper()
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	m := NewManager(Config{Dir: t.TempDir(), InterruptGrace: 300 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := m.Start(ctx, agentapi.PythonStartRequest{}); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(m.Close)
+	return m
+}
+
+func run(t *testing.T, m *Manager, code string, timeout time.Duration) agentapi.RunCodeResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := m.Run(ctx, agentapi.RunCodeRequest{Code: code, TimeoutMillis: timeout.Milliseconds()})
+	if err != nil {
+		t.Fatalf("run %q: %v", code, err)
+	}
+	return res
+}
+
+func text(res agentapi.RunCodeResult) string { return res.Result["text/plain"] }
+
+func TestPersistenceAndLastExpression(t *testing.T) {
+	m := newManager(t)
+	if res := run(t, m, "x = 41", 0); res.Error != nil || res.Result != nil || res.Stdout != "" {
+		t.Fatalf("assignment: %+v", res)
+	}
+	if res := run(t, m, "y = x + 1\ny", 0); text(res) != "42" {
+		t.Fatalf("last expression: %+v", res)
+	}
+	if res := run(t, m, "'a' * 3", 0); text(res) != "'aaa'" {
+		t.Fatalf("repr: %+v", res)
+	}
+	if res := run(t, m, "None", 0); res.Result != nil {
+		t.Fatalf("None gives no result: %+v", res)
+	}
+	if res := run(t, m, "_", 0); text(res) != "'aaa'" {
+		t.Fatalf("_ holds the last value: %+v", res)
+	}
+}
+
+func TestExceptions(t *testing.T) {
+	m := newManager(t)
+	res := run(t, m, "def f():\n    raise ValueError('boom')\n\nf()", 0)
+	if res.Error == nil || res.Error.Name != "ValueError" || res.Error.Value != "boom" {
+		t.Fatalf("error: %+v", res.Error)
+	}
+	tb := res.Error.Traceback
+	if !strings.Contains(tb, "<cell-") || !strings.Contains(tb, "raise ValueError('boom')") || strings.Contains(tb, "pyrunner") {
+		t.Fatalf("traceback should show the user's frames and source only:\n%s", tb)
+	}
+	res = run(t, m, "def broken(:\n  pass", 0)
+	if res.Error == nil || res.Error.Name != "SyntaxError" {
+		t.Fatalf("syntax error: %+v", res.Error)
+	}
+	res = run(t, m, "import sys; sys.exit(3)", 0)
+	if res.Error == nil || res.Error.Name != "SystemExit" {
+		t.Fatalf("sys.exit: %+v", res.Error)
+	}
+	if res := run(t, m, "1 + 1", 0); text(res) != "2" {
+		t.Fatalf("session after exceptions: %+v", res)
+	}
+}
+
+func TestOutputCapture(t *testing.T) {
+	m := newManager(t)
+	res := run(t, m, "import os, sys\nprint('a')\nos.system('echo hi; echo err >&2')\nprint('b', file=sys.stderr)\nprint('c', end='')", 0)
+	if res.Stdout != "a\nhi\nc" || res.Stderr != "err\nb\n" {
+		t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
+	}
+	// Nothing leaks into the next call.
+	if res := run(t, m, "2", 0); res.Stdout != "" || res.Stderr != "" {
+		t.Fatalf("leaked output: %+v", res)
+	}
+	// A marker look-alike in user output is passed through.
+	res = run(t, m, "print('\\x1eFORKD:nottoken:1\\x1e')", 0)
+	if res.Stdout != "\x1eFORKD:nottoken:1\x1e\n" {
+		t.Fatalf("look-alike: %q", res.Stdout)
+	}
+}
+
+func TestLargeOutputIsBounded(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	m := NewManager(Config{Dir: t.TempDir(), MaxOutput: 1 << 20})
+	if _, err := m.Start(context.Background(), agentapi.PythonStartRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	res := run(t, m, "print('x' * (3 << 20))", 0)
+	if len(res.Stdout) > 1<<20+100 || !strings.Contains(res.Stdout, "more bytes of output dropped") {
+		t.Fatalf("stdout len %d, tail %q", len(res.Stdout), res.Stdout[max(0, len(res.Stdout)-80):])
+	}
+	if res := run(t, m, "print('ok')", 0); res.Stdout != "ok\n" {
+		t.Fatalf("after large output: %q", res.Stdout)
+	}
+}
+
+func TestTimeoutInterruptsAndSessionSurvives(t *testing.T) {
+	m := newManager(t)
+	run(t, m, "x = 7", 0)
+	for _, code := range []string{"while True: pass", "import time; time.sleep(100)", "import os; os.system('sleep 100')"} {
+		start := time.Now()
+		res := run(t, m, code, 300*time.Millisecond)
+		if !res.TimedOut || res.Error == nil || res.Error.Name != "TimeoutError" {
+			t.Fatalf("%q: %+v", code, res)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("%q: took %v to time out", code, d)
+		}
+		if res := run(t, m, "x", 0); text(res) != "7" {
+			t.Fatalf("after %q: variables lost: %+v", code, res)
+		}
+	}
+}
+
+func TestCodeIgnoringInterruptsIsKilled(t *testing.T) {
+	m := newManager(t)
+	code := "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass"
+	res := run(t, m, code, 200*time.Millisecond)
+	if !res.TimedOut || res.Error == nil || !strings.Contains(res.Error.Value, "killed") {
+		t.Fatalf("%+v", res)
+	}
+	_, err := m.Run(context.Background(), agentapi.RunCodeRequest{Code: "1"})
+	if !errdefs.IsFailedPrecondition(err) || !errors.Is(err, ErrDead) {
+		t.Fatalf("run after kill: %v", err)
+	}
+	if m.Running() {
+		t.Fatal("Running() after kill")
+	}
+	if _, err := m.Start(context.Background(), agentapi.PythonStartRequest{Warm: "z = 1"}); err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	if res := run(t, m, "z + 1", 0); text(res) != "2" {
+		t.Fatalf("restarted session: %+v", res)
+	}
+}
+
+func TestDeathIsReported(t *testing.T) {
+	m := newManager(t)
+	_, err := m.Run(context.Background(), agentapi.RunCodeRequest{Code: "import os, sys\nsys.stderr.write('dying now\\n'); sys.stderr.flush()\nos._exit(3)"})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "exit status 3") || !strings.Contains(err.Error(), "dying now") {
+		t.Fatalf("death: %v", err)
+	}
+	if _, err := m.Start(context.Background(), agentapi.PythonStartRequest{}); err != nil {
+		t.Fatalf("restart after death: %v", err)
+	}
+	if _, err := m.Start(context.Background(), agentapi.PythonStartRequest{}); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("second start: %v", err)
+	}
+}
+
+func TestNoSession(t *testing.T) {
+	m := NewManager(Config{Dir: t.TempDir()})
+	_, err := m.Run(context.Background(), agentapi.RunCodeRequest{Code: "1"})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "no Python session") {
+		t.Fatalf("%v", err)
+	}
+	if err := m.Reseed(context.Background(), make([]byte, 32)); err != nil {
+		t.Fatalf("reseed without session: %v", err)
+	}
+}
+
+func TestReseed(t *testing.T) {
+	m := newManager(t)
+	ctx := context.Background()
+	draw := func(seed byte) string {
+		t.Helper()
+		s := make([]byte, 32)
+		for i := range s {
+			s[i] = seed
+		}
+		if err := m.Reseed(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		return text(run(t, m, "import random; (random.random(), random.getrandbits(64))", 0))
+	}
+	a1, a2, b := draw(1), draw(1), draw(2)
+	if a1 != a2 {
+		t.Fatalf("same seed, different draws: %s %s", a1, a2)
+	}
+	if a1 == b {
+		t.Fatalf("different seeds, same draw: %s", a1)
+	}
+
+	// numpy's global generator is reseeded when numpy is imported. The host
+	// has no numpy: a stand-in module records the seed it gets.
+	run(t, m, "import sys, types\nseeds = []\nnp = types.ModuleType('numpy')\nnp.random = types.SimpleNamespace(seed=seeds.append)\nsys.modules['numpy'] = np", 0)
+	draw(3)
+	got := text(run(t, m, "len(seeds), len(seeds[0]), all(0 <= w < 2**32 for w in seeds[0])", 0))
+	if got != "(1, 8, True)" {
+		t.Fatalf("numpy.random.seed calls: %s, want one call with 8 uint32 words", got)
+	}
+}
+
+func TestConcurrentCallsQueue(t *testing.T) {
+	m := newManager(t)
+	run(t, m, "n = 0", 0)
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Not atomic if two ran at once: read, sleep, write.
+			res := run(t, m, fmt.Sprintf("import time\nv = n\ntime.sleep(0.02)\nn = v + 1\nprint(%d)", i), 0)
+			if res.Stdout != fmt.Sprintf("%d\n", i) {
+				t.Errorf("call %d got stdout %q", i, res.Stdout)
+			}
+		}()
+	}
+	wg.Wait()
+	if res := run(t, m, "n", 0); text(res) != "8" {
+		t.Fatalf("n = %s, want 8 (calls overlapped)", text(res))
+	}
+}
+
+func TestCancelInterrupts(t *testing.T) {
+	m := newManager(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := m.Run(ctx, agentapi.RunCodeRequest{Code: "while True: pass"})
+	if !errors.Is(err, errdefs.ErrDeadlineExceeded) {
+		t.Fatalf("canceled run: %v", err)
+	}
+	if res := run(t, m, "3", 0); text(res) != "3" {
+		t.Fatalf("after cancel: %+v", res)
+	}
+}
