@@ -324,17 +324,13 @@ func (c *Client) RunCode(ctx context.Context, req agentapi.RunCodeRequest) (agen
 }
 
 // Quiesce asks the agent to end the session and wait for a new HELLO, as
-// before a snapshot. On success the session is over: the client's Session
-// (if it was made with New) is closed, and a new one must be dialed on a
-// new connection.
+// before a snapshot. The connection is left open on purpose: a VM snapshotted
+// while its host is connected restores into children whose host is connected
+// too, so the guest's virtio-serial port state matches and no port-open
+// event races the new session. The caller closes the Session (and with it
+// the connection) after the snapshot; no further requests can succeed.
 func (c *Client) Quiesce(ctx context.Context) error {
-	if err := c.call(ctx, "quiesce", http.MethodPost, agentapi.PathQuiesce, nil, nil, nil); err != nil {
-		return err
-	}
-	if c.sess != nil {
-		_ = c.sess.Close()
-	}
-	return nil
+	return c.call(ctx, "quiesce", http.MethodPost, agentapi.PathQuiesce, nil, nil, nil)
 }
 
 // Shutdown asks the agent to power the VM off. It returns once the agent
