@@ -1,0 +1,188 @@
+package image
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/errdefs"
+)
+
+// toolPackages names the Debian package that provides each host command the
+// builder runs, so that a missing one fails with its fix rather than with
+// "executable file not found".
+var toolPackages = map[string]string{
+	"apt-cache":  "apt",
+	"apt-get":    "apt",
+	"dpkg-deb":   "dpkg",
+	"mkfs.ext4":  "e2fsprogs",
+	"debugfs":    "e2fsprogs",
+	"mmdebstrap": "mmdebstrap",
+	"unshare":    "util-linux",
+	"xz":         "xz-utils",
+	"zstd":       "zstd",
+}
+
+// lookTool finds a host command. The sbin directories are searched too:
+// mkfs.ext4 lives in /usr/sbin, which is not on a non-root user's PATH.
+func lookTool(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, dir := range []string{"/usr/sbin", "/sbin", "/usr/bin", "/bin"} {
+		p := filepath.Join(dir, name)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", missingTool(name)
+}
+
+// missingTool says which Debian package provides a missing command.
+func missingTool(name string) error {
+	pkg := toolPackages[name]
+	if pkg == "" {
+		pkg = name
+	}
+	return fmt.Errorf("%s not found on this host; install the Debian package %q (apt-get install %s): %w",
+		name, pkg, pkg, errdefs.ErrFailedPrecondition)
+}
+
+// requireTools checks several commands at once, before any slow work starts.
+func requireTools(names ...string) error {
+	var errs []error
+	for _, n := range names {
+		if _, err := lookTool(n); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// command describes one host command run by the builder.
+type command struct {
+	name string
+	args []string
+	dir  string
+	// lines, when set, receives each line the command writes to stderr as it
+	// arrives (mmdebstrap reports its progress there).
+	lines func(string)
+	// gracePeriod is how long a command may take to clean up after SIGTERM
+	// when ctx ends before it is killed; mmdebstrap unmounts what it mounted.
+	gracePeriod time.Duration
+}
+
+// tailBuffer keeps the last bytes written to it, for error messages.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+	max int
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > t.max {
+		t.buf = append([]byte(nil), t.buf[len(t.buf)-t.max:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.TrimSpace(string(t.buf))
+}
+
+// run executes c and returns its stdout. A failure carries the command line
+// and the tail of stderr, since that is where apt, dpkg and mke2fs explain
+// themselves. The environment pins the C locale so output can be parsed.
+func run(ctx context.Context, c command) ([]byte, error) {
+	path, err := lookTool(c.name)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, path, c.args...)
+	cmd.Dir = c.dir
+	cmd.Env = append(os.Environ(), "LC_ALL=C", "LANG=C", "DEBIAN_FRONTEND=noninteractive")
+	if c.gracePeriod > 0 {
+		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+		cmd.WaitDelay = c.gracePeriod
+	}
+	var stdout bytes.Buffer
+	stderr := &tailBuffer{max: 4096}
+	cmd.Stdout = &stdout
+	var pw *io.PipeWriter
+	var scanDone chan struct{}
+	if c.lines != nil {
+		var pr *io.PipeReader
+		pr, pw = io.Pipe()
+		cmd.Stderr = io.MultiWriter(stderr, pw)
+		scanDone = make(chan struct{})
+		go func() {
+			defer close(scanDone)
+			sc := bufio.NewScanner(pr)
+			sc.Buffer(make([]byte, 64*1024), 1024*1024)
+			for sc.Scan() {
+				c.lines(sc.Text())
+			}
+			io.Copy(io.Discard, pr)
+		}()
+	} else {
+		cmd.Stderr = stderr
+	}
+	err = cmd.Run()
+	if pw != nil {
+		pw.Close()
+		<-scanDone
+	}
+	if err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return nil, fmt.Errorf("%s: %w", c.name, ctxErrClass(ctxErr))
+		}
+		msg := stderr.String()
+		if msg == "" {
+			msg = strings.TrimSpace(stdout.String())
+		}
+		return stdout.Bytes(), &commandError{line: c.name + " " + strings.Join(c.args, " "), err: err, stderr: msg}
+	}
+	return stdout.Bytes(), nil
+}
+
+// commandError is a host command that failed; Error quotes its stderr.
+type commandError struct {
+	line   string
+	err    error
+	stderr string
+}
+
+func (e *commandError) Error() string {
+	line := e.line
+	if len(line) > 300 {
+		line = line[:300] + "..."
+	}
+	return fmt.Sprintf("%s: %v: %s", line, e.err, e.stderr)
+}
+
+// Unwrap classifies a failed host command as internal: callers that know
+// better (a missing package is the recipe's fault) wrap it differently.
+func (e *commandError) Unwrap() error { return errdefs.ErrInternal }
+
+// ctxErrClass maps a context error onto the errdefs classes.
+func ctxErrClass(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%v: %w", err, errdefs.ErrDeadlineExceeded)
+	}
+	return fmt.Errorf("%v: %w", err, errdefs.ErrCanceled)
+}
