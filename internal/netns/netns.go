@@ -1,0 +1,222 @@
+// Package netns gives every sandbox its own network namespace with one tap
+// device for its VMM.
+//
+// A namespace is made exactly as `ip netns add` makes it: a bind mount of
+// the namespace at /run/netns/<name>, so operators can `ip netns exec
+// forkd-<id> ...` into it. Inside it, lo is up and a persistent tap device
+// (default "tap0") carries HostAddr/30; the guest is GuestAddr in every
+// namespace and every clone of a template, with the same GuestMAC, which is
+// safe because no two guests share a namespace.
+//
+// # Egress
+//
+// By default a namespace has no route out: no default route, no veth pair
+// to the host, no NAT. The guest can reach only HostAddr, and only processes
+// inside the namespace can reach the guest. Egress policy (a veth pair with
+// routes and NAT, or a userspace proxy listening on HostAddr) plugs in
+// through Options.Setup, which runs inside the new namespace after the tap
+// is up.
+//
+// # Lifecycle
+//
+// Create makes the namespace and its tap; the namespace lives until Remove,
+// also across restarts of the daemon (List finds leftovers by prefix).
+// Remove deletes the tap, unmounts and deletes the bind mount; it is
+// idempotent. A VMM still running inside keeps the namespace alive after
+// Remove until it exits, but it is no longer reachable by name.
+package netns
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/forkd-dev/forkd/internal/errdefs"
+)
+
+// Addresses used inside every namespace.
+const (
+	// HostAddr is the tap's address: the host side of the guest's link.
+	HostAddr = "172.31.0.1"
+	// GuestAddr is the guest's address in every namespace.
+	GuestAddr = "172.31.0.2"
+	// PrefixLen is the length of the link's prefix (a /30).
+	PrefixLen = 30
+	// GuestMAC is the guest's MAC in every namespace. It must not change
+	// between clones, or restored guests keep a stale neighbour entry.
+	GuestMAC = "06:00:ac:1f:00:02"
+	// TapMAC is the tap's own MAC in every namespace: the guest's
+	// neighbour entry for HostAddr, taken over from the template, stays
+	// valid in every clone.
+	TapMAC = "06:00:ac:1f:00:01"
+	// DefaultTap is the tap device's name when Options.TapName is empty.
+	DefaultTap = "tap0"
+	// NamePrefix starts every forkd namespace name.
+	NamePrefix = "forkd-"
+)
+
+// MountDir is where named namespaces are bind-mounted (as iproute2 does).
+// A variable so tests could redirect it; forkd never changes it.
+var MountDir = "/run/netns"
+
+// Name returns the namespace name of a sandbox.
+func Name(sandboxID string) string { return NamePrefix + sandboxID }
+
+// Options configure Create.
+type Options struct {
+	// TapName is the tap device inside the namespace (default DefaultTap).
+	TapName string
+	// TapUID and TapGID, when non-zero, restrict the tap to that owner and
+	// group (TUNSETOWNER/TUNSETGROUP), for a VMM that opens the tap after
+	// dropping root. QEMU's -runas opens the tap before it drops, so it
+	// needs neither.
+	TapUID, TapGID int
+	// Setup, if set, runs inside the new namespace (on a thread switched
+	// into it) after lo and the tap are up: the seam for egress policy.
+	// An error makes Create fail and remove the namespace.
+	Setup func(ns *NS) error
+}
+
+// NS is a named network namespace with a tap device.
+type NS struct {
+	name string
+	tap  string
+}
+
+// Create makes the named namespace with lo and a tap carrying HostAddr/30.
+// It fails with errdefs.ErrAlreadyExists if the name is taken. ctx bounds
+// the call only; the namespace lives until Remove.
+func Create(ctx context.Context, name string, opts Options) (_ *NS, err error) {
+	if err := validName(name); err != nil {
+		return nil, err
+	}
+	if opts.TapName == "" {
+		opts.TapName = DefaultTap
+	}
+	if len(opts.TapName) >= 16 {
+		return nil, fmt.Errorf("netns %s: tap name %q longer than 15 bytes: %w", name, opts.TapName, errdefs.ErrInvalidArgument)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ns := &NS{name: name, tap: opts.TapName}
+	if err := createNamed(name); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			ns.Remove()
+		}
+	}()
+	if err := ns.Do(func() error {
+		if err := createTap(opts.TapName, opts.TapUID, opts.TapGID); err != nil {
+			return err
+		}
+		return configureLinks(opts.TapName)
+	}); err != nil {
+		return nil, fmt.Errorf("netns %s: %w", name, err)
+	}
+	if opts.Setup != nil {
+		if err := ns.Do(func() error { return opts.Setup(ns) }); err != nil {
+			return nil, fmt.Errorf("netns %s: setup: %w", name, err)
+		}
+	}
+	return ns, nil
+}
+
+// Open returns the existing namespace name (for Remove or Do after a
+// restart). The tap name is assumed to be DefaultTap unless given.
+func Open(name string, tapName string) (*NS, error) {
+	if err := validName(name); err != nil {
+		return nil, err
+	}
+	if tapName == "" {
+		tapName = DefaultTap
+	}
+	ns := &NS{name: name, tap: tapName}
+	if _, err := os.Stat(ns.Path()); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("netns %s: %w", name, errdefs.ErrNotFound)
+		}
+		return nil, fmt.Errorf("netns %s: %w", name, err)
+	}
+	return ns, nil
+}
+
+// Name is the namespace's name (e.g. "forkd-abc").
+func (ns *NS) Name() string { return ns.name }
+
+// Path is the namespace's bind mount, for vmm.Network.NetNSPath and
+// setns(2).
+func (ns *NS) Path() string { return filepath.Join(MountDir, ns.name) }
+
+// TapName is the tap device inside the namespace.
+func (ns *NS) TapName() string { return ns.tap }
+
+// Do runs fn on a goroutine whose OS thread is switched into the
+// namespace, e.g. to listen on HostAddr in a test. Sockets fn creates stay
+// in the namespace; goroutines fn starts do not run in it.
+func (ns *NS) Do(fn func() error) error { return DoPath(ns.Path(), fn) }
+
+// Remove deletes the tap and the namespace's bind mount. Removing a
+// namespace that does not exist (any more) succeeds.
+func (ns *NS) Remove() error {
+	path := ns.Path()
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	var errs []error
+	// Deleting the tap first releases it at once even when a VMM still
+	// holds the namespace; a namespace that is not mounted any more (a
+	// half-created one) has nothing to delete.
+	if mounted(path) {
+		if err := ns.Do(func() error { return deleteTuntaps() }); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := unmountNamed(path); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("netns %s: remove: %w", ns.name, err)
+	}
+	return nil
+}
+
+// List returns the names of the namespaces under MountDir that start with
+// prefix, e.g. NamePrefix to find leftovers of a crashed daemon.
+func List(prefix string) ([]string, error) {
+	entries, err := os.ReadDir(MountDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), prefix) {
+			names = append(names, e.Name())
+		}
+	}
+	return names, nil
+}
+
+func validName(name string) error {
+	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") || len(name) > 200 {
+		return fmt.Errorf("netns name %q: %w", name, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// HostIPNet is the tap's address with its prefix.
+func HostIPNet() *net.IPNet {
+	return &net.IPNet{IP: net.ParseIP(HostAddr).To4(), Mask: net.CIDRMask(PrefixLen, 32)}
+}

@@ -1,0 +1,121 @@
+package qemu
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/forkd-dev/forkd/internal/vmm"
+)
+
+// Checks probes the host for what this driver needs, for `forkd doctor`.
+// Every failed check carries a Fix. A host without KVM passes with a note:
+// TCG works, only slower.
+func Checks(ctx context.Context, opts vmm.Options) []vmm.Check {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var checks []vmm.Check
+	binary := opts.Binary
+	if binary == "" {
+		binary = DefaultBinary
+	}
+
+	path, err := exec.LookPath(binary)
+	checks = append(checks, vmm.Check{
+		Name:   "qemu binary",
+		OK:     err == nil,
+		Detail: orErr(path, err),
+		Fix:    "apt-get install qemu-system-x86 (or set the VMM binary option to its path)",
+	})
+	if err == nil {
+		v, err := binaryVersion(ctx, path)
+		checks = append(checks, vmm.Check{
+			Name:   "qemu version",
+			OK:     err == nil && majorVersion(v) >= 7,
+			Detail: orErr(v, err),
+			Fix:    "install QEMU 7.2 or newer (apt-get install qemu-system-x86 on Debian 12)",
+		})
+	}
+
+	kvm, why := kvmUsable()
+	c := vmm.Check{
+		Name:   "kvm",
+		OK:     kvm || opts.Accel != vmm.AccelKVM,
+		Detail: why,
+		Fix:    "enable hardware virtualization (VT-x/AMD-V, or nested virtualization for a VM) and give forkd read-write access to /dev/kvm",
+	}
+	if !kvm {
+		c.Detail += "; TCG software emulation will be used (slow)"
+	}
+	checks = append(checks, c)
+
+	st, err := os.Stat("/dev/net/tun")
+	checks = append(checks, vmm.Check{
+		Name:   "tun device",
+		OK:     err == nil && st.Mode()&os.ModeCharDevice != 0,
+		Detail: orErr("/dev/net/tun present (sandbox networking)", err),
+		Fix:    "modprobe tun (and allow the device in a container: --device /dev/net/tun)",
+	})
+
+	checks = append(checks, userfaultfdCheck())
+	checks = append(checks, spaceCheck("/dev/shm", "memory files of templates live best on tmpfs"))
+	checks = append(checks, spaceCheck(os.TempDir(), "run files (sockets, console logs)"))
+	return checks
+}
+
+func userfaultfdCheck() vmm.Check {
+	c := vmm.Check{
+		Name: "userfaultfd",
+		Fix:  "use Linux 5.11+ with CONFIG_USERFAULTFD, run forkd as root or set sysctl vm.unprivileged_userfaultfd=1",
+	}
+	var notes []string
+	if _, err := os.Stat("/dev/userfaultfd"); err == nil {
+		c.OK = true
+		notes = append(notes, "/dev/userfaultfd present")
+	}
+	if b, err := os.ReadFile("/proc/sys/vm/unprivileged_userfaultfd"); err == nil {
+		v := strings.TrimSpace(string(b))
+		notes = append(notes, "vm.unprivileged_userfaultfd="+v)
+		if v == "1" || os.Geteuid() == 0 {
+			c.OK = true
+		}
+	}
+	if len(notes) == 0 {
+		notes = append(notes, "no /dev/userfaultfd and no vm.unprivileged_userfaultfd sysctl")
+	}
+	c.Detail = strings.Join(notes, ", ")
+	return c
+}
+
+// spaceCheck reports free space and the file system type of dir.
+func spaceCheck(dir, purpose string) vmm.Check {
+	c := vmm.Check{
+		Name: "space " + dir,
+		Fix:  fmt.Sprintf("free space on %s or mount a larger tmpfs there (%s)", dir, purpose),
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		c.Detail = err.Error()
+		return c
+	}
+	free := st.Bavail * uint64(st.Bsize)
+	kind := "disk"
+	if st.Type == unix.TMPFS_MAGIC {
+		kind = "tmpfs"
+	}
+	c.OK = free >= 1<<30
+	c.Detail = fmt.Sprintf("%.1f GiB free (%s); %s", float64(free)/(1<<30), kind, purpose)
+	return c
+}
+
+func orErr(s string, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return s
+}

@@ -1,0 +1,198 @@
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/fsutil"
+	"github.com/forkd-dev/forkd/internal/vmm"
+)
+
+// pollInterval is how often migration status is polled besides waiting for
+// QEMU's events.
+const pollInterval = 5 * time.Millisecond
+
+// Restore loads the state file handed over by Prepare and lets the guest
+// run: it sends migrate-incoming and returns once QEMU reports the VM
+// running. On failure the machine is killed: a started incoming migration
+// cannot be retried.
+func (m *Machine) Restore(ctx context.Context) (_ vmm.RestoreTimings, err error) {
+	start := time.Now()
+	if err := m.transition("restore", stateRestoring, statePrepared); err != nil {
+		return vmm.RestoreTimings{}, err
+	}
+	defer func() {
+		if err != nil {
+			m.Kill()
+		}
+	}()
+	sub := m.qmp.SubscribeNames("RESUME", "MIGRATION")
+	defer sub.Cancel()
+	load := time.Now()
+	if err := m.qmp.Execute(ctx, "migrate-incoming", map[string]string{"uri": "fd:" + stateFD}, nil); err != nil {
+		return vmm.RestoreTimings{}, m.failure("migrate-incoming", err)
+	}
+	poll := time.NewTicker(10 * pollInterval)
+	defer poll.Stop()
+	for running := false; !running; {
+		select {
+		case ev := <-sub.C():
+			switch ev.Name {
+			case "RESUME":
+				running = true
+			case "MIGRATION":
+				var d struct{ Status string }
+				json.Unmarshal(ev.Data, &d)
+				if d.Status == "failed" {
+					return vmm.RestoreTimings{}, m.failure("load state", errors.New("incoming migration failed"))
+				}
+			}
+		case <-poll.C:
+			// A safety net should an event go missing.
+			var st struct{ Status string }
+			if err := m.qmp.Execute(ctx, "query-status", nil, &st); err != nil {
+				return vmm.RestoreTimings{}, m.failure("query-status", err)
+			}
+			running = st.Status == "running"
+		case <-m.done:
+			return vmm.RestoreTimings{}, m.failure("load state", m.exitDetail())
+		case <-ctx.Done():
+			return vmm.RestoreTimings{}, m.failure("load state", context.Cause(ctx))
+		}
+	}
+	if err := m.transition("restore", stateRunning, stateRestoring); err != nil {
+		return vmm.RestoreTimings{}, err
+	}
+	now := time.Now()
+	return vmm.RestoreTimings{Load: now.Sub(load), Total: now.Sub(start)}, nil
+}
+
+// migrationInfo is the part of query-migrate's reply the driver reads.
+type migrationInfo struct {
+	Status    string `json:"status"`
+	ErrorDesc string `json:"error-desc"`
+	Downtime  int64  `json:"downtime"` // ms
+}
+
+// Snapshot saves the device state to spec.StateFile while the guest runs
+// (no stop first: clones would come up paused). Guest RAM stays in the
+// shared memory file, which is reported as the result's MemoryFile; a
+// machine booted without a memory file writes RAM into the state file.
+// Only full snapshots are supported. StopAfter is required when RAM is
+// shared, and then QEMU quits once the state file is durable.
+func (m *Machine) Snapshot(ctx context.Context, spec vmm.SnapshotSpec) (_ vmm.SnapshotResult, err error) {
+	start := time.Now()
+	switch spec.Type {
+	case vmm.SnapshotFull, "":
+	case vmm.SnapshotDiff:
+		return vmm.SnapshotResult{}, fmt.Errorf("qemu %s: diff snapshots (dirty-page tracking) are not supported by the qemu driver; take a full snapshot: %w", m.cfg.ID, errdefs.ErrNotImplemented)
+	default:
+		return vmm.SnapshotResult{}, fmt.Errorf("qemu %s: snapshot type %q: %w", m.cfg.ID, spec.Type, errdefs.ErrInvalidArgument)
+	}
+	if spec.StateFile == "" {
+		return vmm.SnapshotResult{}, fmt.Errorf("qemu %s: snapshot without a state file: %w", m.cfg.ID, errdefs.ErrInvalidArgument)
+	}
+	if m.incoming && m.cfg.MemoryFile != "" {
+		return vmm.SnapshotResult{}, fmt.Errorf("qemu %s: snapshot of a clone (private copy-on-write RAM) is not supported by the qemu driver: %w", m.cfg.ID, errdefs.ErrNotImplemented)
+	}
+	shared := m.cfg.MemoryFile != ""
+	if shared && !spec.StopAfter {
+		return vmm.SnapshotResult{}, fmt.Errorf("qemu %s: a template with shared RAM must stop after its snapshot (StopAfter), or it keeps writing its clones' memory: %w", m.cfg.ID, errdefs.ErrInvalidArgument)
+	}
+	if err := m.transition("snapshot", stateSnapshotting, stateRunning); err != nil {
+		return vmm.SnapshotResult{}, err
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(spec.StateFile)
+			m.transition("snapshot", stateRunning, stateSnapshotting)
+		}
+	}()
+
+	if err := m.passFile(ctx, spec.StateFile, os.O_WRONLY|os.O_CREATE|os.O_TRUNC); err != nil {
+		return vmm.SnapshotResult{}, m.failure("hand over state file", err)
+	}
+	if err := m.qmp.Execute(ctx, "migrate", map[string]string{"uri": "fd:" + stateFD}, nil); err != nil {
+		return vmm.SnapshotResult{}, m.failure("migrate", err)
+	}
+	info, err := m.waitMigration(ctx)
+	if err != nil {
+		return vmm.SnapshotResult{}, err
+	}
+	saved := time.Since(start)
+	// QEMU wrote through its own descriptor; make the data and the name
+	// durable before anyone relies on them.
+	if err := fsutil.SyncFile(spec.StateFile); err != nil {
+		return vmm.SnapshotResult{}, fmt.Errorf("qemu %s: sync state file: %w", m.cfg.ID, err)
+	}
+	if err := fsutil.SyncDir(filepath.Dir(spec.StateFile)); err != nil {
+		return vmm.SnapshotResult{}, fmt.Errorf("qemu %s: sync state file: %w", m.cfg.ID, err)
+	}
+	res := vmm.SnapshotResult{
+		StateFile:  spec.StateFile,
+		MemoryFile: m.cfg.MemoryFile,
+		Paused:     time.Duration(info.Downtime) * time.Millisecond,
+	}
+	if spec.StopAfter {
+		if err := m.Stop(ctx); err != nil {
+			return vmm.SnapshotResult{}, err
+		}
+		if shared {
+			// The memory file is the snapshot's RAM: on a disk (not tmpfs)
+			// it must reach it too.
+			if err := fsutil.SyncFile(m.cfg.MemoryFile); err != nil {
+				return vmm.SnapshotResult{}, fmt.Errorf("qemu %s: sync memory file: %w", m.cfg.ID, err)
+			}
+		}
+	} else {
+		// The source ends a migration paused (postmigrate).
+		if err := m.qmp.Execute(ctx, "cont", nil, nil); err != nil {
+			return vmm.SnapshotResult{}, m.failure("cont", err)
+		}
+		m.transition("snapshot", stateRunning, stateSnapshotting)
+	}
+	res.Duration = time.Since(start)
+	m.d.log.Debug("snapshot written", "id", m.cfg.ID, "saved", saved, "total", res.Duration, "downtime", res.Paused)
+	return res, nil
+}
+
+// waitMigration polls query-migrate until the outgoing migration ends.
+func (m *Machine) waitMigration(ctx context.Context) (migrationInfo, error) {
+	sub := m.qmp.SubscribeNames("MIGRATION")
+	defer sub.Cancel()
+	t := time.NewTicker(pollInterval)
+	defer t.Stop()
+	for {
+		var info migrationInfo
+		if err := m.qmp.Execute(ctx, "query-migrate", nil, &info); err != nil {
+			return info, m.failure("query-migrate", err)
+		}
+		switch info.Status {
+		case "completed":
+			return info, nil
+		case "failed", "cancelled":
+			desc := info.ErrorDesc
+			if desc == "" {
+				desc = "no reason given"
+			}
+			return info, fmt.Errorf("qemu %s: migration %s: %s: %w", m.cfg.ID, info.Status, desc, errdefs.ErrInternal)
+		}
+		select {
+		case <-sub.C():
+		case <-t.C:
+		case <-m.done:
+			return info, m.failure("migrate", m.exitDetail())
+		case <-ctx.Done():
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			m.qmp.Execute(cctx, "migrate_cancel", nil, nil)
+			cancel()
+			return info, m.failure("migrate", context.Cause(ctx))
+		}
+	}
+}

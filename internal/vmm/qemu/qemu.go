@@ -1,0 +1,283 @@
+// Package qemu is forkd's VMM driver for QEMU microVMs (-M microvm),
+// registered as "qemu". It runs with KVM where the host has it and with
+// TCG software emulation everywhere else.
+//
+// # Templates and clones
+//
+// Boot with MachineConfig.MemoryFile maps guest RAM shared (share=on) from
+// that file, so the file is the template's memory image. Snapshot writes
+// only the device state: the migration capability x-ignore-shared skips the
+// shared RAM, so it completes in one pass in a few milliseconds. The
+// template must then exit (SnapshotSpec.StopAfter), or it would keep
+// writing the image its clones map.
+//
+// Prepare starts a clone's QEMU with the same file mapped private
+// (share=off, MAP_PRIVATE: copy-on-write) in -incoming defer, connects QMP,
+// sets x-ignore-shared and hands over the state file, so Restore only sends
+// migrate-incoming and waits for the guest to run.
+//
+// The state file travels as a descriptor (QMP getfd over SCM_RIGHTS, then
+// the "fd:NAME" migration URI) in both directions; QEMU 7.2 reads and
+// writes a regular file through it fine (checked by the tests). This keeps
+// QEMU from spawning "cat" for exec: migration, which the seccomp sandbox
+// (spawn=deny) would forbid.
+//
+// # Least privilege
+//
+// Every QEMU runs under -sandbox (seccomp) with obsolete, spawn and
+// resourcecontrol denied, in its own process group, and, with Config.RunAs,
+// as an unprivileged user: QEMU opens its files, sockets, tap and memory
+// file as root and then drops to that user before the guest runs. The
+// state file of Snapshot and Restore comes over QMP as a descriptor, so the
+// dropped process needs no file access at all. With RunAs, the seccomp
+// filter has to allow setuid/setgid (elevateprivileges=allow): QEMU
+// installs the filter before it drops privileges and would kill itself.
+//
+// A known weakness of QEMU 7.2: memory-backend-file opens the memory file
+// read-write even for share=off (a private mapping). A compromised clone's
+// QEMU could write the template image through that descriptor; QEMU 8.2's
+// readonly=on with rom=off would open it read-only.
+//
+// # Clones and vmgenid
+//
+// QEMU 7.2 accepts -device vmgenid on -M microvm, but the microvm machine
+// builds its own ACPI tables and does not describe the device in them (no
+// QEMUVGID device reaches the guest), and Debian's cloud kernel is built
+// without CONFIG_VMGENID anyway. The driver therefore never adds the device
+// and ignores MachineConfig.VMGenID; the guest agent reseeds the kernel RNG
+// after each restore instead.
+//
+// # CPU model and the TCG translation cache
+//
+// Under KVM the guest gets -cpu host. Under TCG it gets -cpu max: booting
+// to the agent took 1.66-2.08 s with max, 1.58-1.85 s with qemu64 and
+// 1.64-1.88 s with Skylake-Client (3 boots each, within the noise), and max
+// gives guest software (numpy and friends) every instruction set extension.
+//
+// TCG keeps translated guest code in a buffer of tb-size MiB per process
+// (QEMU's default reserves 1 GiB and fills it as the guest runs new code),
+// flushed when full. Config.TBSizeMiB bounds it per clone; see
+// DefaultTBSizeMiB for the measurements.
+package qemu
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/user"
+	"sync"
+
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/vmm"
+)
+
+// Name is the driver's registry name.
+const Name = "qemu"
+
+// DefaultTBSizeMiB is the TCG translation cache per QEMU process when
+// Config.TBSizeMiB is zero. Translated code stays resident once written (a
+// flush reuses the pages, it does not free them), so the cache size is what
+// a long-running clone's translated code can grow to; QEMU's default is
+// 1 GiB. Too small a cache is a cliff, not a slope: the code is translated
+// again and again.
+//
+// Measured on the 2-core TCG test host: clones of the busybox test template
+// restored one after another, each then running a shell loop over ls, awk,
+// sha256sum, sed and ps; medians of 3-5 clones per size. QEMU start to QMP
+// ready (33-41 ms), Prepare (37-45 ms), Restore (1.0-1.6 ms) and the first
+// agent answer (110-180 ms) did not depend on the size.
+//
+//	tb-size      workload   RSS      PSS
+//	2 MiB        34.1 s     81 MiB   69 MiB
+//	4 MiB         6.4 s     83 MiB   71 MiB
+//	8 MiB         3.4 s     87 MiB   76 MiB
+//	16 MiB        1.30 s    94 MiB   83 MiB
+//	64 MiB        1.31 s    96 MiB   84 MiB
+//	256 MiB       1.31 s    96 MiB   84 MiB
+//	1 GiB (QEMU)  1.26 s    96 MiB   84 MiB
+//
+// That workload needs 8-16 MiB of translated code. 64 MiB leaves room for
+// heavier guests (a Python + pandas clone measured ~60 MiB of QEMU memory
+// including translated code) while capping each clone at a sixteenth of
+// QEMU's default. Re-measure with TestForkMeasurements when the guest
+// workload changes.
+const DefaultTBSizeMiB = 64
+
+// Config configures the driver. The zero value is usable: QEMU from PATH,
+// automatic accelerator, root, no parent-death signal.
+type Config struct {
+	// Binary is the QEMU executable (default DefaultBinary from PATH).
+	Binary string
+	// Accel is the accelerator for machines whose MachineConfig.Accel is
+	// empty. Auto picks KVM when /dev/kvm is usable, else TCG.
+	Accel vmm.Accel
+	// CPU overrides the -cpu model (default: host under KVM, max under TCG).
+	CPU string
+	// TBSizeMiB is the TCG translation cache size per QEMU process; zero
+	// means DefaultTBSizeMiB, negative leaves QEMU's default (1 GiB).
+	TBSizeMiB int
+	// RunAs is the user QEMU drops to (-runas) once it has opened its
+	// files; empty keeps root. The user's tap devices need no owner: QEMU
+	// opens the tap before dropping.
+	RunAs string
+	// KillOnParentDeath sends SIGKILL to every QEMU when the process that
+	// started it dies (Pdeathsig), for tests and one-shot CLI runs. Off for
+	// the daemon, which re-adopts its VMMs after a restart. Linux ties the
+	// signal to the starting OS thread, not the process: the driver starts
+	// VMMs from threads the Go runtime keeps, except when restoring a
+	// thread's network namespace fails (that thread, and the VMM, die).
+	KillOnParentDeath bool
+	// Logger receives lifecycle messages (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Driver starts QEMU microVMs. It is safe for concurrent use.
+type Driver struct {
+	cfg    Config
+	binary string
+	log    *slog.Logger
+
+	autoAccel func() vmm.Accel
+	tscKHz    func() int64
+
+	// mu guards version.
+	mu      sync.Mutex
+	version string
+}
+
+var _ vmm.Driver = (*Driver)(nil)
+
+// DefaultRunAs is the user the registered driver (vmm.Lookup("qemu"))
+// drops QEMU to when forkd runs as root and the user exists. Measured here,
+// dropping costs nothing (QEMU start to QMP ready 34 ms either way, median
+// of 5). A dedicated user (one forkd's packaging creates) would be better
+// than the shared nobody; Config.RunAs takes any name.
+const DefaultRunAs = "nobody"
+
+func init() {
+	vmm.Register(Name, vmm.Constructor{
+		New: func(o vmm.Options) (vmm.Driver, error) {
+			cfg := Config{Binary: o.Binary, Accel: o.Accel}
+			if os.Geteuid() == 0 {
+				if _, err := user.Lookup(DefaultRunAs); err == nil {
+					cfg.RunAs = DefaultRunAs
+				}
+			}
+			return New(cfg)
+		},
+		Checks: Checks,
+	})
+}
+
+// New returns a driver. It fails if the QEMU binary or the RunAs user
+// cannot be found.
+func New(cfg Config) (*Driver, error) {
+	bin := cfg.Binary
+	if bin == "" {
+		bin = DefaultBinary
+	}
+	path, err := exec.LookPath(bin)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: %v (install it with: apt-get install qemu-system-x86): %w", err, errdefs.ErrFailedPrecondition)
+	}
+	switch cfg.Accel {
+	case vmm.AccelAuto, vmm.AccelKVM, vmm.AccelTCG:
+	default:
+		return nil, fmt.Errorf("qemu: accel %q: %w", cfg.Accel, errdefs.ErrInvalidArgument)
+	}
+	if cfg.RunAs != "" {
+		if _, err := user.Lookup(cfg.RunAs); err != nil {
+			return nil, fmt.Errorf("qemu: run as %q: %v: %w", cfg.RunAs, err, errdefs.ErrInvalidArgument)
+		}
+	}
+	if cfg.TBSizeMiB == 0 {
+		cfg.TBSizeMiB = DefaultTBSizeMiB
+	}
+	if cfg.TBSizeMiB < 0 {
+		cfg.TBSizeMiB = 0
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	d := &Driver{cfg: cfg, binary: path, log: log.With("vmm", Name)}
+	d.autoAccel = sync.OnceValue(func() vmm.Accel {
+		a, _ := resolveAccel(vmm.AccelAuto)
+		return a
+	})
+	d.tscKHz = sync.OnceValue(func() int64 {
+		k, err := hostTSCKHz()
+		if err != nil {
+			d.log.Warn("host TSC frequency unknown; TCG guests may hang at boot", "err", err)
+		}
+		return k
+	})
+	return d, nil
+}
+
+// Name returns "qemu".
+func (d *Driver) Name() string { return Name }
+
+// Binary is the path of the QEMU executable the driver runs.
+func (d *Driver) Binary() string { return d.binary }
+
+// Version returns the QEMU version, e.g. "7.2.22 (Debian
+// 1:7.2+dfsg-7+deb12u18+b3)".
+func (d *Driver) Version(ctx context.Context) (string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.version != "" {
+		return d.version, nil
+	}
+	v, err := binaryVersion(ctx, d.binary)
+	if err != nil {
+		return "", fmt.Errorf("qemu: %w", err)
+	}
+	d.version = v
+	return v, nil
+}
+
+// Accel resolves the accelerator a machine with the given setting gets.
+func (d *Driver) Accel(a vmm.Accel) (vmm.Accel, error) {
+	if a == vmm.AccelAuto {
+		a = d.cfg.Accel
+	}
+	if a == vmm.AccelAuto {
+		return d.autoAccel(), nil
+	}
+	return resolveAccel(a)
+}
+
+// Boot starts a fresh VM. With MemoryFile set, guest RAM is a shared
+// mapping of that file; the file must not exist yet, or be empty (a
+// template's image is never reused: clones may still map it).
+func (d *Driver) Boot(ctx context.Context, spec vmm.BootSpec) (vmm.Machine, error) {
+	return d.start(ctx, spec.MachineConfig, "")
+}
+
+// Prepare starts a QEMU that waits to be restored from spec.StateFile,
+// with guest RAM mapped copy-on-write from MemoryFile. It returns once QMP
+// is ready and the state file has been handed over.
+func (d *Driver) Prepare(ctx context.Context, spec vmm.PrepareSpec) (vmm.Machine, error) {
+	if spec.StateFile == "" {
+		return nil, fmt.Errorf("qemu prepare %s: no state file: %w", spec.ID, errdefs.ErrInvalidArgument)
+	}
+	return d.start(ctx, spec.MachineConfig, spec.StateFile)
+}
+
+// checkFile fails with NotFound or InvalidArgument for a missing input.
+func checkFile(what, path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return fmt.Errorf("%s %s: %w", what, path, errdefs.ErrNotFound)
+		}
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("%s %s: not a regular file: %w", what, path, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}

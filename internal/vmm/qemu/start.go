@@ -1,0 +1,254 @@
+package qemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/cleanup"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/netns"
+	"github.com/forkd-dev/forkd/internal/qmp"
+	"github.com/forkd-dev/forkd/internal/vmm"
+)
+
+// startTimeout bounds QEMU's start-up to a ready QMP socket when the
+// caller's context has no deadline of its own.
+const startTimeout = 30 * time.Second
+
+// stateFD is the name the state file's descriptor gets in QEMU (getfd).
+const stateFD = "forkd-state"
+
+// errExited cancels waits on a machine whose process is gone.
+var errExited = errors.New("qemu process exited")
+
+// validate fills defaults into c and checks it.
+func validate(c *vmm.MachineConfig, incoming bool) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("qemu %s: %s: %w", c.ID, fmt.Sprintf(format, args...), errdefs.ErrInvalidArgument)
+	}
+	if c.ID == "" {
+		return bad("no machine ID")
+	}
+	if c.RunDir == "" {
+		return bad("no run directory")
+	}
+	if c.MemoryMiB <= 0 {
+		return bad("memory %d MiB", c.MemoryMiB)
+	}
+	if c.VCPUs == 0 {
+		c.VCPUs = 1
+	}
+	if c.VCPUs < 0 {
+		return bad("%d vCPUs", c.VCPUs)
+	}
+	if c.Image.Kernel == "" {
+		return bad("no kernel")
+	}
+	if c.ConsoleLog == "" {
+		c.ConsoleLog = filepath.Join(c.RunDir, consoleFile)
+	}
+	if n := len(filepath.Join(c.RunDir, agentSocket)); n > maxSocketPath {
+		return bad("run directory %q too long for unix sockets (%d > %d bytes)", c.RunDir, n, maxSocketPath)
+	}
+	if c.Network != nil && c.Network.TapName == "" {
+		return bad("network without a tap name")
+	}
+	for what, p := range map[string]string{"kernel": c.Image.Kernel, "initrd": c.Image.Initrd, "rootfs": c.Image.Rootfs} {
+		if p != "" {
+			if err := checkFile(what, p); err != nil {
+				return fmt.Errorf("qemu %s: %w", c.ID, err)
+			}
+		}
+	}
+	if c.MemoryFile == "" {
+		return nil
+	}
+	st, err := os.Stat(c.MemoryFile)
+	switch {
+	case incoming && err != nil:
+		if os.IsNotExist(err) {
+			return fmt.Errorf("qemu %s: memory file %s: %w", c.ID, c.MemoryFile, errdefs.ErrNotFound)
+		}
+		return fmt.Errorf("qemu %s: memory file: %w", c.ID, err)
+	case incoming && st.Size() != int64(c.MemoryMiB)<<20:
+		// QEMU would refuse a smaller file and grow an empty one: the
+		// template's image must never change.
+		return bad("memory file %s is %d bytes, want %d MiB", c.MemoryFile, st.Size(), c.MemoryMiB)
+	case !incoming && err == nil && st.Size() != 0:
+		return fmt.Errorf("qemu %s: memory file %s exists: %w", c.ID, c.MemoryFile, errdefs.ErrAlreadyExists)
+	}
+	return nil
+}
+
+// start launches QEMU for Boot (stateFile == "") or Prepare.
+func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile string) (_ *Machine, err error) {
+	began := time.Now()
+	incoming := stateFile != ""
+	if err := validate(&cfg, incoming); err != nil {
+		return nil, err
+	}
+	if incoming {
+		if err := checkFile("state file", stateFile); err != nil {
+			return nil, fmt.Errorf("qemu %s: %w", cfg.ID, err)
+		}
+	}
+	accel, err := d.Accel(cfg.Accel)
+	if err != nil {
+		return nil, fmt.Errorf("qemu %s: %w", cfg.ID, err)
+	}
+	cfg.Accel = accel
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, startTimeout)
+		defer cancel()
+	}
+
+	var undo cleanup.Stack
+	defer func() {
+		if err != nil {
+			undo.Clean(ctx)
+		}
+	}()
+	if err := os.MkdirAll(cfg.RunDir, 0o700); err != nil {
+		return nil, fmt.Errorf("qemu %s: %w", cfg.ID, err)
+	}
+	for _, name := range []string{qmpSocket, agentSocket, pidFile} {
+		os.Remove(filepath.Join(cfg.RunDir, name))
+	}
+	if cfg.MemoryFile != "" && !incoming {
+		// Created here (QEMU sizes it) so that a failed start removes
+		// what it made; an empty file the caller made is left alone.
+		f, err := os.OpenFile(cfg.MemoryFile, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		switch {
+		case err == nil:
+			f.Close()
+			undo.Push(func(context.Context) error { return os.Remove(cfg.MemoryFile) })
+		case !errors.Is(err, os.ErrExist):
+			return nil, fmt.Errorf("qemu %s: memory file: %w", cfg.ID, err)
+		}
+	}
+	stderr, err := os.OpenFile(filepath.Join(cfg.RunDir, stderrFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("qemu %s: %w", cfg.ID, err)
+	}
+	defer stderr.Close()
+
+	l := &launch{cfg: cfg, accel: accel, cpu: d.cfg.CPU, incoming: incoming, runAs: d.cfg.RunAs}
+	if l.cpu == "" {
+		l.cpu = "max"
+		if accel == vmm.AccelKVM {
+			l.cpu = "host"
+		}
+	}
+	if accel == vmm.AccelTCG {
+		l.tbSize = d.cfg.TBSizeMiB
+		l.tscKHz = d.tscKHz()
+	}
+
+	cmd := exec.Command(d.binary, l.args()...)
+	cmd.Stdout = stderr
+	cmd.Stderr = stderr
+	cmd.Dir = cfg.RunDir
+	// Own process group: a Ctrl-C at the daemon's terminal is not the
+	// VMMs' business.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if d.cfg.KillOnParentDeath {
+		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	}
+	m := newMachine(d, cfg, cmd, incoming)
+	if err := d.spawn(cmd, cfg.Network); err != nil {
+		return nil, fmt.Errorf("qemu %s: start %s: %w", cfg.ID, d.binary, err)
+	}
+	spawned := time.Now()
+	m.pid = cmd.Process.Pid // before the reaper runs, which zeroes it
+	go m.reap()
+	undo.Push(func(ctx context.Context) error {
+		m.Kill()
+		<-m.done
+		return nil
+	})
+	os.WriteFile(filepath.Join(cfg.RunDir, pidFile), []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o600)
+
+	if err := m.connect(ctx); err != nil {
+		return nil, err
+	}
+	m.qmpReady = time.Since(spawned)
+	// x-ignore-shared: a shared, file-backed RAM block is neither sent
+	// (template) nor expected (clone). Set before it matters, off the
+	// restore's critical path.
+	caps := map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}
+	if err := m.qmp.Execute(ctx, "migrate-set-capabilities", caps, nil); err != nil {
+		return nil, m.failure("set migration capabilities", err)
+	}
+	if incoming {
+		if err := m.passFile(ctx, stateFile, os.O_RDONLY); err != nil {
+			return nil, m.failure("hand over state file", err)
+		}
+	}
+	if incoming {
+		m.setState(statePrepared)
+	} else {
+		m.setState(stateRunning)
+	}
+	d.log.Debug("vmm started", "id", cfg.ID, "pid", cmd.Process.Pid, "accel", accel,
+		"incoming", incoming, "qmp_ready", m.qmpReady, "total", time.Since(began))
+	undo.Release()
+	return m, nil
+}
+
+// spawn starts cmd, inside the network namespace when there is one.
+func (d *Driver) spawn(cmd *exec.Cmd, n *vmm.Network) error {
+	if n == nil || n.NetNSPath == "" {
+		return cmd.Start()
+	}
+	// Started from a thread switched into the namespace: the fork
+	// inherits it. See netns.DoPath for how the thread is restored.
+	return netns.DoPath(n.NetNSPath, cmd.Start)
+}
+
+// connect dials QMP, giving up when the process exits.
+func (m *Machine) connect(ctx context.Context) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(m.exitCtx, func() { cancel(errExited) })
+	defer stop()
+	c, err := qmp.Dial(ctx, filepath.Join(m.cfg.RunDir, qmpSocket))
+	if err != nil {
+		return m.failure("connect QMP", err)
+	}
+	events := make(chan struct{})
+	sub := c.SubscribeNames("SHUTDOWN")
+	m.mu.Lock()
+	m.qmp, m.events = c, events
+	m.mu.Unlock()
+	go m.watchEvents(sub, events)
+	return nil
+}
+
+// passFile opens path and hands its descriptor to QEMU as stateFD.
+func (m *Machine) passFile(ctx context.Context, path string, flag int) error {
+	f, err := os.OpenFile(path, flag, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return m.qmp.ExecuteWithFiles(ctx, "getfd", map[string]string{"fdname": stateFD}, nil, f)
+}
+
+// failure describes a failed step, with QEMU's own words if it exited.
+func (m *Machine) failure(step string, err error) error {
+	select {
+	case <-m.done:
+		return fmt.Errorf("qemu %s: %s: %w", m.cfg.ID, step, m.exitDetail())
+	case <-time.After(50 * time.Millisecond):
+		// Still running (or exiting right now; the detail is a bonus).
+	}
+	return fmt.Errorf("qemu %s: %s: %w", m.cfg.ID, step, err)
+}
