@@ -74,8 +74,8 @@ type Snapshot struct {
 	VCPUs        int                  `json:"vcpus"`
 	Python       bool                 `json:"python"`
 	Files        map[string]FileEntry `json:"files"`
-	SizeBytes    int64                `json:"size_bytes"`  // logical
-	DiskBytes    int64                `json:"disk_bytes"`  // allocated (memory images are sparse)
+	SizeBytes    int64                `json:"size_bytes"` // logical
+	DiskBytes    int64                `json:"disk_bytes"` // allocated (memory images are sparse)
 	CreateMillis int64                `json:"create_ms"`
 	Pooled       int                  `json:"pooled_vmms"` // pre-started VMM processes waiting
 }
