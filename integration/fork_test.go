@@ -209,7 +209,8 @@ func TestChildNetwork(t *testing.T) {
 		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, msg) })}
 		go srv.Serve(ln)
 		a := agentOf(t, e, s.ID)
-		if got := run(t, a, "wget", "-q", "-O", "-", "-T", "10", "http://"+netns.HostAddr+":8080/"); got != msg {
+		// (No -T: busybox 1.35's wget segfaults with it, on the host too.)
+		if got := run(t, a, "wget", "-q", "-O", "-", "http://"+netns.HostAddr+":8080/"); got != msg {
 			t.Errorf("child %d fetched %q, want %q", i, got, msg)
 		}
 		srv.Close()
