@@ -203,6 +203,7 @@ func New(cfg Config) (*Driver, error) {
 		log = slog.Default()
 	}
 	d := &Driver{cfg: cfg, binary: path, log: log.With("vmm", Name)}
+	disableTHPForChildren(d.log)
 	d.autoAccel = sync.OnceValue(func() vmm.Accel {
 		a, _ := resolveAccel(vmm.AccelAuto)
 		return a

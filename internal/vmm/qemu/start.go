@@ -98,6 +98,13 @@ func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile str
 		if err := checkFile("state file", stateFile); err != nil {
 			return nil, fmt.Errorf("qemu %s: %w", cfg.ID, err)
 		}
+		// Clones never boot: give QEMU a header-only kernel so it does not
+		// hold the whole bzImage in memory (see restoreKernel).
+		stub, err := restoreKernel(filepath.Join(filepath.Dir(cfg.RunDir), ".restore-kernels"), cfg.Image.Kernel)
+		if err != nil {
+			return nil, fmt.Errorf("qemu %s: %w", cfg.ID, err)
+		}
+		cfg.Image.Kernel = stub
 	}
 	accel, err := d.Accel(cfg.Accel)
 	if err != nil {
