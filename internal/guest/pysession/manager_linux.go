@@ -87,10 +87,15 @@ func (m *Manager) Reseed(ctx context.Context, seed []byte) error {
 	if s == nil || !s.Alive() {
 		return nil
 	}
-	if err := s.Reseed(ctx, seed); err != nil {
-		s.kill("it could not be reseeded")
-		return m.classify(s, fmt.Errorf("reseeding the Python session (killed it): %w", err))
-	}
+	// Recorded now, sent in the background: the next run_code cannot
+	// overtake it (see Session.SetSeed), and READY does not wait for it.
+	s.SetSeed(seed)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		s.ApplySeed(ctx) // on failure the session is killed and says why
+
+	}()
 	return nil
 }
 

@@ -62,6 +62,11 @@ type Session struct {
 	sem    chan struct{} // one request at a time
 	nextID int64         // guarded by sem
 
+	// pendingSeed is a reseed not yet sent to Python; whoever holds sem
+	// next sends it first (see SetSeed). Guarded by seedMu.
+	seedMu      sync.Mutex
+	pendingSeed []byte
+
 	version string
 	mu      sync.Mutex
 	killed  string // why the agent killed the process, if it did
@@ -280,6 +285,9 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration) (
 		return agentapi.RunCodeResult{}, err
 	}
 	defer s.release()
+	if err := s.sendPendingSeed(ctx); err != nil {
+		return agentapi.RunCodeResult{}, err
+	}
 	start := time.Now()
 	r, timedOut, err := s.call(ctx, map[string]any{"op": "run", "code": code}, timeout)
 	res := agentapi.RunCodeResult{
@@ -323,21 +331,57 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration) (
 	return res, nil
 }
 
-// Reseed reseeds random (and numpy.random if imported) from seed. It runs
-// in the request queue, so code queued after it sees the new seed.
+// Reseed reseeds random (and numpy.random if imported) from seed now. It
+// runs in the request queue, so code queued after it sees the new seed.
 func (s *Session) Reseed(ctx context.Context, seed []byte) error {
+	s.SetSeed(seed)
 	if err := s.acquire(ctx); err != nil {
 		return err
 	}
 	defer s.release()
+	return s.sendPendingSeed(ctx)
+}
+
+// SetSeed records a reseed without waiting for it: the next request to
+// hold the queue (a run_code, or ApplySeed) sends it before anything else,
+// so no code ever runs with the old seed. This keeps the reseed (tens of
+// milliseconds of Python under emulation, right after a restore) off the
+// path to READY.
+func (s *Session) SetSeed(seed []byte) {
+	s.seedMu.Lock()
+	s.pendingSeed = append([]byte(nil), seed...)
+	s.seedMu.Unlock()
+}
+
+// ApplySeed sends a pending reseed, if any, when the queue is free.
+func (s *Session) ApplySeed(ctx context.Context) error {
+	if err := s.acquire(ctx); err != nil {
+		return err
+	}
+	defer s.release()
+	return s.sendPendingSeed(ctx)
+}
+
+// sendPendingSeed runs the pending reseed; the caller holds sem.
+func (s *Session) sendPendingSeed(ctx context.Context) error {
+	s.seedMu.Lock()
+	seed := s.pendingSeed
+	s.pendingSeed = nil
+	s.seedMu.Unlock()
+	if seed == nil {
+		return nil
+	}
 	r, _, err := s.call(ctx, map[string]any{"op": "reseed", "seed": hex.EncodeToString(seed)}, 0)
 	s.stdout.take() // nothing of the user's belongs to a reseed; keep it
 	s.stderr.take() // from landing in the next request either way
-	if err != nil {
-		return err
+	if err == nil && r.Error != nil {
+		err = fmt.Errorf("reseeding Python: %s: %s", r.Error.Name, r.Error.Value)
 	}
-	if r.Error != nil {
-		return fmt.Errorf("reseeding Python: %s: %s", r.Error.Name, r.Error.Value)
+	if err != nil {
+		// Code must never run with the template's seed in a child: a
+		// session that cannot be reseeded is killed.
+		s.kill("it could not be reseeded")
+		return fmt.Errorf("reseeding the Python session (killed it): %w", err)
 	}
 	return nil
 }
