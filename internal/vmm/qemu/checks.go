@@ -2,13 +2,11 @@ package qemu
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
 
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
@@ -63,8 +61,6 @@ func Checks(ctx context.Context, opts vmm.Options) []vmm.Check {
 	})
 
 	checks = append(checks, userfaultfdCheck())
-	checks = append(checks, spaceCheck("/dev/shm", "memory files of templates live best on tmpfs"))
-	checks = append(checks, spaceCheck(os.TempDir(), "run files (sockets, console logs)"))
 	return checks
 }
 
@@ -93,26 +89,6 @@ func userfaultfdCheck() vmm.Check {
 }
 
 // spaceCheck reports free space and the file system type of dir.
-func spaceCheck(dir, purpose string) vmm.Check {
-	c := vmm.Check{
-		Name: "space " + dir,
-		Fix:  fmt.Sprintf("free space on %s or mount a larger tmpfs there (%s)", dir, purpose),
-	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		c.Detail = err.Error()
-		return c
-	}
-	free := st.Bavail * uint64(st.Bsize)
-	kind := "disk"
-	if st.Type == unix.TMPFS_MAGIC {
-		kind = "tmpfs"
-	}
-	c.OK = free >= 1<<30
-	c.Detail = fmt.Sprintf("%.1f GiB free (%s); %s", float64(free)/(1<<30), kind, purpose)
-	return c
-}
-
 func orErr(s string, err error) string {
 	if err != nil {
 		return err.Error()
