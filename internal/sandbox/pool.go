@@ -15,6 +15,9 @@ type pool struct {
 	e    *Engine
 	snap *snapshot.Snapshot
 	size int
+	// filler tracks the background refill, so close can wait for a VMM
+	// being prepared and discard it instead of leaking it.
+	filler sync.WaitGroup
 
 	// mu guards the fields below.
 	mu      sync.Mutex
@@ -78,8 +81,10 @@ func (p *pool) refill() {
 		return
 	}
 	p.filling = true
+	p.filler.Add(1)
 	p.mu.Unlock()
 	go func() {
+		defer p.filler.Done()
 		for {
 			p.mu.Lock()
 			if p.closed || len(p.items) >= p.size {
@@ -108,7 +113,8 @@ func (p *pool) refill() {
 	}()
 }
 
-// close discards every waiting VMM; later refills do nothing.
+// close discards every waiting VMM, waits for a refill in flight (which
+// discards what it prepared), and makes later refills do nothing.
 func (p *pool) close(ctx context.Context) {
 	p.mu.Lock()
 	p.closed = true
@@ -118,4 +124,5 @@ func (p *pool) close(ctx context.Context) {
 	for _, pv := range items {
 		pv.discard(ctx)
 	}
+	p.filler.Wait()
 }

@@ -1,0 +1,189 @@
+package sandbox
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/netns"
+	"github.com/forkd-dev/forkd/internal/snapshot"
+	"github.com/forkd-dev/forkd/internal/testutil"
+)
+
+// newFakeEngine returns an engine over the fake driver with one snapshot
+// tagged "base". Namespaces are real (the engine always makes them), so
+// this needs root.
+func newFakeEngine(t *testing.T, d *fakeDriver, poolSize int) (*Engine, string) {
+	t.Helper()
+	testutil.RequiresRoot(t)
+	runDir, err := os.MkdirTemp("/run", "forkd-unit-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := "fku" + snapshot.NewID()[:4] + "-"
+	e, err := New(Config{
+		DataDir: t.TempDir(), RunDir: runDir, Driver: d, PoolSize: poolSize,
+		MaxForkCount: 10, NetNSPrefix: prefix,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		e.Close(context.Background())
+		os.RemoveAll(runDir)
+		if left, _ := netns.List(prefix); len(left) > 0 {
+			t.Errorf("network namespaces left behind: %v", left)
+		}
+	})
+	st, err := e.Store().Stage("base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{snapshot.StateFile, snapshot.MemoryFile} {
+		os.WriteFile(filepath.Join(st.Dir, f), []byte(f), 0o600)
+	}
+	if _, err := st.Commit(snapshot.Manifest{VMM: snapshot.VMMRef{Kind: "fake"}, MemoryMiB: 64, VCPUs: 1}); err != nil {
+		t.Fatal(err)
+	}
+	return e, prefix
+}
+
+func TestForkRegistersAnsweringSandboxes(t *testing.T) {
+	d := &fakeDriver{}
+	e, prefix := newFakeEngine(t, d, 2)
+	e.Warm("base")
+	waitFor(t, func() bool { return e.PoolSize(e.mustSnap(t, "base").ID) == 2 })
+	sbs, err := e.Fork(context.Background(), "base", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pooled := 0
+	for _, s := range sbs {
+		info := s.Info()
+		if info.State != apiv1.StateRunning || !strings.HasPrefix(info.NetNS, prefix) {
+			t.Fatalf("sandbox %+v", info)
+		}
+		if info.Pooled {
+			pooled++
+		}
+		a, err := e.Agent(s.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := a.Info(context.Background())
+		if err != nil || got.SandboxID != s.ID {
+			t.Fatalf("agent of %s says %+v, %v", s.ID, got, err)
+		}
+	}
+	if pooled != 2 {
+		t.Errorf("%d sandboxes came from the pool, want 2", pooled)
+	}
+	if len(e.List()) != 3 {
+		t.Fatalf("listed %d", len(e.List()))
+	}
+}
+
+func TestForkFailureTearsDownWholeRequest(t *testing.T) {
+	d := &fakeDriver{failRestore: 2}
+	e, prefix := newFakeEngine(t, d, 0)
+	_, err := e.Fork(context.Background(), "base", 4)
+	if err == nil || !strings.Contains(err.Error(), "injected") {
+		t.Fatalf("Fork = %v, want the injected failure", err)
+	}
+	if n := len(e.List()); n != 0 {
+		t.Fatalf("%d sandboxes registered after a failed fork", n)
+	}
+	waitFor(t, func() bool { return d.alive() == 0 })
+	waitFor(t, func() bool { left, _ := netns.List(prefix); return len(left) == 0 })
+}
+
+func TestForkAbandonedByClient(t *testing.T) {
+	d := &fakeDriver{restoreDelay: 300 * time.Millisecond}
+	e, _ := newFakeEngine(t, d, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := e.Fork(ctx, "base", 3); err == nil {
+		t.Fatal("Fork succeeded after its context ended")
+	}
+	if n := len(e.List()); n != 0 {
+		t.Fatalf("%d sandboxes left by an abandoned fork", n)
+	}
+	waitFor(t, func() bool { return d.alive() == 0 })
+}
+
+func TestDeadVMMMarksSandboxDead(t *testing.T) {
+	d := &fakeDriver{}
+	e, _ := newFakeEngine(t, d, 0)
+	sbs, err := e.Fork(context.Background(), "base", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sbs[0].machine.(*fakeMachine).exit(errCrash)
+	waitFor(t, func() bool { return sbs[0].State() == apiv1.StateDead })
+	info := sbs[0].Info()
+	if !strings.Contains(info.DeadReason, "crashed") || !strings.Contains(info.ConsoleTail, "panic") {
+		t.Fatalf("dead sandbox: %+v", info)
+	}
+	if _, err := e.Agent(sbs[0].ID); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "crashed") {
+		t.Fatalf("agent of a dead sandbox: %v", err)
+	}
+	if sbs[1].State() != apiv1.StateRunning {
+		t.Fatal("sibling affected")
+	}
+	// kill removes the dead sandbox's record.
+	if _, err := e.Kill(context.Background(), []string{sbs[0].ID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Get(sbs[0].ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("dead sandbox still listed after kill: %v", err)
+	}
+}
+
+func TestForkArgumentErrors(t *testing.T) {
+	e, _ := newFakeEngine(t, &fakeDriver{}, 0)
+	ctx := context.Background()
+	for _, c := range []struct {
+		tag  string
+		n    int
+		want func(error) bool
+		says string
+	}{
+		{"base", 0, errdefs.IsInvalidArgument, "at least 1"},
+		{"base", 11, errdefs.IsInvalidArgument, "limit of 10"},
+		{"missing", 1, errdefs.IsNotFound, "existing tags: base"},
+		{"Bad", 1, errdefs.IsInvalidArgument, snapshot.TagRule},
+	} {
+		_, err := e.Fork(ctx, c.tag, c.n)
+		if !c.want(err) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("Fork(%q, %d) = %v, want an error saying %q", c.tag, c.n, err, c.says)
+		}
+	}
+}
+
+func (e *Engine) mustSnap(t *testing.T, tag string) *snapshot.Snapshot {
+	t.Helper()
+	s, err := e.Store().Get(tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,131 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/agentconn"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/vmm"
+)
+
+// fakeDriver is a vmm.Driver whose machines are goroutines: each runs the
+// real agent transport (agentconn.Serve) on one end of a net.Pipe, with a
+// tiny handler. It lets the engine's fork path, pool and teardown be tested
+// without QEMU.
+type fakeDriver struct {
+	// failRestore makes the n-th Restore (1-based) fail; 0 never.
+	failRestore int64
+	restores    atomic.Int64
+	// restoreDelay slows every Restore (to cancel a fork mid-way).
+	restoreDelay time.Duration
+
+	mu       sync.Mutex
+	machines []*fakeMachine
+}
+
+var _ vmm.Driver = (*fakeDriver)(nil)
+
+func (d *fakeDriver) Name() string                            { return "fake" }
+func (d *fakeDriver) Version(context.Context) (string, error) { return "1", nil }
+func (d *fakeDriver) Boot(context.Context, vmm.BootSpec) (vmm.Machine, error) {
+	return nil, fmt.Errorf("fake driver cannot boot: %w", errdefs.ErrNotImplemented)
+}
+
+func (d *fakeDriver) Prepare(ctx context.Context, spec vmm.PrepareSpec) (vmm.Machine, error) {
+	host, guest := net.Pipe()
+	m := &fakeMachine{d: d, cfg: spec.MachineConfig, host: host, guest: guest, done: make(chan struct{}), pid: os.Getpid()}
+	d.mu.Lock()
+	d.machines = append(d.machines, m)
+	d.mu.Unlock()
+	return m, nil
+}
+
+// alive counts machines not yet killed.
+func (d *fakeDriver) alive() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, m := range d.machines {
+		select {
+		case <-m.done:
+		default:
+			n++
+		}
+	}
+	return n
+}
+
+type fakeMachine struct {
+	d           *fakeDriver
+	cfg         vmm.MachineConfig
+	host, guest net.Conn
+	pid         int
+	once        sync.Once
+	done        chan struct{}
+	exitErr     error
+}
+
+var _ vmm.Machine = (*fakeMachine)(nil)
+
+func (m *fakeMachine) ID() string                { return m.cfg.ID }
+func (m *fakeMachine) PID() int                  { return m.pid }
+func (m *fakeMachine) Config() vmm.MachineConfig { return m.cfg }
+func (m *fakeMachine) DialAgent(context.Context) (net.Conn, error) {
+	return m.host, nil
+}
+
+func (m *fakeMachine) Restore(ctx context.Context) (vmm.RestoreTimings, error) {
+	n := m.d.restores.Add(1)
+	if m.d.restoreDelay > 0 {
+		select {
+		case <-time.After(m.d.restoreDelay):
+		case <-ctx.Done():
+			return vmm.RestoreTimings{}, ctx.Err()
+		}
+	}
+	if n == m.d.failRestore {
+		return vmm.RestoreTimings{}, fmt.Errorf("injected restore failure: %w", errdefs.ErrInternal)
+	}
+	id := ""
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+agentapi.PathInfo, func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(agentapi.Info{SandboxID: id})
+	})
+	go agentconn.Serve(context.Background(), m.guest, mux, func(h agentapi.Hello) (agentapi.Info, error) {
+		id = h.Identity.SandboxID
+		return agentapi.Info{SandboxID: id, AgentVersion: "fake", ProtocolVersion: agentapi.Version}, nil
+	})
+	return vmm.RestoreTimings{}, nil
+}
+
+func (m *fakeMachine) Snapshot(context.Context, vmm.SnapshotSpec) (vmm.SnapshotResult, error) {
+	return vmm.SnapshotResult{}, errdefs.ErrNotImplemented
+}
+
+// exit ends the machine with err (nil: a requested stop).
+func (m *fakeMachine) exit(err error) {
+	m.once.Do(func() {
+		m.exitErr = err
+		m.guest.Close()
+		m.host.Close()
+		close(m.done)
+	})
+}
+
+func (m *fakeMachine) Stop(context.Context) error { m.exit(nil); return nil }
+func (m *fakeMachine) Kill() error                { m.exit(nil); return nil }
+func (m *fakeMachine) Done() <-chan struct{}      { return m.done }
+func (m *fakeMachine) ExitError() error           { return m.exitErr }
+func (m *fakeMachine) ConsoleTail(int) string     { return "fake console: kernel panic" }
+
+var errCrash = errors.New("fake VMM crashed")
