@@ -1,0 +1,82 @@
+package recipe
+
+import (
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/forkd-dev/forkd/internal/errdefs"
+)
+
+func repoRecipes(t *testing.T) string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "recipes")
+}
+
+func TestShippedRecipesParse(t *testing.T) {
+	dir := repoRecipes(t)
+	names := Names([]string{dir})
+	if len(names) < 2 {
+		t.Fatalf("recipes found: %v", names)
+	}
+	for _, n := range names {
+		r, err := Load(n, []string{dir})
+		if err != nil {
+			t.Fatalf("%s: %v", n, err)
+		}
+		if r.Name != n || r.MemoryMiB == 0 || r.VCPUs == 0 || r.Digest() == "" {
+			t.Fatalf("%s parsed as %+v", n, r)
+		}
+	}
+	pp, _ := Load("py-pandas", []string{dir})
+	if !pp.Python.Enabled || !strings.Contains(pp.Python.Warm, "import pandas") {
+		t.Fatalf("py-pandas warm-up: %+v", pp.Python)
+	}
+}
+
+func TestBadRecipes(t *testing.T) {
+	for name, c := range map[string]struct{ src, says string }{
+		"unknown key":    {"name='x'\nbase='busybox'\nmemroy_mib=1", "unknown keys memroy_mib"},
+		"bad base":       {"name='x'\nbase='alpine'", `must be "busybox" or "debian"`},
+		"busybox pkgs":   {"name='x'\nbase='busybox'\npackages=['vim']", "takes no packages"},
+		"bad package":    {"name='x'\nbase='debian'\npackages=['rm -rf']", "not a Debian package name"},
+		"python no py3":  {"name='x'\nbase='debian'\npackages=['busybox']\n[python]\nenabled=true", `needs "python3"`},
+		"warm disabled":  {"name='x'\nbase='debian'\npackages=['python3']\n[python]\nwarm='import os'", "enabled is false"},
+		"memory range":   {"name='x'\nbase='busybox'\nmemory_mib=8", "out of range"},
+		"bad name":       {"name='X Y'\nbase='busybox'", "lowercase"},
+		"malformed toml": {"name='x", "recipe r.toml"},
+	} {
+		_, err := Parse("r.toml", []byte(c.src))
+		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%s: %v, want invalid argument saying %q", name, err, c.says)
+		}
+	}
+}
+
+func TestRootfsKeyIgnoresWarmAndOrder(t *testing.T) {
+	a, err := Parse("a", []byte("name='a'\nbase='debian'\npackages=['python3','busybox']\n[python]\nenabled=true\nwarm='import os'"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Parse("b", []byte("name='a'\nbase='debian'\npackages=['busybox','python3']\nmemory_mib=512\n[python]\nenabled=true\nwarm='import sys'"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.RootfsKey() != b.RootfsKey() {
+		t.Error("root fs key depends on warm code, memory or package order")
+	}
+	if a.Digest() == b.Digest() {
+		t.Error("recipe digest ignores a change")
+	}
+}
+
+func TestLoadUnknownListsKnown(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "one.toml"), []byte("name='one'\nbase='busybox'"), 0o644)
+	_, err := Load("two", []string{dir})
+	if !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "known: one") {
+		t.Fatalf("Load(unknown) = %v", err)
+	}
+}
