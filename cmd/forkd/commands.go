@@ -246,6 +246,8 @@ func forkCmd(g *globals) *cobra.Command {
 	var tag string
 	var n int
 	var quiet bool
+	var timeout, idle time.Duration
+	var labels []string
 	cmd := &cobra.Command{
 		Use:   "fork --tag TAG [-n N]",
 		Short: "Fork N sandboxes from a snapshot; returns when every agent answers (they keep running)",
@@ -257,11 +259,18 @@ func forkCmd(g *globals) *cobra.Command {
 			if n < 1 {
 				return fmt.Errorf("-n %d: fork at least 1 sandbox: %w", n, errdefs.ErrInvalidArgument)
 			}
+			meta, err := parseLabels(labels)
+			if err != nil {
+				return err
+			}
 			c, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
-			resp, err := c.Fork(cmd.Context(), tag, n)
+			resp, err := c.Fork(cmd.Context(), apiv1.ForkRequest{
+				Tag: tag, Count: n, Metadata: meta,
+				TimeoutSeconds: int64(timeout / time.Second), IdleTimeoutSeconds: int64(idle / time.Second),
+			})
 			if err != nil {
 				return err
 			}
@@ -286,12 +295,32 @@ func forkCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&tag, "tag", "", "snapshot tag to fork from")
 	cmd.Flags().IntVarP(&n, "count", "n", 1, "number of sandboxes")
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only the sandbox ids")
+	cmd.Flags().DurationVar(&timeout, "timeout", 0, "end each sandbox this long after creation (e.g. 30m; 0: never)")
+	cmd.Flags().DurationVar(&idle, "idle-timeout", 0, "end a sandbox after this long without requests (0: never)")
+	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "metadata label key=value (repeatable)")
 	cmd.MarkFlagRequired("tag")
 	return cmd
 }
 
+// parseLabels reads repeated key=value flags.
+func parseLabels(kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("label %q: want key=value: %w", kv, errdefs.ErrInvalidArgument)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
 func lsCmd(g *globals) *cobra.Command {
 	var tag, state string
+	var labels []string
 	cmd := &cobra.Command{
 		Use: "ls", Short: "List sandboxes", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -299,7 +328,7 @@ func lsCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			sbs, err := c.Sandboxes(cmd.Context(), tag, state)
+			sbs, err := c.Sandboxes(cmd.Context(), tag, state, labels...)
 			if err != nil {
 				return err
 			}
@@ -319,6 +348,7 @@ func lsCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&tag, "tag", "", "only sandboxes of this snapshot tag")
 	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state (running, dead)")
+	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "only sandboxes with this label key=value (repeatable)")
 	return cmd
 }
 

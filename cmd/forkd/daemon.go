@@ -81,6 +81,7 @@ func (g *globals) newEngine(runDir, netnsPrefix string, log *slog.Logger) (*sand
 		DataDir: g.dataDir, RunDir: runDir, Driver: drv, Accel: vmm.Accel(g.accel),
 		RecipeDirs: recipeDirs(g.dataDir), AgentBinary: agent, PoolSize: g.poolSize,
 		NetNSPrefix: netnsPrefix, Logger: log, MaxForkCount: g.maxFork, MaxSandboxes: g.maxSandboxes,
+		MaxConcurrentBuilds: g.maxBuilds,
 	})
 	return e, ctor, err
 }
@@ -144,5 +145,6 @@ func serveCmd(g *globals) *cobra.Command {
 	f.StringVar(&netnsPrefix, "netns-prefix", envOr("FORKD_NETNS_PREFIX", "forkd-"), "prefix of the network namespaces this daemon creates (and cleans up at start)")
 	f.IntVar(&g.maxFork, "max-fork", 100, "most sandboxes one fork request may create")
 	f.IntVar(&g.maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: no limit)")
+	f.IntVar(&g.maxBuilds, "max-builds", 2, "most image builds and snapshot creations at once")
 	return cmd
 }

@@ -34,6 +34,7 @@ type globals struct {
 	poolSize     int
 	maxFork      int
 	maxSandboxes int
+	maxBuilds    int
 }
 
 func envOr(key, def string) string {

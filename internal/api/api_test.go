@@ -85,3 +85,17 @@ func TestProblemResponse(t *testing.T) {
 		t.Fatalf("problem %+v err %v", p, err)
 	}
 }
+
+func TestRetryAfterOnCapacityErrors(t *testing.T) {
+	for err, want := range map[error]string{
+		errdefs.ErrResourceExhausted: retryAfterSeconds,
+		errdefs.ErrUnavailable:       retryAfterSeconds,
+		errdefs.ErrNotFound:          "",
+	} {
+		rec := httptest.NewRecorder()
+		writeProblem(rec, httptest.NewRequest(http.MethodPost, "/v1/sandboxes", nil), fmt.Errorf("x: %w", err))
+		if got := rec.Header().Get("Retry-After"); got != want {
+			t.Errorf("%v: Retry-After %q, want %q", err, got, want)
+		}
+	}
+}

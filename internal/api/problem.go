@@ -48,9 +48,16 @@ func ProblemOf(err error, requestID string) apiv1.Problem {
 	}
 }
 
+// retryAfterSeconds is what 429 and 503 answers suggest: capacity frees
+// within seconds (a fork or build finishing), not minutes.
+const retryAfterSeconds = "2"
+
 func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 	p := ProblemOf(err, requestID(r))
 	w.Header().Set("Content-Type", "application/problem+json")
+	if p.Status == http.StatusTooManyRequests || p.Status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", retryAfterSeconds)
+	}
 	w.WriteHeader(p.Status)
 	json.NewEncoder(w).Encode(p)
 }

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -296,7 +297,19 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	out := []apiv1.Sandbox{}
 	tag := r.URL.Query().Get("tag")
 	state := r.URL.Query().Get("state")
+	labels := map[string]string{}
+	for _, l := range r.URL.Query()["label"] {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			writeProblem(w, r, fmt.Errorf("label filter %q: want key=value: %w", l, errdefs.ErrInvalidArgument))
+			return
+		}
+		labels[k] = v
+	}
 	for _, sb := range s.Engine.List() {
+		if !sb.MatchLabels(labels) {
+			continue
+		}
 		info := sb.Info()
 		if (tag != "" && info.Tag != tag) || (state != "" && info.State != state) {
 			continue
@@ -317,7 +330,11 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start := time.Now()
-	sbs, err := s.Engine.Fork(r.Context(), req.Tag, req.Count)
+	sbs, err := s.Engine.ForkWith(r.Context(), sandbox.ForkOptions{
+		Tag: req.Tag, Count: req.Count, Labels: req.Metadata,
+		Timeout:     time.Duration(req.TimeoutSeconds) * time.Second,
+		IdleTimeout: time.Duration(req.IdleTimeoutSeconds) * time.Second,
+	})
 	if err != nil {
 		writeProblem(w, r, err)
 		return

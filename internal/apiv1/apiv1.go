@@ -90,6 +90,14 @@ type FileEntry struct {
 type ForkRequest struct {
 	Tag   string `json:"tag"`
 	Count int    `json:"count"`
+	// TimeoutSeconds ends each sandbox this long after it was created
+	// (0: no limit).
+	TimeoutSeconds int64 `json:"timeout_s,omitempty"`
+	// IdleTimeoutSeconds ends a sandbox that received no request (exec,
+	// files, run_code) for this long (0: no limit).
+	IdleTimeoutSeconds int64 `json:"idle_timeout_s,omitempty"`
+	// Metadata labels every sandbox of the request; list filters on them.
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // ForkResponse lists the new sandboxes, every one answering.
@@ -119,6 +127,13 @@ type Sandbox struct {
 	NetNS      string `json:"netns,omitempty"`
 	GuestIP    string `json:"guest_ip,omitempty"`
 	DeadReason string `json:"dead_reason,omitempty"`
+	// Metadata are the labels given at fork.
+	Metadata map[string]string `json:"metadata,omitempty"`
+	// ExpiresAt is when the sandbox's absolute timeout ends it (zero: never).
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	// IdleTimeoutSeconds ends the sandbox after that long without requests.
+	IdleTimeoutSeconds int64     `json:"idle_timeout_s,omitempty"`
+	LastActivity       time.Time `json:"last_activity"`
 	// ConsoleTail is the end of the guest console, for dead sandboxes.
 	ConsoleTail string `json:"console_tail,omitempty"`
 }

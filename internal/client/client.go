@@ -208,20 +208,25 @@ func (c *Client) RemoveSnapshot(ctx context.Context, tag string) error {
 	return c.call(ctx, http.MethodDelete, "/v1/snapshots/"+url.PathEscape(tag), nil, nil, nil)
 }
 
-// Fork creates n sandboxes from a tag; it returns when all answer.
-func (c *Client) Fork(ctx context.Context, tag string, n int) (apiv1.ForkResponse, error) {
+// Fork creates req.Count sandboxes from req.Tag; it returns when all
+// answer.
+func (c *Client) Fork(ctx context.Context, req apiv1.ForkRequest) (apiv1.ForkResponse, error) {
 	var out apiv1.ForkResponse
-	return out, c.call(ctx, http.MethodPost, "/v1/sandboxes", nil, apiv1.ForkRequest{Tag: tag, Count: n}, &out)
+	return out, c.call(ctx, http.MethodPost, "/v1/sandboxes", nil, req, &out)
 }
 
-// Sandboxes lists sandboxes, optionally filtered by tag and state.
-func (c *Client) Sandboxes(ctx context.Context, tag, state string) ([]apiv1.Sandbox, error) {
+// Sandboxes lists sandboxes, optionally filtered by tag, state and labels
+// ("key=value", all must match).
+func (c *Client) Sandboxes(ctx context.Context, tag, state string, labels ...string) ([]apiv1.Sandbox, error) {
 	q := url.Values{}
 	if tag != "" {
 		q.Set("tag", tag)
 	}
 	if state != "" {
 		q.Set("state", state)
+	}
+	for _, l := range labels {
+		q.Add("label", l)
 	}
 	var out []apiv1.Sandbox
 	return out, c.call(ctx, http.MethodGet, "/v1/sandboxes", q, nil, &out)

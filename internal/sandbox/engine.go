@@ -49,11 +49,16 @@ type Config struct {
 	MaxSandboxes int
 	// SpawnConcurrency bounds children restored at once (0: 2 x CPUs).
 	SpawnConcurrency int
+	// MaxConcurrentBuilds bounds image builds and snapshot creations running
+	// at once (0: 2); more are refused as ResourceExhausted, not queued.
+	MaxConcurrentBuilds int
 	// NetNSPrefix starts the name of every network namespace this engine
 	// creates (default "forkd-"); leftovers with it are removed at start.
 	// Engines sharing a host (daemon, benchmark, tests) use distinct ones.
 	NetNSPrefix string
 	Logger      *slog.Logger
+	// OnEvent, if set, is told about lifecycle events (died, expired).
+	OnEvent func(Event)
 }
 
 // Engine owns sandboxes, pools and the snapshot store.
@@ -63,12 +68,15 @@ type Engine struct {
 	store    *snapshot.Store
 	builder  *image.Builder
 	spawnSem chan struct{}
+	buildSem chan struct{}
 
 	// mu guards the fields below.
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
 	pools     map[string]*pool // by snapshot ID
 	closed    bool
+
+	stopJanitor context.CancelFunc
 }
 
 // DefaultPoolSize keeps two VMM processes ready per snapshot: enough to take
@@ -90,6 +98,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.MaxForkCount <= 0 {
 		cfg.MaxForkCount = 100
 	}
+	if cfg.MaxConcurrentBuilds <= 0 {
+		cfg.MaxConcurrentBuilds = 2
+	}
 	if cfg.SpawnConcurrency <= 0 {
 		cfg.SpawnConcurrency = 2 * runtime.NumCPU()
 	}
@@ -108,10 +119,14 @@ func New(cfg Config) (*Engine, error) {
 		store:     store,
 		builder:   &image.Builder{DataDir: cfg.DataDir, AgentBinary: cfg.AgentBinary},
 		spawnSem:  make(chan struct{}, cfg.SpawnConcurrency),
+		buildSem:  make(chan struct{}, cfg.MaxConcurrentBuilds),
 		sandboxes: map[string]*Sandbox{},
 		pools:     map[string]*pool{},
 	}
 	e.reapLeftovers()
+	jctx, cancel := context.WithCancel(context.Background())
+	e.stopJanitor = cancel
+	go e.janitor(jctx)
 	return e, nil
 }
 
@@ -169,6 +184,7 @@ func (e *Engine) Close(ctx context.Context) error {
 		return nil
 	}
 	e.closed = true
+	e.stopJanitor()
 	pools := make([]*pool, 0, len(e.pools))
 	for _, p := range e.pools {
 		pools = append(pools, p)
@@ -196,12 +212,29 @@ func (e *Engine) LoadRecipe(name string) (*recipe.Recipe, error) {
 	return recipe.Load(name, e.cfg.RecipeDirs)
 }
 
+// acquireBuild takes a build slot or fails at once: builds take minutes, so
+// a client is better told to retry than left waiting in an unbounded queue.
+func (e *Engine) acquireBuild(what string) (release func(), err error) {
+	select {
+	case e.buildSem <- struct{}{}:
+		return func() { <-e.buildSem }, nil
+	default:
+		return nil, fmt.Errorf("%s: %d image builds or snapshot creations already running (forkd serve --max-builds); retry shortly: %w",
+			what, cap(e.buildSem), errdefs.ErrResourceExhausted)
+	}
+}
+
 // BuildImage builds (or finds cached) the image of a recipe.
 func (e *Engine) BuildImage(ctx context.Context, recipeName string, progress func(string)) (*image.Image, error) {
 	r, err := e.LoadRecipe(recipeName)
 	if err != nil {
 		return nil, err
 	}
+	release, err := e.acquireBuild("build image " + r.Name)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	b := *e.builder
 	b.Progress = progress
 	return b.Build(ctx, r)

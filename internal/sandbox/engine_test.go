@@ -187,3 +187,94 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+func TestTimeoutsEndSandboxes(t *testing.T) {
+	d := &fakeDriver{}
+	e, _ := newFakeEngine(t, d, 0)
+	events := make(chan Event, 4)
+	e.cfg.OnEvent = func(ev Event) { events <- ev }
+	ctx := context.Background()
+	abs, err := e.ForkWith(ctx, ForkOptions{Tag: "base", Count: 1, Timeout: 1500 * time.Millisecond, Labels: map[string]string{"job": "a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle, err := e.ForkWith(ctx, ForkOptions{Tag: "base", Count: 1, IdleTimeout: 2 * time.Second, Labels: map[string]string{"job": "b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forever, err := e.Fork(ctx, "base", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !abs[0].MatchLabels(map[string]string{"job": "a"}) || abs[0].MatchLabels(map[string]string{"job": "b"}) {
+		t.Fatal("label match")
+	}
+	if info := abs[0].Info(); info.ExpiresAt == nil || info.Metadata["job"] != "a" {
+		t.Fatalf("info: %+v", info)
+	}
+	// Keep the idle one busy past the absolute one's end.
+	for i := 0; i < 8; i++ {
+		if _, err := e.Agent(idle[0].ID); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(400 * time.Millisecond)
+	}
+	if _, err := e.Get(abs[0].ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("sandbox past its timeout still there: %v", err)
+	}
+	if _, err := e.Get(idle[0].ID); err != nil {
+		t.Fatalf("busy sandbox ended by its idle timeout: %v", err)
+	}
+	waitFor(t, func() bool { _, err := e.Get(idle[0].ID); return errdefs.IsNotFound(err) })
+	if _, err := e.Get(forever[0].ID); err != nil {
+		t.Fatalf("sandbox without timeouts ended: %v", err)
+	}
+	got := map[string]string{}
+	for len(got) < 2 {
+		select {
+		case ev := <-events:
+			got[ev.SandboxID] = ev.Kind + ": " + ev.Reason
+		case <-time.After(5 * time.Second):
+			t.Fatalf("expiry events: %v", got)
+		}
+	}
+	if !strings.Contains(got[abs[0].ID], "expired: timeout") || !strings.Contains(got[idle[0].ID], "idle timeout") {
+		t.Fatalf("events: %v", got)
+	}
+}
+
+func TestForkOptionErrors(t *testing.T) {
+	e, _ := newFakeEngine(t, &fakeDriver{}, 0)
+	for _, o := range []ForkOptions{
+		{Tag: "base", Count: 1, Timeout: -time.Second},
+		{Tag: "base", Count: 1, IdleTimeout: MaxTimeout + time.Second},
+		{Tag: "base", Count: 1, Labels: map[string]string{"Bad Key": "x"}},
+		{Tag: "base", Count: 1, Labels: map[string]string{"k": strings.Repeat("v", 300)}},
+	} {
+		if _, err := e.ForkWith(context.Background(), o); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("ForkWith(%+v) = %v, want invalid argument", o, err)
+		}
+	}
+}
+
+func TestBuildsAreCappedNotQueued(t *testing.T) {
+	e, _ := newFakeEngine(t, &fakeDriver{}, 0)
+	r1, err := e.acquireBuild("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := e.acquireBuild("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.acquireBuild("c"); !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("third build: %v, want resource exhausted", err)
+	}
+	r1()
+	r3, err := e.acquireBuild("c")
+	if err != nil {
+		t.Fatalf("after a release: %v", err)
+	}
+	r2()
+	r3()
+}

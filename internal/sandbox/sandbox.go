@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/agentclient"
@@ -39,6 +40,11 @@ type Sandbox struct {
 	agent   *agentclient.Client
 	// teardown releases the netns, run dir and agent connection.
 	teardown []func(context.Context) error
+
+	labels      map[string]string
+	expiresAt   time.Time // zero: no absolute timeout
+	idleTimeout time.Duration
+	lastActive  atomic.Int64 // unix nanoseconds of the last agent request
 
 	// mu guards the fields below.
 	mu          sync.Mutex
@@ -79,7 +85,17 @@ func (s *Sandbox) Info() apiv1.Sandbox {
 		ReadyMillis: s.ReadyMillis, Pooled: s.Pooled, PID: s.machine.PID(),
 		NetNS: s.netns, GuestIP: s.GuestIP,
 		DeadReason: s.deadReason, ConsoleTail: s.consoleTail,
+		Metadata: s.labels, IdleTimeoutSeconds: int64(s.idleTimeout / time.Second),
+		LastActivity: s.LastActivity().UTC(), ExpiresAt: expiresAt(s.expiresAt),
 	}
+}
+
+func expiresAt(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
 }
 
 // PID of the sandbox's VMM process.
@@ -102,6 +118,9 @@ func (s *Sandbox) watch(e *Engine) {
 		s.deadReason = reason
 		s.consoleTail = tail
 		e.log.Warn("sandbox died", "sandbox_id", s.ID, "reason", reason)
+		if e.cfg.OnEvent != nil {
+			defer e.cfg.OnEvent(Event{Kind: EventDied, SandboxID: s.ID, Reason: reason})
+		}
 	}
 	s.mu.Unlock()
 	if s.session != nil {
@@ -234,5 +253,6 @@ func (e *Engine) Agent(id string) (*agentclient.Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.touch()
 	return s.client()
 }

@@ -102,11 +102,14 @@ func (e *Engine) prepare(ctx context.Context, snap *snapshot.Snapshot) (_ *prepa
 // torn down and the first error is returned; the same happens when ctx ends
 // (the client went away), so an abandoned request leaves no VMM behind.
 func (e *Engine) Fork(ctx context.Context, tag string, n int) ([]*Sandbox, error) {
-	if n < 1 {
-		return nil, fmt.Errorf("count %d: fork at least 1 sandbox: %w", n, errdefs.ErrInvalidArgument)
-	}
-	if n > e.cfg.MaxForkCount {
-		return nil, fmt.Errorf("count %d is over the limit of %d per request (forkd serve --max-fork): %w", n, e.cfg.MaxForkCount, errdefs.ErrInvalidArgument)
+	return e.ForkWith(ctx, ForkOptions{Tag: tag, Count: n})
+}
+
+// ForkWith is Fork with lifetimes and labels.
+func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) ([]*Sandbox, error) {
+	tag, n := opts.Tag, opts.Count
+	if err := opts.validate(e.cfg.MaxForkCount); err != nil {
+		return nil, err
 	}
 	snap, err := e.store.Get(tag)
 	if err != nil {
@@ -133,7 +136,7 @@ func (e *Engine) Fork(ctx context.Context, tag string, n int) ([]*Sandbox, error
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = e.spawnOne(ctx, p)
+			results[i], errs[i] = e.spawnOne(ctx, p, opts)
 		}()
 	}
 	wg.Wait()
@@ -162,7 +165,7 @@ func (e *Engine) Fork(ctx context.Context, tag string, n int) ([]*Sandbox, error
 
 // spawnOne turns a prepared VMM (pooled, or started now) into a running
 // sandbox: restore, then the agent handshake carrying the child's identity.
-func (e *Engine) spawnOne(ctx context.Context, p *pool) (_ *Sandbox, err error) {
+func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sandbox, err error) {
 	select {
 	case e.spawnSem <- struct{}{}:
 	case <-ctx.Done():
@@ -198,7 +201,12 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool) (_ *Sandbox, err error) 
 		machine: pv.machine, netns: pv.netns, conn: pv.conn, session: sess,
 		agent: agentclient.New(sess), teardown: pv.teardown,
 		state: apiv1.StateRunning, exited: make(chan struct{}),
+		labels: opts.Labels, idleTimeout: opts.IdleTimeout,
 	}
+	if opts.Timeout > 0 {
+		s.expiresAt = s.Created.Add(opts.Timeout)
+	}
+	s.touch()
 	if err := e.register(s); err != nil {
 		sess.Close()
 		return nil, err

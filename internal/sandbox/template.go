@@ -73,6 +73,11 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 		}
 		warm = opts.Warm
 	}
+	release, err := e.acquireBuild("create snapshot " + opts.Tag)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	st, err := e.store.Stage(opts.Tag)
 	if err != nil {
 		return nil, err
