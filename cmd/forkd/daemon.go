@@ -87,13 +87,23 @@ func (g *globals) newEngine(runDir, netnsPrefix string, log *slog.Logger) (*sand
 }
 
 func serveCmd(g *globals) *cobra.Command {
-	var netnsPrefix string
+	var netnsPrefix, configPath string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the daemon in the foreground (owns every VMM; API on a Unix socket)",
-		Args:  cobra.NoArgs,
+		Long: "Run the daemon in the foreground. Settings come from flags, then the config file\n" +
+			"(--config, default " + defaultConfigPath + " when it exists; keys are flag names with _ for -),\n" +
+			"then defaults.",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			explicit := cmd.Flags().Changed("config")
+			if configPath == "" {
+				configPath = defaultConfigPath
+			}
+			if err := applyConfig(cmd, configPath, explicit); err != nil {
+				return err
+			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 			if err := os.MkdirAll(g.runDir, 0o700); err != nil {
 				return err
@@ -142,6 +152,7 @@ func serveCmd(g *globals) *cobra.Command {
 	f.StringVar(&g.vmmName, "vmm", envOr("FORKD_VMM", "qemu"), "VMM driver ("+strings.Join(vmm.List(), ", ")+")")
 	f.StringVar(&g.accel, "accel", os.Getenv("FORKD_ACCEL"), "accelerator: kvm, tcg, or empty for auto (env FORKD_ACCEL)")
 	f.IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, "pre-started VMM processes kept per snapshot")
+	f.StringVar(&configPath, "config", "", "TOML config file (default "+defaultConfigPath+" if present)")
 	f.StringVar(&netnsPrefix, "netns-prefix", envOr("FORKD_NETNS_PREFIX", "forkd-"), "prefix of the network namespaces this daemon creates (and cleans up at start)")
 	f.IntVar(&g.maxFork, "max-fork", 100, "most sandboxes one fork request may create")
 	f.IntVar(&g.maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: no limit)")

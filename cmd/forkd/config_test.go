@@ -1,0 +1,58 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+
+	"github.com/forkd-dev/forkd/internal/errdefs"
+)
+
+func serveWithRoot(g *globals) *cobra.Command {
+	root := &cobra.Command{Use: "forkd"}
+	root.PersistentFlags().StringVar(&g.dataDir, "data-dir", "/var/lib/forkd", "")
+	serve := serveCmd(g)
+	root.AddCommand(serve)
+	return serve
+}
+
+func TestConfigFileFillsUnsetFlags(t *testing.T) {
+	g := &globals{}
+	serve := serveWithRoot(g)
+	if err := serve.Flags().Parse([]string{"--pool", "5"}); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "forkd.toml")
+	os.WriteFile(p, []byte("pool = 1\nmax_fork = 7\ndata_dir = \"/srv/forkd\"\n"), 0o644)
+	if err := applyConfig(serve, p, true); err != nil {
+		t.Fatal(err)
+	}
+	if g.poolSize != 5 || g.maxFork != 7 || g.dataDir != "/srv/forkd" {
+		t.Fatalf("pool %d (flag wins), max fork %d, data dir %q", g.poolSize, g.maxFork, g.dataDir)
+	}
+}
+
+func TestConfigFileErrors(t *testing.T) {
+	dir := t.TempDir()
+	for name, c := range map[string]struct{ src, says string }{
+		"unknown key": {"max_forks = 3", `unknown key "max_forks"`},
+		"bad value":   {"pool = \"many\"", "pool = many"},
+		"bad toml":    {"pool = ", "forkd.toml"},
+	} {
+		p := filepath.Join(dir, "forkd.toml")
+		os.WriteFile(p, []byte(c.src), 0o644)
+		err := applyConfig(serveWithRoot(&globals{}), p, true)
+		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%s: %v, want invalid argument saying %q", name, err, c.says)
+		}
+	}
+	if err := applyConfig(serveWithRoot(&globals{}), filepath.Join(dir, "absent.toml"), false); err != nil {
+		t.Errorf("absent default config: %v", err)
+	}
+	if err := applyConfig(serveWithRoot(&globals{}), filepath.Join(dir, "absent.toml"), true); err == nil {
+		t.Error("absent explicit config accepted")
+	}
+}
