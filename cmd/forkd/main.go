@@ -27,6 +27,9 @@ type globals struct {
 	dataDir      string
 	runDir       string
 	socket       string
+	host         string
+	token        string
+	caCert       string
 	jsonOut      bool
 	noStart      bool
 	vmmName      string
@@ -58,6 +61,9 @@ func main() {
 	pf.StringVar(&g.dataDir, "data-dir", envOr("FORKD_DATA_DIR", "/var/lib/forkd"), "images and snapshots (env FORKD_DATA_DIR)")
 	pf.StringVar(&g.runDir, "run-dir", envOr("FORKD_RUN_DIR", "/run/forkd"), "VMM sockets and consoles (env FORKD_RUN_DIR)")
 	pf.StringVar(&g.socket, "socket", os.Getenv("FORKD_SOCKET"), "daemon API socket (env FORKD_SOCKET; default RUN_DIR/forkd.sock)")
+	pf.StringVar(&g.host, "host", os.Getenv("FORKD_HOST"), "remote daemon URL https://HOST:PORT (env FORKD_HOST); default: the local socket")
+	pf.StringVar(&g.token, "token", os.Getenv("FORKD_TOKEN"), "bearer token for --host (env FORKD_TOKEN)")
+	pf.StringVar(&g.caCert, "ca-cert", os.Getenv("FORKD_CA_CERT"), "PEM CA certificate of a --host daemon (env FORKD_CA_CERT)")
 	pf.BoolVar(&g.jsonOut, "json", false, "print JSON for scripts")
 	pf.BoolVar(&g.noStart, "no-autostart", os.Getenv("FORKD_NO_AUTOSTART") != "", "do not start a local daemon when none is running")
 
@@ -107,8 +113,12 @@ func (g *globals) socketPath() string {
 	return filepath.Join(g.runDir, "forkd.sock")
 }
 
-// client returns an API client, starting a local daemon if none answers.
+// client returns an API client: of the --host daemon, or of the local one,
+// which is started if none answers.
 func (g *globals) client(ctx context.Context) (*client.Client, error) {
+	if g.host != "" {
+		return client.NewRemote(client.Remote{Host: g.host, Token: g.token, CACert: g.caCert})
+	}
 	c := client.New(g.socketPath())
 	err := c.Ping(ctx)
 	if err == nil {

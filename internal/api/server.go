@@ -4,6 +4,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -41,6 +42,8 @@ type Server struct {
 	Version string
 	Checks  func(ctx context.Context) []vmm.Check
 	Log     *slog.Logger
+
+	ops operations
 }
 
 type ctxKey struct{}
@@ -58,6 +61,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/doctor", s.doctor)
 	mux.HandleFunc("GET /v1/images", s.listImages)
 	mux.HandleFunc("POST /v1/images", s.buildImage)
+	mux.HandleFunc("GET /v1/operations", s.listOperations)
+	mux.HandleFunc("GET /v1/operations/{id}", s.getOperation)
 	mux.HandleFunc("GET /v1/snapshots", s.listSnapshots)
 	mux.HandleFunc("POST /v1/snapshots", s.createSnapshot)
 	mux.HandleFunc("GET /v1/snapshots/{tag}", s.getSnapshot)
@@ -189,27 +194,6 @@ func (p *progressStream) send(v apiv1.Progress) {
 }
 
 func (p *progressStream) message(msg string) { p.send(apiv1.Progress{Message: msg}) }
-
-func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
-	var req apiv1.BuildImageRequest
-	if err := decode(w, r, &req); err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	if _, err := s.Engine.LoadRecipe(req.Recipe); err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	ps := newProgressStream(w)
-	img, err := s.Engine.BuildImage(r.Context(), req.Recipe, ps.message)
-	if err != nil {
-		p := ProblemOf(err, requestID(r))
-		ps.send(apiv1.Progress{Error: &p})
-		return
-	}
-	info := imageInfo(img)
-	ps.send(apiv1.Progress{Image: &info})
-}
 
 func (s *Server) snapshotInfo(snap *snapshot.Snapshot) apiv1.Snapshot {
 	out := apiv1.Snapshot{
@@ -571,7 +555,20 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, fi)
 }
 
-// exec proxies a process's stdin, streamed output and exit to the client.
+// Exec answer formats, chosen by the Accept header.
+const (
+	ndjson      = "application/x-ndjson"
+	sseType     = "text/event-stream"
+)
+
+// maxBufferedOutput bounds each of stdout and stderr in a buffered
+// (application/json) exec answer; streams are unbounded.
+const maxBufferedOutput = 16 << 20
+
+// exec proxies a process's stdin, output and exit to the client: streamed
+// as NDJSON events (default) or Server-Sent Events (Accept:
+// text/event-stream), or buffered into one JSON result (Accept:
+// application/json).
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	var req apiv1.ExecRequest
 	hdr := r.Header.Get(apiv1.ExecHeader)
@@ -592,36 +589,84 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	rc := http.NewResponseController(w)
-	rc.EnableFullDuplex()
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	w.WriteHeader(http.StatusOK)
-	rc.Flush()
-	ev := &eventWriter{w: w, rc: rc, enc: json.NewEncoder(w)}
 	var stdin io.Reader
 	if req.Stdin {
 		stdin = r.Body
 	}
+	rc := http.NewResponseController(w)
+	rc.EnableFullDuplex()
+	accept := r.Header.Get("Accept")
+	if strings.Contains(accept, "application/json") && !strings.Contains(accept, ndjson) {
+		var out, errb boundedBuffer
+		out.max, errb.max = maxBufferedOutput, maxBufferedOutput
+		exit, err := agent.Exec(r.Context(), req, stdin, &out, &errb)
+		if err != nil {
+			writeProblem(w, r, err)
+			return
+		}
+		writeJSON(w, apiv1.ExecResult{
+			Stdout: out.String(), Stderr: errb.String(), StdoutTruncated: out.truncated, StderrTruncated: errb.truncated,
+			ExitCode: exit.ExitCode, Signal: exit.Signal, TimedOut: exit.TimedOut, DurationMicros: exit.DurationMicros,
+		})
+		return
+	}
+	ev := &eventWriter{w: w, rc: rc, sse: strings.Contains(accept, sseType)}
+	if ev.sse {
+		w.Header().Set("Content-Type", sseType)
+		w.Header().Set("Cache-Control", "no-cache")
+	} else {
+		w.Header().Set("Content-Type", ndjson)
+	}
+	w.WriteHeader(http.StatusOK)
+	rc.Flush()
 	exit, err := agent.Exec(r.Context(), req, stdin, ev.stream(agentapi.EventStdout), ev.stream(agentapi.EventStderr))
 	if err != nil {
-		exit = apiv1.ExecEvent{Type: agentapi.EventExit, ExitCode: -1, Error: err.Error()}
+		exit = apiv1.ExecEvent{ExitCode: -1, Error: err.Error()}
 	}
 	exit.Type = agentapi.EventExit
 	ev.send(exit)
 }
 
-// eventWriter turns stdout/stderr writes into NDJSON exec events.
+// boundedBuffer keeps the first max bytes written and notes truncation.
+type boundedBuffer struct {
+	bytes.Buffer
+	max       int
+	truncated bool
+}
+
+func (b *boundedBuffer) Write(p []byte) (int, error) {
+	if room := b.max - b.Len(); len(p) > room {
+		b.truncated = true
+		if room > 0 {
+			b.Buffer.Write(p[:room])
+		}
+		return len(p), nil
+	}
+	return b.Buffer.Write(p)
+}
+
+// eventWriter turns stdout/stderr writes into exec events, as NDJSON lines
+// or SSE messages.
 type eventWriter struct {
 	mu  sync.Mutex
 	w   io.Writer
 	rc  *http.ResponseController
-	enc *json.Encoder
+	sse bool
 }
 
 func (e *eventWriter) send(ev apiv1.ExecEvent) error {
+	data, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if err := e.enc.Encode(ev); err != nil {
+	if e.sse {
+		_, err = fmt.Fprintf(e.w, "event: %s\ndata: %s\n\n", ev.Type, data)
+	} else {
+		_, err = e.w.Write(append(data, '\n'))
+	}
+	if err != nil {
 		return err
 	}
 	return e.rc.Flush()

@@ -4,6 +4,7 @@
 package apiv1
 
 import (
+	"encoding/json"
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
@@ -22,6 +23,19 @@ type (
 // ExecHeader carries the JSON ExecRequest on POST .../exec so the body can
 // stream stdin.
 const ExecHeader = agentapi.ExecHeader
+
+// ExecResult is the buffered answer of exec (Accept: application/json).
+// Output is bounded; the Truncated flags say when it was cut.
+type ExecResult struct {
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
+	ExitCode        int    `json:"exit_code"`
+	Signal          string `json:"signal,omitempty"`
+	TimedOut        bool   `json:"timed_out,omitempty"`
+	DurationMicros  int64  `json:"duration_us,omitempty"`
+}
 
 // Version answers GET /v1/version.
 type Version struct {
@@ -48,6 +62,28 @@ type Image struct {
 // BuildImageRequest is POST /v1/images.
 type BuildImageRequest struct {
 	Recipe string `json:"recipe"` // name in recipes/ or a path on the daemon host
+}
+
+// Operation states.
+const (
+	OpRunning   = "running"
+	OpSucceeded = "succeeded"
+	OpFailed    = "failed"
+)
+
+// Operation is a long-running request (an image build): POST answers 202
+// with it, GET /v1/operations/{id} polls it.
+type Operation struct {
+	ID       string    `json:"id"`
+	Kind     string    `json:"kind"`   // "image.build"
+	Target   string    `json:"target"` // the recipe
+	State    string    `json:"state"`
+	Created  time.Time `json:"created"`
+	Updated  time.Time `json:"updated"`
+	Progress []string  `json:"progress"`
+	// Result is set on success: an Image for image.build.
+	Result json.RawMessage `json:"result,omitempty"`
+	Error  *Problem        `json:"error,omitempty"`
 }
 
 // CreateSnapshotRequest is POST /v1/snapshots.

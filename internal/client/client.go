@@ -6,6 +6,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,8 +15,11 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/errdefs"
@@ -22,7 +27,9 @@ import (
 
 // Client talks to one daemon.
 type Client struct {
-	socket string
+	socket string // where the daemon is, for messages
+	base   string // URL prefix
+	token  string
 	http   *http.Client
 }
 
@@ -35,7 +42,40 @@ func New(socketPath string) *Client {
 		},
 		MaxIdleConnsPerHost: 64,
 	}
-	return &Client{socket: socketPath, http: &http.Client{Transport: tr}}
+	return &Client{socket: socketPath, base: "http://forkd", http: &http.Client{Transport: tr}}
+}
+
+// Remote configures a client for a daemon listening on TCP.
+type Remote struct {
+	// Host is the daemon's URL: https://host:port (or http://127.0.0.1:port
+	// for a loopback listener without TLS).
+	Host string
+	// Token is a bearer token created by the daemon (`forkd token create`).
+	Token string
+	// CACert is a PEM file that signs the daemon's certificate; empty uses
+	// the system roots.
+	CACert string
+}
+
+// NewRemote returns a client for a daemon listening on TCP.
+func NewRemote(r Remote) (*Client, error) {
+	u, err := url.Parse(r.Host)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		return nil, fmt.Errorf("host %q: want https://HOST:PORT: %w", r.Host, errdefs.ErrInvalidArgument)
+	}
+	tr := &http.Transport{MaxIdleConnsPerHost: 64}
+	if r.CACert != "" {
+		pem, err := os.ReadFile(r.CACert)
+		if err != nil {
+			return nil, fmt.Errorf("CA certificate: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("CA certificate %s has no PEM certificate: %w", r.CACert, errdefs.ErrInvalidArgument)
+		}
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	return &Client{socket: r.Host, base: strings.TrimSuffix(r.Host, "/"), token: r.Token, http: &http.Client{Transport: tr}}, nil
 }
 
 // Error is a problem returned by the daemon. It unwraps to the errdefs class
@@ -51,7 +91,7 @@ func (e *Error) Unwrap() error { return errdefs.FromCode(e.Code) }
 var ErrDaemonNotRunning = errors.New("forkd daemon is not running")
 
 func (c *Client) url(path string, q url.Values) string {
-	u := "http://forkd" + path
+	u := c.base + path
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
@@ -66,9 +106,12 @@ func (c *Client) send(ctx context.Context, method, path string, q url.Values, bo
 	for k, v := range hdr {
 		req.Header[k] = v
 	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+		if c.token == "" && (errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)) {
 			return nil, fmt.Errorf("%w at %s: start it with `forkd daemon start` (or `forkd serve`): %w", ErrDaemonNotRunning, c.socket, errdefs.ErrUnavailable)
 		}
 		return nil, fmt.Errorf("forkd daemon at %s: %w", c.socket, err)
@@ -170,13 +213,42 @@ func (c *Client) progress(ctx context.Context, path string, in any, onMsg func(s
 	return apiv1.Progress{}, fmt.Errorf("progress stream ended without a result (daemon died?): %w", errdefs.ErrUnavailable)
 }
 
-// BuildImage builds a recipe's image, reporting progress lines.
+// BuildImage builds a recipe's image: it starts the build operation and
+// polls it, reporting progress lines, until it ends.
 func (c *Client) BuildImage(ctx context.Context, recipe string, onMsg func(string)) (apiv1.Image, error) {
-	p, err := c.progress(ctx, "/v1/images", apiv1.BuildImageRequest{Recipe: recipe}, onMsg)
-	if err != nil {
+	var op apiv1.Operation
+	if err := c.call(ctx, http.MethodPost, "/v1/images", nil, apiv1.BuildImageRequest{Recipe: recipe}, &op); err != nil {
 		return apiv1.Image{}, err
 	}
-	return *p.Image, nil
+	seen := 0
+	for {
+		if onMsg != nil {
+			for ; seen < len(op.Progress); seen++ {
+				onMsg(op.Progress[seen])
+			}
+		}
+		switch op.State {
+		case apiv1.OpFailed:
+			if op.Error == nil {
+				return apiv1.Image{}, fmt.Errorf("image build failed: %w", errdefs.ErrInternal)
+			}
+			return apiv1.Image{}, &Error{*op.Error}
+		case apiv1.OpSucceeded:
+			var img apiv1.Image
+			if err := json.Unmarshal(op.Result, &img); err != nil {
+				return img, fmt.Errorf("decode build result: %w", err)
+			}
+			return img, nil
+		}
+		select {
+		case <-ctx.Done():
+			return apiv1.Image{}, ctx.Err()
+		case <-time.After(300 * time.Millisecond):
+		}
+		if err := c.call(ctx, http.MethodGet, "/v1/operations/"+url.PathEscape(op.ID), nil, nil, &op); err != nil {
+			return apiv1.Image{}, err
+		}
+	}
 }
 
 // CreateSnapshot makes a warmed template snapshot.

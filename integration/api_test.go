@@ -1,0 +1,134 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/snapshot"
+)
+
+// unixHTTP is a raw HTTP client for the daemon's socket, to check wire
+// formats the CLI does not use.
+func unixHTTP(sock string) *http.Client {
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}}
+}
+
+// TestAPIFormats checks the exec answer formats (NDJSON, SSE, buffered
+// JSON), problem+json errors with request ids, label filters and the image
+// build operation.
+func TestAPIFormats(t *testing.T) {
+	c := newCLI(t)
+	tag := "it-api-" + snapshot.NewID()
+	c.ok("snapshot", "create", "--tag", tag, "--recipe", "minimal")
+	defer c.run("rmi", tag)
+	var fr apiv1.ForkResponse
+	json.Unmarshal([]byte(c.ok("fork", "--tag", tag, "-n", "1", "--label", "team=it", "--timeout", "10m", "--json")), &fr)
+	if len(fr.Sandboxes) != 1 || fr.Sandboxes[0].Metadata["team"] != "it" || fr.Sandboxes[0].ExpiresAt == nil {
+		t.Fatalf("fork with labels and timeout: %+v", fr)
+	}
+	id := fr.Sandboxes[0].ID
+	hc := unixHTTP(filepath.Join(c.runDir, "forkd.sock"))
+	execReq := func(accept string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, "http://forkd/v1/sandboxes/"+id+"/exec", nil)
+		req.Header.Set(apiv1.ExecHeader, `{"shell":"echo out; echo err >&2; exit 4"}`)
+		if accept != "" {
+			req.Header.Set("Accept", accept)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+
+	resp := execReq("application/json")
+	var res apiv1.ExecResult
+	json.NewDecoder(resp.Body).Decode(&res)
+	resp.Body.Close()
+	if res.Stdout != "out\n" || res.Stderr != "err\n" || res.ExitCode != 4 {
+		t.Fatalf("buffered exec: %+v", res)
+	}
+
+	resp = execReq("text/event-stream")
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.Header.Get("Content-Type") != "text/event-stream" || !strings.Contains(string(body), "event: exit\ndata: ") || !strings.Contains(string(body), `"exit_code":4`) {
+		t.Fatalf("SSE exec: %s\n%s", resp.Header.Get("Content-Type"), body)
+	}
+
+	resp = execReq("")
+	sc := bufio.NewScanner(resp.Body)
+	var last apiv1.ExecEvent
+	for sc.Scan() {
+		json.Unmarshal(sc.Bytes(), &last)
+	}
+	resp.Body.Close()
+	if last.Type != "exit" || last.ExitCode != 4 {
+		t.Fatalf("NDJSON exec ended with %+v", last)
+	}
+
+	// Errors are problem+json with the request id, also for bad JSON.
+	req, _ := http.NewRequest(http.MethodPost, "http://forkd/v1/sandboxes", strings.NewReader(`{"tag":`))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p apiv1.Problem
+	json.NewDecoder(resp.Body).Decode(&p)
+	resp.Body.Close()
+	if resp.StatusCode != 400 || resp.Header.Get("Content-Type") != "application/problem+json" || p.RequestID == "" || p.RequestID != resp.Header.Get("X-Request-Id") {
+		t.Fatalf("malformed JSON: %d %s %+v", resp.StatusCode, resp.Header.Get("Content-Type"), p)
+	}
+
+	// Label filter.
+	var sbs []apiv1.Sandbox
+	json.Unmarshal([]byte(c.ok("ls", "--label", "team=it", "--json")), &sbs)
+	if len(sbs) != 1 {
+		t.Fatalf("ls --label team=it: %+v", sbs)
+	}
+	json.Unmarshal([]byte(c.ok("ls", "--label", "team=other", "--json")), &sbs)
+	if len(sbs) != 0 {
+		t.Fatalf("ls --label team=other: %+v", sbs)
+	}
+
+	// Image build is an operation the CLI polls to the end.
+	start := time.Now()
+	out := c.ok("image", "build", "minimal", "--json")
+	var img apiv1.Image
+	if err := json.Unmarshal([]byte(out), &img); err != nil || img.Recipe != "minimal" || len(img.Digest) != 64 {
+		t.Fatalf("image build: %v %s", err, out)
+	}
+	var ops []apiv1.Operation
+	json.Unmarshal([]byte(c.okRaw(hc, "/v1/operations")), &ops)
+	if len(ops) == 0 || ops[len(ops)-1].State != apiv1.OpSucceeded {
+		t.Fatalf("operations after a build (%s): %+v", time.Since(start), ops)
+	}
+}
+
+func (c *cli) okRaw(hc *http.Client, path string) string {
+	c.t.Helper()
+	resp, err := hc.Get("http://forkd" + path)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		c.t.Fatalf("GET %s: %d %s", path, resp.StatusCode, data)
+	}
+	return string(data)
+}
