@@ -237,3 +237,45 @@ func Lookup(name string) (Constructor, error) {
 	}
 	return c, nil
 }
+
+// ProcessIdentity identifies a VMM process across daemon restarts. A PID
+// alone can be reused by an unrelated process once the VMM has exited; the
+// PID plus the process start time (field 22 of /proc/PID/stat, in clock
+// ticks since boot) cannot.
+type ProcessIdentity struct {
+	PID       int
+	StartTime uint64
+}
+
+// Identifiable is implemented by machines that can report the identity of
+// their VMM process, for the engine to record so that a later daemon can
+// adopt the process (see Adopter). The identity stays valid after the
+// process has exited (PID then returns 0).
+type Identifiable interface {
+	ProcessIdentity() ProcessIdentity
+}
+
+// AdoptSpec describes a running VMM process, started by an earlier daemon,
+// to take over: the configuration its Machine reported (Machine.Config)
+// and the identity it reported (Identifiable).
+type AdoptSpec struct {
+	MachineConfig
+	Process ProcessIdentity
+}
+
+// Adopter is an optional Driver capability: taking over a VMM process that
+// an earlier daemon started and left running (a restart, or a daemon killed
+// with SIGKILL). Callers type-assert for it; a driver without it cannot
+// adopt, and its VMMs should not outlive the daemon.
+//
+// Adopt returns a running machine that behaves as one the driver started,
+// except that its exit status is unknown (the daemon is not the process's
+// parent). It fails with an errdefs.ErrNotFound-class error when the process
+// is gone or is not the one recorded (its PID was reused). A process that is
+// the recorded VMM but cannot be taken over (its control socket does not
+// answer, or it is not running a guest) is killed, and Adopt fails with an
+// errdefs.ErrUnavailable-class error saying why: nothing is left running
+// that no daemon accounts for.
+type Adopter interface {
+	Adopt(ctx context.Context, spec AdoptSpec) (Machine, error)
+}

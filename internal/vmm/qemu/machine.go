@@ -46,7 +46,8 @@ const detailBytes = 2048
 type Machine struct {
 	d        *Driver
 	cfg      vmm.MachineConfig
-	cmd      *exec.Cmd
+	proc     process // the QEMU process: a child (started) or a pidfd (adopted)
+	ident    vmm.ProcessIdentity
 	incoming bool
 	qmp      *qmp.Client   // set once connected (under mu), before the machine is handed out
 	qmpReady time.Duration // process start to QMP ready
@@ -65,10 +66,35 @@ type Machine struct {
 	events    chan struct{} // closed when watchEvents has seen the last event
 }
 
-var _ vmm.Machine = (*Machine)(nil)
+var (
+	_ vmm.Machine      = (*Machine)(nil)
+	_ vmm.Identifiable = (*Machine)(nil)
+)
 
-func newMachine(d *Driver, cfg vmm.MachineConfig, cmd *exec.Cmd, incoming bool) *Machine {
-	m := &Machine{d: d, cfg: cfg, cmd: cmd, incoming: incoming, done: make(chan struct{})}
+// process is the QEMU process behind a Machine.
+type process interface {
+	// wait blocks until the process has exited and says how it ended.
+	wait() error
+	// kill sends SIGKILL; a process that has exited is no error.
+	kill() error
+}
+
+// child is a QEMU process this daemon started: it waits for it as its
+// parent and learns its exit status.
+type child struct{ cmd *exec.Cmd }
+
+func (c child) wait() error { return c.cmd.Wait() }
+
+func (c child) kill() error {
+	// os.Process signals through a pidfd: never a recycled PID.
+	if err := c.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	return nil
+}
+
+func newMachine(d *Driver, cfg vmm.MachineConfig, proc process, incoming bool) *Machine {
+	m := &Machine{d: d, cfg: cfg, proc: proc, incoming: incoming, done: make(chan struct{})}
 	m.exitCtx, m.exited = context.WithCancel(context.Background())
 	return m
 }
@@ -86,6 +112,11 @@ func (m *Machine) PID() int {
 	defer m.mu.Unlock()
 	return m.pid
 }
+
+// ProcessIdentity is the QEMU process's PID and start time, recorded so
+// that a later daemon can adopt it (Driver.Adopt). It stays the same after
+// the process has exited.
+func (m *Machine) ProcessIdentity() vmm.ProcessIdentity { return m.ident }
 
 // QMP is the machine's QMP session, for queries the driver does not wrap.
 func (m *Machine) QMP() *qmp.Client { return m.qmp }
@@ -133,7 +164,7 @@ func (m *Machine) transition(op string, next state, from ...state) error {
 // reap waits for the process, records why it ended and cleans up the run
 // directory's sockets.
 func (m *Machine) reap() {
-	werr := m.cmd.Wait()
+	werr := m.proc.wait()
 	m.exited()
 	m.mu.Lock()
 	c, events := m.qmp, m.events
@@ -285,8 +316,7 @@ func (m *Machine) Kill() error {
 	m.mu.Lock()
 	m.requested = true
 	m.mu.Unlock()
-	// os.Process signals through a pidfd: never a recycled PID.
-	if err := m.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	if err := m.proc.kill(); err != nil {
 		return fmt.Errorf("qemu %s: kill: %w", m.cfg.ID, err)
 	}
 	return nil

@@ -169,12 +169,20 @@ func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile str
 	if d.cfg.KillOnParentDeath {
 		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	}
-	m := newMachine(d, cfg, cmd, incoming)
+	m := newMachine(d, cfg, child{cmd}, incoming)
 	if err := d.spawn(cmd, cfg.Network); err != nil {
 		return nil, fmt.Errorf("qemu %s: start %s: %w", cfg.ID, d.binary, err)
 	}
 	spawned := time.Now()
 	m.pid = cmd.Process.Pid // before the reaper runs, which zeroes it
+	// Read while the unreaped child holds its PID: the identity a later
+	// daemon verifies before adopting it.
+	m.ident = vmm.ProcessIdentity{PID: m.pid}
+	if st, err := readProcStat(m.pid); err == nil {
+		m.ident.StartTime = st.startTime
+	} else {
+		d.log.Warn("vmm start time unknown; a later daemon cannot adopt it", "id", cfg.ID, "err", err)
+	}
 	go m.reap()
 	undo.Push(func(ctx context.Context) error {
 		m.Kill()
@@ -230,13 +238,19 @@ func (m *Machine) connect(ctx context.Context) error {
 	if err != nil {
 		return m.failure("connect QMP", err)
 	}
+	m.attach(c)
+	return nil
+}
+
+// attach makes c the machine's QMP session and starts recording the
+// reasons of SHUTDOWN events.
+func (m *Machine) attach(c *qmp.Client) {
 	events := make(chan struct{})
 	sub := c.SubscribeNames("SHUTDOWN")
 	m.mu.Lock()
 	m.qmp, m.events = c, events
 	m.mu.Unlock()
 	go m.watchEvents(sub, events)
-	return nil
 }
 
 // passFile opens path and hands its descriptor to QEMU as stateFD.
