@@ -34,6 +34,9 @@ func newCLI(t *testing.T) *cli {
 		"FORKD_NETNS_PREFIX=fkc"+snapshot.NewID()[:4]+"-",
 	)}
 	t.Cleanup(func() {
+		// Sandboxes outlive a stopped daemon (the next one re-adopts
+		// them), so end them first.
+		c.run("--no-autostart", "kill", "--all")
 		c.run("daemon", "stop")
 		os.RemoveAll(runDir)
 	})

@@ -99,7 +99,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			return g.startDaemon(cmd.Context())
 		},
 	}, &cobra.Command{
-		Use: "stop", Short: "Stop the daemon (its sandboxes stop with it)", Args: cobra.NoArgs,
+		Use: "stop", Short: "Stop the daemon (sandboxes keep running unless it was started with --stop-sandboxes; the next daemon re-adopts them)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			pid := daemonPID(g)
 			if pid == 0 || syscall.Kill(pid, 0) != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/client"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/sandbox"
+	"github.com/forkd-dev/forkd/internal/state"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -60,8 +61,9 @@ func recipeDirs(dataDir string) []string {
 	return append(dirs, filepath.Join(dataDir, "recipes"))
 }
 
-// newEngine builds the engine the daemon (and `forkd bench`) runs.
-func (g *globals) newEngine(runDir, netnsPrefix string, log *slog.Logger) (*sandbox.Engine, vmm.Constructor, error) {
+// newEngine builds the engine the daemon (and `forkd bench`) runs. With a
+// state store, sandboxes are recorded and re-adopted across restarts.
+func (g *globals) newEngine(runDir, netnsPrefix string, log *slog.Logger, st *state.Store) (*sandbox.Engine, vmm.Constructor, error) {
 	if os.Geteuid() != 0 {
 		return nil, vmm.Constructor{}, fmt.Errorf("the forkd daemon needs root (network namespaces, tap devices); run it with sudo: %w", errdefs.ErrFailedPrecondition)
 	}
@@ -82,6 +84,7 @@ func (g *globals) newEngine(runDir, netnsPrefix string, log *slog.Logger) (*sand
 		RecipeDirs: recipeDirs(g.dataDir), AgentBinary: agent, PoolSize: g.poolSize,
 		NetNSPrefix: netnsPrefix, Logger: log, MaxForkCount: g.maxFork, MaxSandboxes: g.maxSandboxes,
 		MaxConcurrentBuilds: g.maxBuilds,
+		State:               st, KeepSandboxesOnClose: st != nil && !g.stopSandboxes,
 	})
 	return e, ctor, err
 }
@@ -113,7 +116,15 @@ func serveCmd(g *globals) *cobra.Command {
 				return fmt.Errorf("a forkd daemon already answers on %s: %w", sock, errdefs.ErrAlreadyExists)
 			}
 			os.Remove(sock) // stale socket of a dead daemon
-			e, ctor, err := g.newEngine(g.runDir, netnsPrefix, log)
+			if err := os.MkdirAll(g.dataDir, 0o700); err != nil {
+				return err
+			}
+			st, err := state.Open(filepath.Join(g.dataDir, "state.db"))
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			e, ctor, err := g.newEngine(g.runDir, netnsPrefix, log, st)
 			if err != nil {
 				return err
 			}
@@ -134,7 +145,11 @@ func serveCmd(g *globals) *cobra.Command {
 			select {
 			case err = <-errc:
 			case <-ctx.Done():
-				log.Info("shutting down: finishing in-flight requests, stopping sandboxes")
+				if g.stopSandboxes {
+					log.Info("shutting down: finishing in-flight requests, stopping sandboxes")
+				} else {
+					log.Info("shutting down: finishing in-flight requests; sandboxes keep running for the next daemon")
+				}
 			}
 			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -157,5 +172,6 @@ func serveCmd(g *globals) *cobra.Command {
 	f.IntVar(&g.maxFork, "max-fork", 100, "most sandboxes one fork request may create")
 	f.IntVar(&g.maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: no limit)")
 	f.IntVar(&g.maxBuilds, "max-builds", 2, "most image builds and snapshot creations at once")
+	f.BoolVar(&g.stopSandboxes, "stop-sandboxes", false, "stop every sandbox when the daemon stops (default: they keep running and the next daemon re-adopts them)")
 	return cmd
 }

@@ -38,6 +38,9 @@ type globals struct {
 	maxFork      int
 	maxSandboxes int
 	maxBuilds    int
+	// stopSandboxes: serve stops sandboxes on exit instead of leaving them
+	// for the next daemon.
+	stopSandboxes bool
 }
 
 func envOr(key, def string) string {

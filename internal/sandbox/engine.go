@@ -16,16 +16,14 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/image"
-	"github.com/forkd-dev/forkd/internal/netns"
 	"github.com/forkd-dev/forkd/internal/recipe"
 	"github.com/forkd-dev/forkd/internal/snapshot"
+	"github.com/forkd-dev/forkd/internal/state"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -59,6 +57,12 @@ type Config struct {
 	Logger      *slog.Logger
 	// OnEvent, if set, is told about lifecycle events (died, expired).
 	OnEvent func(Event)
+	// State, if set, records every sandbox durably, so a restarted daemon
+	// re-adopts running VMMs instead of killing them.
+	State *state.Store
+	// KeepSandboxesOnClose leaves sandbox VMMs running when the engine
+	// closes (a daemon restart re-adopts them). Pooled VMMs always go.
+	KeepSandboxesOnClose bool
 }
 
 // Engine owns sandboxes, pools and the snapshot store.
@@ -123,7 +127,8 @@ func New(cfg Config) (*Engine, error) {
 		sandboxes: map[string]*Sandbox{},
 		pools:     map[string]*pool{},
 	}
-	e.reapLeftovers()
+	keep := e.adoptRecorded()
+	e.reapLeftovers(keep)
 	jctx, cancel := context.WithCancel(context.Background())
 	e.stopJanitor = cancel
 	go e.janitor(jctx)
@@ -139,44 +144,9 @@ func (e *Engine) Driver() vmm.Driver { return e.cfg.Driver }
 // Config returns the engine's configuration.
 func (e *Engine) Config() Config { return e.cfg }
 
-// reapLeftovers kills VMM processes and removes network namespaces that a
-// previous daemon of this run dir left behind (it crashed, or was killed).
-// Re-adopting them instead is the restart-safe state work (issue 3); until
-// then an unowned VMM is never left running.
-func (e *Engine) reapLeftovers() {
-	vmsDir := filepath.Join(e.cfg.RunDir, "vms") + "/"
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		data, err := os.ReadFile(p)
-		if err != nil || !strings.Contains(string(data), vmsDir) {
-			continue
-		}
-		var pid int
-		fmt.Sscanf(strings.TrimPrefix(p, "/proc/"), "%d", &pid)
-		if pid > 0 && pid != os.Getpid() {
-			e.log.Warn("killing VMM left by a previous daemon", "pid", pid)
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
-	entries, _ := os.ReadDir(filepath.Join(e.cfg.RunDir, "vms"))
-	for _, ent := range entries {
-		os.RemoveAll(filepath.Join(e.cfg.RunDir, "vms", ent.Name()))
-	}
-	if names, err := netns.List(e.cfg.NetNSPrefix); err == nil {
-		for _, n := range names {
-			ns, err := netns.Open(n, netns.DefaultTap)
-			if err == nil {
-				err = ns.Remove()
-			}
-			if err != nil {
-				e.log.Warn("removing leftover network namespace", "netns", n, "err", err)
-			}
-		}
-	}
-}
-
-// Close stops every sandbox and pooled VMM. Re-adoption across daemon
-// restarts is not implemented yet, so sandboxes do not outlive the daemon.
+// Close releases the engine: pooled VMMs are discarded; sandboxes are
+// stopped, or with KeepSandboxesOnClose left running for the next daemon
+// to adopt (their state is recorded).
 func (e *Engine) Close(ctx context.Context) error {
 	e.mu.Lock()
 	if e.closed {
@@ -199,9 +169,11 @@ func (e *Engine) Close(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); p.close(ctx) }()
 	}
-	for _, s := range sbs {
-		wg.Add(1)
-		go func() { defer wg.Done(); s.kill(ctx, "daemon shutting down") }()
+	if !e.cfg.KeepSandboxesOnClose {
+		for _, s := range sbs {
+			wg.Add(1)
+			go func() { defer wg.Done(); s.kill(ctx, "daemon shutting down"); e.unpersist(s.ID) }()
+		}
 	}
 	wg.Wait()
 	return nil

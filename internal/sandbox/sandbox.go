@@ -33,7 +33,8 @@ type Sandbox struct {
 	Pooled      bool
 	GuestIP     string
 
-	machine vmm.Machine
+	machine vmm.Machine // nil for a dead sandbox recorded by an earlier daemon
+	pid     int
 	netns   string
 	conn    net.Conn
 	session *agentconn.Session
@@ -82,7 +83,7 @@ func (s *Sandbox) Info() apiv1.Sandbox {
 	defer s.mu.Unlock()
 	return apiv1.Sandbox{
 		ID: s.ID, Tag: s.Tag, State: s.state, Created: s.Created,
-		ReadyMillis: s.ReadyMillis, Pooled: s.Pooled, PID: s.machine.PID(),
+		ReadyMillis: s.ReadyMillis, Pooled: s.Pooled, PID: s.pid,
 		NetNS: s.netns, GuestIP: s.GuestIP,
 		DeadReason: s.deadReason, ConsoleTail: s.consoleTail,
 		Metadata: s.labels, IdleTimeoutSeconds: int64(s.idleTimeout / time.Second),
@@ -99,7 +100,7 @@ func expiresAt(t time.Time) *time.Time {
 }
 
 // PID of the sandbox's VMM process.
-func (s *Sandbox) PID() int { return s.machine.PID() }
+func (s *Sandbox) PID() int { return s.pid }
 
 // watch waits for the VMM to exit and records why. A VMM that exits without
 // a kill request makes the sandbox dead, with the tail of its console.
@@ -127,10 +128,13 @@ func (s *Sandbox) watch(e *Engine) {
 		s.session.Close()
 	}
 	cleanup.Run(context.Background(), s.teardown)
-	close(s.exited)
 	if s.State() == apiv1.StateStopped {
+		e.unpersist(s.ID)
 		e.forget(s.ID)
+	} else if err := e.persist(s); err != nil {
+		e.log.Error("recording dead sandbox", "sandbox_id", s.ID, "err", err)
 	}
+	close(s.exited)
 }
 
 // kill stops the VMM and waits for teardown.
@@ -139,7 +143,7 @@ func (s *Sandbox) kill(ctx context.Context, why string) {
 	already := s.state != apiv1.StateRunning
 	s.killed = true
 	s.mu.Unlock()
-	if !already {
+	if !already && s.machine != nil {
 		s.machine.Kill()
 	}
 	select {
@@ -222,6 +226,7 @@ func (e *Engine) Kill(ctx context.Context, ids []string) ([]string, error) {
 		go func() {
 			defer wg.Done()
 			s.kill(ctx, "killed on request")
+			e.unpersist(s.ID)
 			e.forget(s.ID)
 		}()
 	}

@@ -198,7 +198,7 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 	s := &Sandbox{
 		ID: pv.id, Tag: p.snap.Tag, SnapshotID: p.snap.ID, Created: time.Now().UTC(),
 		ReadyMillis: since(start), Pooled: pooled, GuestIP: p.snap.Network.GuestIP,
-		machine: pv.machine, netns: pv.netns, conn: pv.conn, session: sess,
+		machine: pv.machine, pid: pv.machine.PID(), netns: pv.netns, conn: pv.conn, session: sess,
 		agent: agentclient.New(sess), teardown: pv.teardown,
 		state: apiv1.StateRunning, exited: make(chan struct{}),
 		labels: opts.Labels, idleTimeout: opts.IdleTimeout,
@@ -207,7 +207,14 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 		s.expiresAt = s.Created.Add(opts.Timeout)
 	}
 	s.touch()
+	// Durable before it is listed or reported: a daemon killed from here on
+	// re-adopts this sandbox.
+	if err := e.persist(s); err != nil {
+		sess.Close()
+		return nil, err
+	}
 	if err := e.register(s); err != nil {
+		e.unpersist(s.ID)
 		sess.Close()
 		return nil, err
 	}

@@ -28,6 +28,10 @@ type SandboxRecord struct {
 	NetNS       string            `json:"netns,omitempty"`
 	GuestIP     string            `json:"guest_ip,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`
+	// ExpiresAt is the absolute timeout (zero: none); IdleTimeoutSeconds
+	// the idle one (0: none). A later daemon keeps enforcing both.
+	ExpiresAt          time.Time `json:"expires_at,omitempty"`
+	IdleTimeoutSeconds int64     `json:"idle_timeout_s,omitempty"`
 	// VMM is the driver that started the machine ("qemu"): only it can
 	// adopt the process.
 	VMM string `json:"vmm"`

@@ -1,0 +1,236 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/agentclient"
+	"github.com/forkd-dev/forkd/internal/agentconn"
+	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/netns"
+	"github.com/forkd-dev/forkd/internal/state"
+	"github.com/forkd-dev/forkd/internal/vmm"
+)
+
+// adoptTimeout bounds re-attaching one sandbox at start-up.
+const adoptTimeout = 30 * time.Second
+
+// record renders a sandbox for the state store.
+func (e *Engine) record(s *Sandbox) state.SandboxRecord {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec := state.SandboxRecord{
+		ID: s.ID, Tag: s.Tag, SnapshotID: s.SnapshotID, Created: s.Created,
+		ReadyMillis: s.ReadyMillis, Pooled: s.Pooled, State: s.state,
+		DeadReason: s.deadReason, ConsoleTail: s.consoleTail, NetNS: s.netns, GuestIP: s.GuestIP,
+		Labels: s.labels, ExpiresAt: s.expiresAt, IdleTimeoutSeconds: int64(s.idleTimeout / time.Second),
+		VMM: e.cfg.Driver.Name(), Process: vmm.ProcessIdentity{PID: s.pid},
+	}
+	if s.machine != nil {
+		rec.Machine = s.machine.Config()
+		if id, ok := s.machine.(vmm.Identifiable); ok {
+			rec.Process = id.ProcessIdentity()
+		}
+	}
+	return rec
+}
+
+// persist writes the sandbox's record; it returns once it is durable. A
+// sandbox is reported as created only after this succeeded.
+func (e *Engine) persist(s *Sandbox) error {
+	if e.cfg.State == nil {
+		return nil
+	}
+	if err := e.cfg.State.PutSandbox(e.record(s)); err != nil {
+		return fmt.Errorf("sandbox %s: record state: %w", s.ID, err)
+	}
+	return nil
+}
+
+func (e *Engine) unpersist(id string) {
+	if e.cfg.State == nil {
+		return
+	}
+	if err := e.cfg.State.DeleteSandbox(id); err != nil {
+		e.log.Error("removing sandbox record", "sandbox_id", id, "err", err)
+	}
+}
+
+// adoptRecorded takes over the sandboxes an earlier daemon recorded: each
+// running one is adopted (VMM identity verified, QMP and agent
+// reconnected), one whose VMM is gone is marked dead with the reason. It
+// returns the ids whose VMM, run dir and namespace must be kept.
+func (e *Engine) adoptRecorded() map[string]bool {
+	keep := map[string]bool{}
+	if e.cfg.State == nil {
+		return keep
+	}
+	recs, err := e.cfg.State.Sandboxes()
+	if err != nil {
+		e.log.Error("reading sandbox records", "err", err)
+		return keep
+	}
+	for _, rec := range recs {
+		if rec.State != apiv1.StateRunning {
+			e.registerDead(rec)
+			continue
+		}
+		s, err := e.adoptOne(rec)
+		if err != nil {
+			rec.State = apiv1.StateDead
+			rec.DeadReason = "VMM lost while the daemon was down: " + err.Error()
+			e.log.Warn("sandbox lost across restart", "sandbox_id", rec.ID, "err", err)
+			e.registerDead(rec)
+			if perr := e.cfg.State.PutSandbox(rec); perr != nil {
+				e.log.Error("recording dead sandbox", "sandbox_id", rec.ID, "err", perr)
+			}
+			if e.cfg.OnEvent != nil {
+				e.cfg.OnEvent(Event{Kind: EventDied, SandboxID: rec.ID, Reason: rec.DeadReason})
+			}
+			continue
+		}
+		keep[rec.ID] = true
+		e.log.Info("sandbox adopted", "sandbox_id", s.ID, "pid", s.pid)
+	}
+	return keep
+}
+
+func (e *Engine) adoptOne(rec state.SandboxRecord) (_ *Sandbox, err error) {
+	adopter, ok := e.cfg.Driver.(vmm.Adopter)
+	if !ok || rec.VMM != e.cfg.Driver.Name() {
+		return nil, fmt.Errorf("VMM driver %q cannot adopt a %q VMM", e.cfg.Driver.Name(), rec.VMM)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), adoptTimeout)
+	defer cancel()
+	m, err := adopter.Adopt(ctx, rec.AdoptSpec())
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			m.Kill()
+		}
+	}()
+	conn, err := m.DialAgent(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	// A new session with the same identity: the agent dropped the old
+	// daemon's session when its connection went away.
+	sess, _, err := agentconn.Dial(ctx, conn, agentapi.Hello{Identity: newIdentity(rec.ID)})
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("agent did not answer: %w", err)
+	}
+	s := &Sandbox{
+		ID: rec.ID, Tag: rec.Tag, SnapshotID: rec.SnapshotID, Created: rec.Created,
+		ReadyMillis: rec.ReadyMillis, Pooled: rec.Pooled, GuestIP: rec.GuestIP,
+		machine: m, pid: m.PID(), netns: rec.NetNS, conn: conn, session: sess, agent: agentclient.New(sess),
+		teardown: e.sandboxTeardown(rec.NetNS, rec.Machine.RunDir, conn),
+		state:    apiv1.StateRunning, exited: make(chan struct{}),
+		labels: rec.Labels, expiresAt: rec.ExpiresAt, idleTimeout: time.Duration(rec.IdleTimeoutSeconds) * time.Second,
+	}
+	s.touch()
+	if err := e.register(s); err != nil {
+		sess.Close()
+		return nil, err
+	}
+	go s.watch(e)
+	return s, nil
+}
+
+// sandboxTeardown is what a sandbox's end releases besides its VMM.
+func (e *Engine) sandboxTeardown(nsName, runDir string, conn interface{ Close() error }) []func(context.Context) error {
+	return []func(context.Context) error{
+		removeAllStep(runDir),
+		func(context.Context) error {
+			ns, err := netns.Open(nsName, netns.DefaultTap)
+			if err != nil {
+				return nil // already gone
+			}
+			return ns.Remove()
+		},
+		func(context.Context) error { return conn.Close() },
+	}
+}
+
+// registerDead lists a recorded dead sandbox (it has no VMM) until killed.
+func (e *Engine) registerDead(rec state.SandboxRecord) {
+	s := &Sandbox{
+		ID: rec.ID, Tag: rec.Tag, SnapshotID: rec.SnapshotID, Created: rec.Created,
+		ReadyMillis: rec.ReadyMillis, Pooled: rec.Pooled, GuestIP: rec.GuestIP, pid: rec.Process.PID,
+		netns: rec.NetNS, state: apiv1.StateDead, deadReason: rec.DeadReason, consoleTail: rec.ConsoleTail,
+		labels: rec.Labels, exited: make(chan struct{}),
+	}
+	close(s.exited)
+	cleanupDeadResources(rec)
+	e.mu.Lock()
+	e.sandboxes[s.ID] = s
+	e.mu.Unlock()
+}
+
+func cleanupDeadResources(rec state.SandboxRecord) {
+	if rec.Machine.RunDir != "" {
+		os.RemoveAll(rec.Machine.RunDir)
+	}
+	if rec.NetNS != "" {
+		if ns, err := netns.Open(rec.NetNS, netns.DefaultTap); err == nil {
+			ns.Remove()
+		}
+	}
+}
+
+// reapLeftovers kills VMM processes and removes run dirs and network
+// namespaces of this engine that no adopted sandbox owns: what a crashed
+// daemon was preparing (pooled VMMs, forks in flight) or never recorded.
+// No VMM is left without an owner.
+func (e *Engine) reapLeftovers(keep map[string]bool) {
+	vmsDir := filepath.Join(e.cfg.RunDir, "vms") + "/"
+	owned := func(s string) bool {
+		for id := range keep {
+			if strings.Contains(s, vmsDir+id+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		data, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(data), vmsDir) || owned(string(data)) {
+			continue
+		}
+		var pid int
+		fmt.Sscanf(strings.TrimPrefix(p, "/proc/"), "%d", &pid)
+		if pid > 0 && pid != os.Getpid() {
+			e.log.Warn("killing a VMM no sandbox owns (left by a previous daemon)", "pid", pid)
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	entries, _ := os.ReadDir(filepath.Join(e.cfg.RunDir, "vms"))
+	for _, ent := range entries {
+		if !keep[ent.Name()] {
+			os.RemoveAll(filepath.Join(e.cfg.RunDir, "vms", ent.Name()))
+		}
+	}
+	if names, err := netns.List(e.cfg.NetNSPrefix); err == nil {
+		for _, n := range names {
+			if keep[strings.TrimPrefix(n, e.cfg.NetNSPrefix)] {
+				continue
+			}
+			ns, err := netns.Open(n, netns.DefaultTap)
+			if err == nil {
+				err = ns.Remove()
+			}
+			if err != nil {
+				e.log.Warn("removing leftover network namespace", "netns", n, "err", err)
+			}
+		}
+	}
+}
