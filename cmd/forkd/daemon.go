@@ -131,6 +131,10 @@ func serveCmd(g *globals) *cobra.Command {
 			srv := &api.Server{Engine: e, Version: version, Log: log, Checks: func(ctx context.Context) []vmm.Check {
 				return ctor.Checks(ctx, vmm.Options{Accel: vmm.Accel(g.accel)})
 			}}
+			if err := srv.LoadOperations(st); err != nil {
+				e.Close(context.Background())
+				return err
+			}
 			ln, err := net.Listen("unix", sock)
 			if err != nil {
 				e.Close(context.Background())

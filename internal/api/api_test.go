@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/state"
 )
 
 func TestStatusOfEveryClass(t *testing.T) {
@@ -97,5 +99,32 @@ func TestRetryAfterOnCapacityErrors(t *testing.T) {
 		if got := rec.Header().Get("Retry-After"); got != want {
 			t.Errorf("%v: Retry-After %q, want %q", err, got, want)
 		}
+	}
+}
+
+func TestOperationsSurviveRestart(t *testing.T) {
+	store, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	var a operations
+	if err := a.load(store); err != nil {
+		t.Fatal(err)
+	}
+	done := a.start("image.build", "minimal")
+	a.update(done.ID, func(op *apiv1.Operation) { op.State, op.Result = apiv1.OpSucceeded, json.RawMessage(`{"digest":"x"}`) })
+	running := a.start("image.build", "py-pandas")
+
+	var b operations // the next daemon
+	if err := b.load(store); err != nil {
+		t.Fatal(err)
+	}
+	if op, ok := b.get(done.ID); !ok || op.State != apiv1.OpSucceeded || string(op.Result) != `{"digest":"x"}` {
+		t.Fatalf("finished operation after restart: %+v", op)
+	}
+	op, ok := b.get(running.ID)
+	if !ok || op.State != apiv1.OpFailed || op.Error == nil || !strings.Contains(op.Error.Detail, "daemon stopped") {
+		t.Fatalf("interrupted operation after restart: %+v", op)
 	}
 }

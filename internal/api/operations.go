@@ -12,6 +12,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/snapshot"
+	"github.com/forkd-dev/forkd/internal/state"
 )
 
 // maxOperations bounds the finished operations kept for polling; the oldest
@@ -21,9 +22,61 @@ const maxOperations = 256
 // operations tracks long-running requests (image builds) that outlive the
 // HTTP request that started them: the client polls GET /v1/operations/{id}.
 type operations struct {
+	// store, if set, keeps operations across daemon restarts.
+	store *state.Store
+
 	// mu guards the fields below.
 	mu  sync.Mutex
 	ops map[string]*apiv1.Operation
+}
+
+// load reads recorded operations; one still running belonged to a daemon
+// that died or stopped, and is marked failed.
+func (o *operations) load(store *state.Store) error {
+	o.store = store
+	recs, err := store.Operations()
+	if err != nil {
+		return err
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.ops == nil {
+		o.ops = map[string]*apiv1.Operation{}
+	}
+	for _, rec := range recs {
+		op := &apiv1.Operation{ID: rec.ID, Kind: rec.Kind, Target: rec.Target, State: rec.State,
+			Created: rec.Created, Updated: rec.Updated, Progress: rec.Progress, Result: rec.Result}
+		if rec.Error != "" {
+			var p apiv1.Problem
+			if json.Unmarshal([]byte(rec.Error), &p) != nil {
+				p = apiv1.Problem{Detail: rec.Error, Code: "internal", Status: 500}
+			}
+			op.Error = &p
+		}
+		if op.State == apiv1.OpRunning {
+			p := ProblemOf(fmt.Errorf("the daemon stopped during this %s; start it again: %w", op.Kind, errdefs.ErrUnavailable), "")
+			op.State, op.Error, op.Updated = apiv1.OpFailed, &p, time.Now().UTC()
+			o.persistLocked(op)
+		}
+		o.ops[op.ID] = op
+	}
+	return nil
+}
+
+// persistLocked records op; the caller holds mu. Failures are logged by
+// the store's caller only: an operation's record is best effort, the
+// build itself is unaffected.
+func (o *operations) persistLocked(op *apiv1.Operation) {
+	if o.store == nil {
+		return
+	}
+	rec := state.OperationRecord{ID: op.ID, Kind: op.Kind, State: op.State, Target: op.Target,
+		Created: op.Created, Updated: op.Updated, Progress: op.Progress, Result: op.Result}
+	if op.Error != nil {
+		data, _ := json.Marshal(op.Error)
+		rec.Error = string(data)
+	}
+	o.store.PutOperation(rec)
 }
 
 func (o *operations) start(kind, target string) *apiv1.Operation {
@@ -36,6 +89,7 @@ func (o *operations) start(kind, target string) *apiv1.Operation {
 	now := time.Now().UTC()
 	op := &apiv1.Operation{ID: "op-" + snapshot.NewID(), Kind: kind, Target: target, State: apiv1.OpRunning, Created: now, Updated: now, Progress: []string{}}
 	o.ops[op.ID] = op
+	o.persistLocked(op)
 	return op
 }
 
@@ -52,6 +106,9 @@ func (o *operations) pruneLocked() {
 	sort.Slice(done, func(i, j int) bool { return done[i].Updated.Before(done[j].Updated) })
 	for i := 0; i < len(done) && len(o.ops) >= maxOperations; i++ {
 		delete(o.ops, done[i].ID)
+		if o.store != nil {
+			o.store.DeleteOperation(done[i].ID)
+		}
 	}
 }
 
@@ -61,6 +118,10 @@ func (o *operations) update(id string, f func(op *apiv1.Operation)) {
 	if op := o.ops[id]; op != nil {
 		f(op)
 		op.Updated = time.Now().UTC()
+		// Progress lines are frequent; record state changes only.
+		if op.State != apiv1.OpRunning {
+			o.persistLocked(op)
+		}
 	}
 }
 

@@ -29,6 +29,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/image"
 	"github.com/forkd-dev/forkd/internal/sandbox"
 	"github.com/forkd-dev/forkd/internal/snapshot"
+	"github.com/forkd-dev/forkd/internal/state"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -45,6 +46,10 @@ type Server struct {
 
 	ops operations
 }
+
+// LoadOperations makes operations durable in store and reads those an
+// earlier daemon recorded. Call it before serving.
+func (s *Server) LoadOperations(store *state.Store) error { return s.ops.load(store) }
 
 type ctxKey struct{}
 
@@ -557,8 +562,8 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
 
 // Exec answer formats, chosen by the Accept header.
 const (
-	ndjson      = "application/x-ndjson"
-	sseType     = "text/event-stream"
+	ndjson  = "application/x-ndjson"
+	sseType = "text/event-stream"
 )
 
 // maxBufferedOutput bounds each of stdout and stderr in a buffered
