@@ -11,13 +11,16 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/forkd-dev/forkd/internal/api"
+	"github.com/forkd-dev/forkd/internal/auth"
 	"github.com/forkd-dev/forkd/internal/client"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/metrics"
 	"github.com/forkd-dev/forkd/internal/sandbox"
 	"github.com/forkd-dev/forkd/internal/state"
 	"github.com/forkd-dev/forkd/internal/vmm"
@@ -63,7 +66,7 @@ func recipeDirs(dataDir string) []string {
 
 // newEngine builds the engine the daemon (and `forkd bench`) runs. With a
 // state store, sandboxes are recorded and re-adopted across restarts.
-func (g *globals) newEngine(runDir, netnsPrefix string, log *slog.Logger, st *state.Store) (*sandbox.Engine, vmm.Constructor, error) {
+func (g *globals) newEngine(runDir, netnsPrefix string, log *slog.Logger, st *state.Store, m *metrics.Metrics) (*sandbox.Engine, vmm.Constructor, error) {
 	if os.Geteuid() != 0 {
 		return nil, vmm.Constructor{}, fmt.Errorf("the forkd daemon needs root (network namespaces, tap devices); run it with sudo: %w", errdefs.ErrFailedPrecondition)
 	}
@@ -83,14 +86,16 @@ func (g *globals) newEngine(runDir, netnsPrefix string, log *slog.Logger, st *st
 		DataDir: g.dataDir, RunDir: runDir, Driver: drv, Accel: vmm.Accel(g.accel),
 		RecipeDirs: recipeDirs(g.dataDir), AgentBinary: agent, PoolSize: g.poolSize,
 		NetNSPrefix: netnsPrefix, Logger: log, MaxForkCount: g.maxFork, MaxSandboxes: g.maxSandboxes,
-		MaxConcurrentBuilds: g.maxBuilds,
-		State:               st, KeepSandboxesOnClose: st != nil && !g.stopSandboxes,
+		MaxConcurrentBuilds: g.maxBuilds, Metrics: m,
+		State: st, KeepSandboxesOnClose: st != nil && !g.stopSandboxes,
 	})
 	return e, ctor, err
 }
 
 func serveCmd(g *globals) *cobra.Command {
 	var netnsPrefix, configPath string
+	var listen, tlsCert, tlsKey, tokenFile string
+	var insecure bool
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the daemon in the foreground (owns every VMM; API on a Unix socket)",
@@ -124,13 +129,36 @@ func serveCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer st.Close()
-			e, ctor, err := g.newEngine(g.runDir, netnsPrefix, log, st)
+			m := metrics.New(version)
+			e, ctor, err := g.newEngine(g.runDir, netnsPrefix, log, st, m)
 			if err != nil {
 				return err
 			}
-			srv := &api.Server{Engine: e, Version: version, Log: log, Checks: func(ctx context.Context) []vmm.Check {
+			srv := &api.Server{Engine: e, Version: version, Log: log, Metrics: m, Checks: func(ctx context.Context) []vmm.Check {
 				return ctor.Checks(ctx, vmm.Options{Accel: vmm.Accel(g.accel)})
 			}}
+			m.SetStateFunc(func() metrics.State { return engineState(e) })
+			var tln net.Listener
+			if listen != "" {
+				if tokenFile == "" {
+					tokenFile = filepath.Join(g.dataDir, auth.StoreFile)
+				}
+				first := filepath.Join(g.dataDir, auth.FirstTokenFile)
+				created, err := auth.EnsureFirst(tokenFile, first)
+				if err == nil {
+					srv.Tokens, err = auth.Open(tokenFile)
+				}
+				if err == nil {
+					tln, err = auth.Listen(auth.ListenConfig{Addr: listen, CertFile: tlsCert, KeyFile: tlsKey, Insecure: insecure})
+				}
+				if err != nil {
+					e.Close(context.Background())
+					return err
+				}
+				if created {
+					log.Info("created the first API token; clients read it from the file", "file", first)
+				}
+			}
 			if err := srv.LoadOperations(st); err != nil {
 				e.Close(context.Background())
 				return err
@@ -143,8 +171,12 @@ func serveCmd(g *globals) *cobra.Command {
 			os.Chmod(sock, 0o600)
 			os.WriteFile(filepath.Join(g.runDir, "forkd.pid"), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600)
 			hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
-			errc := make(chan error, 1)
+			errc := make(chan error, 2)
 			go func() { errc <- hs.Serve(ln) }()
+			if tln != nil {
+				go func() { errc <- hs.Serve(tln) }()
+				log.Info("forkd API listening on TCP", "addr", tln.Addr().String(), "tls", tlsCert != "")
+			}
 			log.Info("forkd daemon listening", "socket", sock, "data_dir", g.dataDir, "vmm", g.vmmName, "pid", os.Getpid())
 			select {
 			case err = <-errc:
@@ -176,6 +208,32 @@ func serveCmd(g *globals) *cobra.Command {
 	f.IntVar(&g.maxFork, "max-fork", 100, "most sandboxes one fork request may create")
 	f.IntVar(&g.maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: no limit)")
 	f.IntVar(&g.maxBuilds, "max-builds", 2, "most image builds and snapshot creations at once")
+	f.StringVar(&listen, "listen", "", "also serve the API on TCP HOST:PORT (bearer tokens always; TLS required off loopback)")
+	f.StringVar(&tlsCert, "tls-cert", "", "PEM certificate (chain) for --listen")
+	f.StringVar(&tlsKey, "tls-key", "", "PEM private key for --listen")
+	f.StringVar(&tokenFile, "token-file", "", "hashed API token store (default DATA_DIR/"+auth.StoreFile+"); the first token's plaintext goes to DATA_DIR/"+auth.FirstTokenFile)
+	f.BoolVar(&insecure, "insecure-no-tls-or-auth-i-know", false, "allow --listen on a non-loopback address without TLS (tokens stay required)")
 	f.BoolVar(&g.stopSandboxes, "stop-sandboxes", false, "stop every sandbox when the daemon stops (default: they keep running and the next daemon re-adopts them)")
 	return cmd
+}
+
+// engineState is what /metrics reports about the engine, read at scrape
+// time.
+func engineState(e *sandbox.Engine) metrics.State {
+	st := metrics.State{SandboxesByState: map[string]int{}}
+	for _, sb := range e.List() {
+		st.SandboxesByState[sb.State()]++
+	}
+	snaps, _ := e.Store().List()
+	st.Snapshots = len(snaps)
+	for _, snap := range snaps {
+		st.PooledVMMs += e.PoolSize(snap.ID)
+		for name := range snap.Files {
+			var fi syscall.Stat_t
+			if syscall.Stat(snap.Path(name), &fi) == nil {
+				st.SnapshotBytes += fi.Blocks * 512 // allocated: memory files are sparse
+			}
+		}
+	}
+	return st
 }

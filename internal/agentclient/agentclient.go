@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/agentconn"
@@ -31,6 +32,10 @@ type Client struct {
 	hc   *http.Client
 	base string
 	sess *agentconn.Session
+	// Observe, if set, is told about every call: its method and agent path
+	// ("GET /v1/files/stat", a fixed set), the time to the response header,
+	// and its error.
+	Observe func(op string, d time.Duration, err error)
 }
 
 // New returns a client of the agent at the other end of s.
@@ -106,7 +111,10 @@ func transportError(ctx context.Context, op string, err error) error {
 
 // do sends a request and returns the response if it is a 2xx; otherwise
 // the agent's problem as an error.
-func (c *Client) do(ctx context.Context, op, method, path string, q url.Values, hdr http.Header, body io.Reader) (*http.Response, error) {
+func (c *Client) do(ctx context.Context, op, method, path string, q url.Values, hdr http.Header, body io.Reader) (_ *http.Response, err error) {
+	if c.Observe != nil {
+		defer func(start time.Time) { c.Observe(method+" "+path, time.Since(start), err) }(time.Now())
+	}
 	u := c.base + path
 	if len(q) > 0 {
 		u += "?" + q.Encode()

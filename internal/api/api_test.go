@@ -19,7 +19,7 @@ func TestStatusOfEveryClass(t *testing.T) {
 	want := map[error]int{
 		errdefs.ErrNotFound: 404, errdefs.ErrAlreadyExists: 409, errdefs.ErrInvalidArgument: 400,
 		errdefs.ErrFailedPrecondition: 409, errdefs.ErrResourceExhausted: 429, errdefs.ErrUnavailable: 503,
-		errdefs.ErrNotImplemented: 501, errdefs.ErrDeadlineExceeded: 504, errors.New("plain"): 500,
+		errdefs.ErrNotImplemented: 501, errdefs.ErrUnauthenticated: 401, errdefs.ErrDeadlineExceeded: 504, errors.New("plain"): 500,
 	}
 	for err, status := range want {
 		wrapped := fmt.Errorf("layer: %w", err)

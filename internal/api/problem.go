@@ -17,6 +17,8 @@ func StatusOf(err error) int {
 		return http.StatusNotFound
 	case errdefs.IsAlreadyExists(err):
 		return http.StatusConflict
+	case errdefs.IsUnauthenticated(err):
+		return http.StatusUnauthorized
 	case errdefs.IsInvalidArgument(err):
 		return http.StatusBadRequest
 	case errdefs.IsFailedPrecondition(err):

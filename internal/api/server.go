@@ -25,8 +25,10 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/auth"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/image"
+	"github.com/forkd-dev/forkd/internal/metrics"
 	"github.com/forkd-dev/forkd/internal/sandbox"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 	"github.com/forkd-dev/forkd/internal/state"
@@ -43,6 +45,11 @@ type Server struct {
 	Version string
 	Checks  func(ctx context.Context) []vmm.Check
 	Log     *slog.Logger
+	// Metrics, if set, records request metrics; /metrics serves it.
+	Metrics *metrics.Metrics
+	// Tokens, if set, is required (Authorization: Bearer) on every request
+	// that did not come through the Unix socket, except GET /v1/healthz.
+	Tokens *auth.Tokens
 
 	ops operations
 }
@@ -85,9 +92,18 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/list", s.listFiles)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/stat", s.statFile)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/files/mkdir", s.mkdir)
+	mux.Handle("GET /v1/openapi.json", OpenAPIHandler())
+	mux.Handle("GET /metrics", s.Metrics.Handler())
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, fmt.Errorf("no route %s %s (see docs/ARCHITECTURE.md for the API): %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})
+	// Inside the request id, so 401s carry one too: metrics, then auth,
+	// then the routes.
+	var h http.Handler = mux
+	if s.Tokens != nil {
+		h = auth.Middleware(s.Tokens, h)
+	}
+	h = Instrument(s.Metrics, mux, h)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := r.Header.Get("X-Request-Id")
 		if id == "" || len(id) > 64 {
@@ -98,7 +114,7 @@ func (s *Server) Handler() http.Handler {
 		w.Header().Set("X-Request-Id", id)
 		r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, id))
 		start := time.Now()
-		mux.ServeHTTP(w, r)
+		h.ServeHTTP(w, r)
 		if s.Log != nil {
 			s.Log.Debug("request", "method", r.Method, "path", r.URL.Path, "request_id", id, "duration", time.Since(start))
 		}

@@ -20,6 +20,8 @@ var (
 	ErrCanceled           = errors.New("canceled")
 	ErrDeadlineExceeded   = errors.New("deadline exceeded")
 	ErrInternal           = errors.New("internal error")
+	// ErrUnauthenticated: the request carried no valid credentials (HTTP 401).
+	ErrUnauthenticated = errors.New("unauthenticated")
 )
 
 func IsNotFound(err error) bool           { return errors.Is(err, ErrNotFound) }
@@ -29,6 +31,7 @@ func IsFailedPrecondition(err error) bool { return errors.Is(err, ErrFailedPreco
 func IsResourceExhausted(err error) bool  { return errors.Is(err, ErrResourceExhausted) }
 func IsUnavailable(err error) bool        { return errors.Is(err, ErrUnavailable) }
 func IsNotImplemented(err error) bool     { return errors.Is(err, ErrNotImplemented) }
+func IsUnauthenticated(err error) bool    { return errors.Is(err, ErrUnauthenticated) }
 
 // Classes lists every class with its stable machine-readable code, in the
 // order the API edge tries them.
@@ -46,6 +49,7 @@ var Classes = []struct {
 	{"canceled", ErrCanceled},
 	{"deadline_exceeded", ErrDeadlineExceeded},
 	{"internal", ErrInternal},
+	{"unauthenticated", ErrUnauthenticated},
 }
 
 // Code returns the stable code of err's class, or "internal".

@@ -21,6 +21,7 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/image"
+	"github.com/forkd-dev/forkd/internal/metrics"
 	"github.com/forkd-dev/forkd/internal/recipe"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 	"github.com/forkd-dev/forkd/internal/state"
@@ -55,6 +56,9 @@ type Config struct {
 	// Engines sharing a host (daemon, benchmark, tests) use distinct ones.
 	NetNSPrefix string
 	Logger      *slog.Logger
+	// Metrics, if set, receives fork-to-ready, VMM phase and agent call
+	// timings (a nil *metrics.Metrics records nothing).
+	Metrics *metrics.Metrics
 	// OnEvent, if set, is told about lifecycle events (died, expired).
 	OnEvent func(Event)
 	// State, if set, records every sandbox durably, so a restarted daemon

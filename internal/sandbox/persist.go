@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
-	"github.com/forkd-dev/forkd/internal/agentclient"
 	"github.com/forkd-dev/forkd/internal/agentconn"
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/netns"
@@ -131,7 +130,7 @@ func (e *Engine) adoptOne(rec state.SandboxRecord) (_ *Sandbox, err error) {
 	s := &Sandbox{
 		ID: rec.ID, Tag: rec.Tag, SnapshotID: rec.SnapshotID, Created: rec.Created,
 		ReadyMillis: rec.ReadyMillis, Pooled: rec.Pooled, GuestIP: rec.GuestIP,
-		machine: m, pid: m.PID(), netns: rec.NetNS, conn: conn, session: sess, agent: agentclient.New(sess),
+		machine: m, pid: m.PID(), netns: rec.NetNS, conn: conn, session: sess, agent: e.agentClient(sess),
 		teardown: e.sandboxTeardown(rec.NetNS, rec.Machine.RunDir, conn),
 		state:    apiv1.StateRunning, exited: make(chan struct{}),
 		labels: rec.Labels, expiresAt: rec.ExpiresAt, idleTimeout: time.Duration(rec.IdleTimeoutSeconds) * time.Second,

@@ -15,6 +15,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/cleanup"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/metrics"
 	"github.com/forkd-dev/forkd/internal/netns"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 	"github.com/forkd-dev/forkd/internal/vmm"
@@ -94,7 +95,9 @@ func (e *Engine) prepare(ctx context.Context, snap *snapshot.Snapshot) (_ *prepa
 		return nil, fmt.Errorf("sandbox %s: agent socket: %w", id, err)
 	}
 	cl.Push(func(context.Context) error { return conn.Close() })
-	return &prepared{id: id, snap: snap, machine: m, netns: ns.Name(), conn: conn, teardown: cl.Release(), took: time.Since(start)}, nil
+	took := time.Since(start)
+	e.cfg.Metrics.ObserveVMMStart(metrics.PhasePrepare, took)
+	return &prepared{id: id, snap: snap, machine: m, netns: ns.Name(), conn: conn, teardown: cl.Release(), took: took}, nil
 }
 
 // Fork creates n children of the snapshot tagged tag and returns once every
@@ -187,9 +190,11 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 	}()
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
+	restoreStart := time.Now()
 	if _, err := pv.machine.Restore(rctx); err != nil {
 		return nil, fmt.Errorf("sandbox %s: restore: %w (console: %s)", pv.id, err, pv.machine.ConsoleTail(512))
 	}
+	e.cfg.Metrics.ObserveVMMStart(metrics.PhaseRestore, time.Since(restoreStart))
 	hello := agentapi.Hello{Identity: newIdentity(pv.id)}
 	sess, _, err := agentconn.Dial(rctx, pv.conn, hello)
 	if err != nil {
@@ -199,7 +204,7 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 		ID: pv.id, Tag: p.snap.Tag, SnapshotID: p.snap.ID, Created: time.Now().UTC(),
 		ReadyMillis: since(start), Pooled: pooled, GuestIP: p.snap.Network.GuestIP,
 		machine: pv.machine, pid: pv.machine.PID(), netns: pv.netns, conn: pv.conn, session: sess,
-		agent: agentclient.New(sess), teardown: pv.teardown,
+		agent: e.agentClient(sess), teardown: pv.teardown,
 		state: apiv1.StateRunning, exited: make(chan struct{}),
 		labels: opts.Labels, idleTimeout: opts.IdleTimeout,
 	}
@@ -218,6 +223,7 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 		sess.Close()
 		return nil, err
 	}
+	e.cfg.Metrics.ObserveForkReady(p.snap.Tag, pooled, time.Since(start))
 	go s.watch(e)
 	return s, nil
 }
@@ -238,4 +244,12 @@ func newUUID() string {
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// agentClient returns a client of a sandbox's agent whose calls are timed
+// in the engine's metrics.
+func (e *Engine) agentClient(sess *agentconn.Session) *agentclient.Client {
+	c := agentclient.New(sess)
+	c.Observe = e.cfg.Metrics.ObserveAgentRPC
+	return c
 }

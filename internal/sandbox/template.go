@@ -8,11 +8,11 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
-	"github.com/forkd-dev/forkd/internal/agentclient"
 	"github.com/forkd-dev/forkd/internal/agentconn"
 	"github.com/forkd-dev/forkd/internal/cleanup"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/image"
+	"github.com/forkd-dev/forkd/internal/metrics"
 	"github.com/forkd-dev/forkd/internal/netns"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 	"github.com/forkd-dev/forkd/internal/vmm"
@@ -129,7 +129,8 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 		return nil, fmt.Errorf("template agent did not answer within %s: %w\nconsole:\n%s", bootTimeout, err, m.ConsoleTail(consoleTailBytes))
 	}
 	cl.Push(func(context.Context) error { return sess.Close() })
-	agent := agentclient.New(sess)
+	agent := e.agentClient(sess)
+	e.cfg.Metrics.ObserveVMMStart(metrics.PhaseBoot, time.Since(bootStart))
 	progress(fmt.Sprintf("agent %s answered after %s", ready.Info.AgentVersion, time.Since(bootStart).Round(time.Millisecond)))
 
 	if r.Python.Enabled {
@@ -154,10 +155,12 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 		return nil, fmt.Errorf("quiesce agent: %w", err)
 	}
 	progress("saving device state")
+	saveStart := time.Now()
 	res, err := m.Snapshot(ctx, vmm.SnapshotSpec{Type: vmm.SnapshotFull, StateFile: st.Path(snapshot.StateFile), StopAfter: true})
 	if err != nil {
 		return nil, fmt.Errorf("save template: %w", err)
 	}
+	e.cfg.Metrics.ObserveVMMStart(metrics.PhaseSnapshotSave, time.Since(saveStart))
 	version, _ := e.cfg.Driver.Version(ctx)
 	accel := string(m.Config().Accel)
 	if res.MemoryFile != st.Path(snapshot.MemoryFile) {

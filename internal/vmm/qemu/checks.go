@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 

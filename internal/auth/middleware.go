@@ -1,0 +1,105 @@
+package auth
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+
+	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+)
+
+// PublicPath is the one path served without a token.
+const PublicPath = "/v1/healthz"
+
+type tokenNameKey struct{}
+
+// TokenName returns the name of the token that authenticated the request,
+// or "" when none did (a Unix-socket client, or PublicPath).
+func TokenName(ctx context.Context) string {
+	name, _ := ctx.Value(tokenNameKey{}).(string)
+	return name
+}
+
+// WithTokenName returns ctx carrying a token name, as Middleware does (for
+// tests of handlers that read TokenName).
+func WithTokenName(ctx context.Context, name string) context.Context {
+	return context.WithValue(ctx, tokenNameKey{}, name)
+}
+
+// Middleware requires "Authorization: Bearer <token>" with a token of
+// tokens on every request except PublicPath, and puts the token's name in
+// the request context (TokenName). A request without a valid token gets a
+// 401 problem+json (code "unauthenticated") with a WWW-Authenticate header.
+//
+// Requests that arrived on a Unix socket pass without a token: the socket's
+// 0600 mode is their authentication. That is decided from the connection's
+// local address (http.LocalAddrContextKey, set by http.Server) being a
+// *net.UnixAddr; a request without that information needs a token. So one
+// handler can serve the Unix socket and TCP listeners alike.
+//
+// A nil tokens refuses every request that needs a token.
+func Middleware(tokens *Tokens, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == PublicPath || fromUnixSocket(r) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		presented, ok := bearer(r.Header.Get("Authorization"))
+		if !ok {
+			unauthorized(w, `Bearer realm="forkd"`,
+				fmt.Errorf("missing Authorization: Bearer token; the daemon wrote its first token to DATA_DIR/%s (create more with `forkd token create NAME`): %w", FirstTokenFile, errdefs.ErrUnauthenticated))
+			return
+		}
+		var name string
+		if tokens != nil {
+			name, ok = tokens.Verify(presented)
+		} else {
+			ok = false
+		}
+		if !ok {
+			unauthorized(w, `Bearer realm="forkd", error="invalid_token"`,
+				fmt.Errorf("bearer token not recognised (revoked, or from another daemon); see `forkd token list`: %w", errdefs.ErrUnauthenticated))
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(WithTokenName(r.Context(), name)))
+	})
+}
+
+func fromUnixSocket(r *http.Request) bool {
+	addr, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	_, ok := addr.(*net.UnixAddr)
+	return ok
+}
+
+// bearer extracts the token of an "Authorization: Bearer <token>" header
+// (the scheme is case-insensitive, RFC 9110 section 11.1).
+func bearer(h string) (string, bool) {
+	scheme, tok, ok := strings.Cut(strings.TrimSpace(h), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	tok = strings.TrimSpace(tok)
+	return tok, tok != ""
+}
+
+// unauthorized writes a 401 RFC 9457 problem. The request id is the one the
+// API's outer handler already put on the response, if any.
+func unauthorized(w http.ResponseWriter, challenge string, err error) {
+	h := w.Header()
+	h.Set("WWW-Authenticate", challenge)
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusUnauthorized)
+	json.NewEncoder(w).Encode(apiv1.Problem{
+		Type:      "https://forkd.dev/problems/" + errdefs.Code(err),
+		Title:     http.StatusText(http.StatusUnauthorized),
+		Status:    http.StatusUnauthorized,
+		Detail:    err.Error(),
+		Code:      errdefs.Code(err),
+		RequestID: h.Get("X-Request-Id"),
+	})
+}
