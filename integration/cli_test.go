@@ -178,6 +178,37 @@ func TestCLI(t *testing.T) {
 	if out := c.ok("snapshots"); strings.Contains(out, tag) {
 		t.Fatalf("rmi left %s:\n%s", tag, out)
 	}
+
+	// Every mutating request left a hash-chained audit record naming who
+	// did what to which ids.
+	if out := c.ok("audit", "verify"); !strings.Contains(out, "chain intact") {
+		t.Fatalf("audit verify: %s", out)
+	}
+	var recs []struct {
+		Action  string   `json:"action"`
+		Targets []string `json:"targets"`
+		Outcome string   `json:"outcome"`
+		Peer    string   `json:"peer"`
+	}
+	if err := json.Unmarshal([]byte(c.ok("audit", "tail", "-n", "200", "--json")), &recs); err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]bool{}
+	for _, r := range recs {
+		switch {
+		case r.Action == "POST /v1/sandboxes" && r.Outcome == "ok" && len(r.Targets) == 2 && r.Targets[0] == id:
+			found["fork"] = strings.HasPrefix(r.Peer, "unix:uid=0")
+		case r.Action == "POST /v1/sandboxes" && r.Outcome == "not_found":
+			found["fork unknown tag"] = true
+		case r.Action == "DELETE /v1/snapshots/{tag}" && len(r.Targets) == 1 && r.Targets[0] == tag:
+			found["rmi"] = true
+		}
+	}
+	for _, k := range []string{"fork", "fork unknown tag", "rmi"} {
+		if !found[k] {
+			t.Errorf("no audit record for %s in %+v", k, recs)
+		}
+	}
 }
 
 // TestSnapshotCreateInterrupted: a client that goes away while a template

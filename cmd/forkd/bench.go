@@ -114,7 +114,7 @@ func runBenchSpawn(ctx context.Context, g *globals, o benchOpts) error {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	runDir := filepath.Join(g.runDir, fmt.Sprintf("bench-%d", os.Getpid()))
 	g.maxFork = 1000
-	e, _, err := g.newEngine(runDir, "fkb-", log, nil, nil)
+	e, _, err := g.newEngine(engineDeps{runDir: runDir, netnsPrefix: "fkb-", log: log})
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/forkd-dev/forkd/internal/api"
+	"github.com/forkd-dev/forkd/internal/audit"
 	"github.com/forkd-dev/forkd/internal/auth"
 	"github.com/forkd-dev/forkd/internal/client"
 	"github.com/forkd-dev/forkd/internal/errdefs"
@@ -64,9 +65,20 @@ func recipeDirs(dataDir string) []string {
 	return append(dirs, filepath.Join(dataDir, "recipes"))
 }
 
+// engineDeps are what the daemon (or `forkd bench`) gives its engine
+// besides the flags.
+type engineDeps struct {
+	runDir      string
+	netnsPrefix string
+	log         *slog.Logger
+	state       *state.Store     // nil: nothing survives a restart (bench)
+	metrics     *metrics.Metrics // nil: no metrics
+	onEvent     func(sandbox.Event)
+}
+
 // newEngine builds the engine the daemon (and `forkd bench`) runs. With a
 // state store, sandboxes are recorded and re-adopted across restarts.
-func (g *globals) newEngine(runDir, netnsPrefix string, log *slog.Logger, st *state.Store, m *metrics.Metrics) (*sandbox.Engine, vmm.Constructor, error) {
+func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, error) {
 	if os.Geteuid() != 0 {
 		return nil, vmm.Constructor{}, fmt.Errorf("the forkd daemon needs root (network namespaces, tap devices); run it with sudo: %w", errdefs.ErrFailedPrecondition)
 	}
@@ -83,11 +95,11 @@ func (g *globals) newEngine(runDir, netnsPrefix string, log *slog.Logger, st *st
 		return nil, ctor, err
 	}
 	e, err := sandbox.New(sandbox.Config{
-		DataDir: g.dataDir, RunDir: runDir, Driver: drv, Accel: vmm.Accel(g.accel),
+		DataDir: g.dataDir, RunDir: d.runDir, Driver: drv, Accel: vmm.Accel(g.accel),
 		RecipeDirs: recipeDirs(g.dataDir), AgentBinary: agent, PoolSize: g.poolSize,
-		NetNSPrefix: netnsPrefix, Logger: log, MaxForkCount: g.maxFork, MaxSandboxes: g.maxSandboxes,
-		MaxConcurrentBuilds: g.maxBuilds, Metrics: m,
-		State: st, KeepSandboxesOnClose: st != nil && !g.stopSandboxes,
+		NetNSPrefix: d.netnsPrefix, Logger: d.log, MaxForkCount: g.maxFork, MaxSandboxes: g.maxSandboxes,
+		MaxConcurrentBuilds: g.maxBuilds, Metrics: d.metrics, OnEvent: d.onEvent,
+		State: d.state, KeepSandboxesOnClose: d.state != nil && !g.stopSandboxes,
 	})
 	return e, ctor, err
 }
@@ -129,12 +141,25 @@ func serveCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer st.Close()
-			m := metrics.New(version)
-			e, ctor, err := g.newEngine(g.runDir, netnsPrefix, log, st, m)
+			// The audit log opens before the engine, so lifecycle events
+			// seen while adopting sandboxes are recorded too.
+			alog, err := audit.Open(filepath.Join(g.dataDir, "audit"), audit.Options{Logger: log})
 			if err != nil {
 				return err
 			}
-			srv := &api.Server{Engine: e, Version: version, Log: log, Metrics: m, Checks: func(ctx context.Context) []vmm.Check {
+			defer alog.Close()
+			onEvent := func(ev sandbox.Event) {
+				if _, err := alog.Append(audit.Record{Action: ev.Kind, Targets: []string{ev.SandboxID}, Outcome: audit.OutcomeOK,
+					Detail: map[string]any{"reason": ev.Reason}}); err != nil {
+					log.Error("audit log append failed", "event", ev.Kind, "err", err)
+				}
+			}
+			m := metrics.New(version)
+			e, ctor, err := g.newEngine(engineDeps{runDir: g.runDir, netnsPrefix: netnsPrefix, log: log, state: st, metrics: m, onEvent: onEvent})
+			if err != nil {
+				return err
+			}
+			srv := &api.Server{Engine: e, Version: version, Log: log, Metrics: m, Audit: alog, Checks: func(ctx context.Context) []vmm.Check {
 				return ctor.Checks(ctx, vmm.Options{Accel: vmm.Accel(g.accel)})
 			}}
 			m.SetStateFunc(func() metrics.State { return engineState(e) })
@@ -170,7 +195,7 @@ func serveCmd(g *globals) *cobra.Command {
 			}
 			os.Chmod(sock, 0o600)
 			os.WriteFile(filepath.Join(g.runDir, "forkd.pid"), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600)
-			hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+			hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ConnContext: api.PeerContext}
 			errc := make(chan error, 2)
 			go func() { errc <- hs.Serve(ln) }()
 			if tln != nil {

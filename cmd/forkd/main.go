@@ -76,7 +76,7 @@ func main() {
 		snapshotCmd(g), snapshotsCmd(g), rmiCmd(g),
 		forkCmd(g), lsCmd(g), killCmd(g),
 		execCmd(g), runCodeCmd(g), cpCmd(g),
-		doctorCmd(g), benchCmd(g), tokenCmd(g),
+		doctorCmd(g), benchCmd(g), auditCmd(g), tokenCmd(g),
 	)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := root.ExecuteContext(ctx)

@@ -55,6 +55,7 @@ func ProblemOf(err error, requestID string) apiv1.Problem {
 const retryAfterSeconds = "2"
 
 func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
+	noteError(r, err)
 	p := ProblemOf(err, requestID(r))
 	w.Header().Set("Content-Type", "application/problem+json")
 	if p.Status == http.StatusTooManyRequests || p.Status == http.StatusServiceUnavailable {

@@ -25,6 +25,7 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/audit"
 	"github.com/forkd-dev/forkd/internal/auth"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/image"
@@ -50,6 +51,9 @@ type Server struct {
 	// Tokens, if set, is required (Authorization: Bearer) on every request
 	// that did not come through the Unix socket, except GET /v1/healthz.
 	Tokens *auth.Tokens
+
+	// Audit, if set, receives one record per mutating request.
+	Audit *audit.Log
 
 	ops operations
 }
@@ -99,7 +103,7 @@ func (s *Server) Handler() http.Handler {
 	})
 	// Inside the request id, so 401s carry one too: metrics, then auth,
 	// then the routes.
-	var h http.Handler = mux
+	var h http.Handler = s.auditRequests(mux, mux)
 	if s.Tokens != nil {
 		h = auth.Middleware(s.Tokens, h)
 	}
@@ -290,10 +294,12 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		Tag: req.Tag, Recipe: req.Recipe, Warm: req.Warm, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Progress: ps.message,
 	})
 	if err != nil {
+		noteError(r, err)
 		p := ProblemOf(err, requestID(r))
 		ps.send(apiv1.Progress{Error: &p})
 		return
 	}
+	noteTargets(r, snap.Tag)
 	info := s.snapshotInfo(snap)
 	ps.send(apiv1.Progress{Snapshot: &info})
 }
@@ -347,6 +353,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	resp := apiv1.ForkResponse{TotalMillis: float64(time.Since(start).Microseconds()) / 1000}
 	for _, sb := range sbs {
 		resp.Sandboxes = append(resp.Sandboxes, sb.Info())
+		noteTargets(r, sb.ID)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
@@ -394,6 +401,7 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
 	if killed == nil {
 		killed = []string{}
 	}
+	noteTargets(r, killed...)
 	writeJSON(w, apiv1.KillResponse{Killed: killed})
 }
 
