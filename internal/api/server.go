@@ -429,7 +429,7 @@ func queryPath(r *http.Request) (string, error) {
 	if p == "" {
 		return "", fmt.Errorf("missing ?path= (an absolute path inside the sandbox): %w", errdefs.ErrInvalidArgument)
 	}
-	return p, nil
+	return p, ValidateGuestPath(p)
 }
 
 func parseMode(s string, def uint32) (uint32, error) {
@@ -568,6 +568,10 @@ func (s *Server) statFile(w http.ResponseWriter, r *http.Request) {
 func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
 	var req apiv1.MkdirRequest
 	if err := decode(w, r, &req); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	if err := ValidateGuestPath(req.Path); err != nil {
 		writeProblem(w, r, err)
 		return
 	}
