@@ -107,7 +107,8 @@ func TestAPIFormats(t *testing.T) {
 
 	// Image build is an operation the CLI polls to the end.
 	start := time.Now()
-	out := c.ok("image", "build", "minimal", "--json")
+	// A local recipe file is sent as its contents.
+	out := c.ok("image", "build", filepath.Join(repoRoot, "recipes", "minimal.toml"), "--json")
 	var img apiv1.Image
 	if err := json.Unmarshal([]byte(out), &img); err != nil || img.Recipe != "minimal" || len(img.Digest) != 64 {
 		t.Fatalf("image build: %v %s", err, out)

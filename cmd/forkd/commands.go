@@ -54,7 +54,11 @@ func imageCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			img, err := c.BuildImage(cmd.Context(), args[0], progressPrinter(g))
+			var req apiv1.BuildImageRequest
+			if req.Recipe, req.RecipeTOML, err = recipeArg(args[0]); err != nil {
+				return err
+			}
+			img, err := c.BuildImage(cmd.Context(), req, progressPrinter(g))
 			if err != nil {
 				return err
 			}
@@ -95,6 +99,20 @@ func imagesCmd(g *globals) *cobra.Command {
 	}
 }
 
+// recipeArg turns a --recipe argument into what the API takes: a name as
+// is, or, for a path to a .toml file, its contents (the daemon may be
+// remote, and never reads files it is pointed at).
+func recipeArg(arg string) (name, toml string, err error) {
+	if !strings.ContainsRune(arg, '/') && !strings.HasSuffix(arg, ".toml") {
+		return arg, "", nil
+	}
+	data, err := os.ReadFile(arg)
+	if err != nil {
+		return "", "", fmt.Errorf("recipe file: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return "", string(data), nil
+}
+
 // parseMemory reads "512M", "1G", "512" (MiB).
 func parseMemory(s string) (int, error) {
 	if s == "" {
@@ -132,6 +150,9 @@ func snapshotCmd(g *globals) *cobra.Command {
 				return err
 			}
 			req.MemoryMiB = mem
+			if req.Recipe, req.RecipeTOML, err = recipeArg(req.Recipe); err != nil {
+				return err
+			}
 			c, err := g.client(cmd.Context())
 			if err != nil {
 				return err
@@ -149,7 +170,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 	}
 	f := create.Flags()
 	f.StringVar(&req.Tag, "tag", "", "tag to create ("+snapshot.TagRule+")")
-	f.StringVar(&req.Recipe, "recipe", "", "recipe name (recipes/NAME.toml) or path")
+	f.StringVar(&req.Recipe, "recipe", "", "recipe name (recipes/NAME.toml on the daemon) or a local .toml file")
 	f.StringVar(&req.Warm, "warm", "", "Python code run in the session before the snapshot (replaces the recipe's)")
 	f.StringVar(&memory, "memory", "", "guest memory, e.g. 512M (default: the recipe's)")
 	f.IntVar(&req.VCPUs, "vcpus", 0, "vCPUs (default: the recipe's)")

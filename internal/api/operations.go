@@ -163,13 +163,15 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	if _, err := s.Engine.LoadRecipe(req.Recipe); err != nil {
+	rcp, err := s.Engine.ResolveRecipe(req.Recipe, req.RecipeTOML)
+	if err != nil {
 		writeProblem(w, r, err)
 		return
 	}
-	op := s.ops.start("image.build", req.Recipe)
+	op := s.ops.start("image.build", rcp.Name)
+	noteTargets(r, op.ID)
 	go func() {
-		img, err := s.Engine.BuildImage(context.Background(), req.Recipe, func(msg string) {
+		img, err := s.Engine.BuildImage(context.Background(), rcp, func(msg string) {
 			s.ops.update(op.ID, func(op *apiv1.Operation) { op.Progress = append(op.Progress, msg) })
 		})
 		s.ops.update(op.ID, func(op *apiv1.Operation) {

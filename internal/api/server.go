@@ -285,13 +285,13 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, fmt.Errorf("snapshot %q already exists; remove it first with `forkd rmi %s` or choose another tag: %w", req.Tag, req.Tag, errdefs.ErrAlreadyExists))
 		return
 	}
-	if _, err := s.Engine.LoadRecipe(req.Recipe); err != nil {
+	if _, err := s.Engine.ResolveRecipe(req.Recipe, req.RecipeTOML); err != nil {
 		writeProblem(w, r, err)
 		return
 	}
 	ps := newProgressStream(w)
 	snap, err := s.Engine.CreateSnapshot(r.Context(), sandbox.CreateSnapshotOptions{
-		Tag: req.Tag, Recipe: req.Recipe, Warm: req.Warm, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Progress: ps.message,
+		Tag: req.Tag, Recipe: req.Recipe, RecipeTOML: req.RecipeTOML, Warm: req.Warm, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Progress: ps.message,
 	})
 	if err != nil {
 		noteError(r, err)

@@ -61,7 +61,10 @@ type Image struct {
 
 // BuildImageRequest is POST /v1/images.
 type BuildImageRequest struct {
-	Recipe string `json:"recipe"` // name in recipes/ or a path on the daemon host
+	// Recipe names a recipe the daemon knows (recipes/NAME.toml);
+	// RecipeTOML is a recipe file's contents. Exactly one is set.
+	Recipe     string `json:"recipe,omitempty"`
+	RecipeTOML string `json:"recipe_toml,omitempty"`
 }
 
 // Operation states.
@@ -88,8 +91,11 @@ type Operation struct {
 
 // CreateSnapshotRequest is POST /v1/snapshots.
 type CreateSnapshotRequest struct {
-	Tag    string `json:"tag"`
-	Recipe string `json:"recipe"`
+	Tag string `json:"tag"`
+	// Recipe names a recipe the daemon knows; RecipeTOML is a recipe
+	// file's contents. Exactly one is set.
+	Recipe     string `json:"recipe,omitempty"`
+	RecipeTOML string `json:"recipe_toml,omitempty"`
 	// Warm overrides the recipe's Python warm-up code when non-empty.
 	Warm      string `json:"warm,omitempty"`
 	MemoryMiB int    `json:"memory_mib,omitempty"` // 0: the recipe's

@@ -215,9 +215,9 @@ func (c *Client) progress(ctx context.Context, path string, in any, onMsg func(s
 
 // BuildImage builds a recipe's image: it starts the build operation and
 // polls it, reporting progress lines, until it ends.
-func (c *Client) BuildImage(ctx context.Context, recipe string, onMsg func(string)) (apiv1.Image, error) {
+func (c *Client) BuildImage(ctx context.Context, req apiv1.BuildImageRequest, onMsg func(string)) (apiv1.Image, error) {
 	var op apiv1.Operation
-	if err := c.call(ctx, http.MethodPost, "/v1/images", nil, apiv1.BuildImageRequest{Recipe: recipe}, &op); err != nil {
+	if err := c.call(ctx, http.MethodPost, "/v1/images", nil, req, &op); err != nil {
 		return apiv1.Image{}, err
 	}
 	seen := 0

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -183,9 +184,30 @@ func (e *Engine) Close(ctx context.Context) error {
 	return nil
 }
 
-// LoadRecipe finds a recipe by name (in RecipeDirs) or path.
+// LoadRecipe finds a recipe by name in RecipeDirs. Paths are refused:
+// the API must not read files of the daemon host it is asked to; a client
+// with a recipe file sends its contents (ResolveRecipe, recipe_toml).
 func (e *Engine) LoadRecipe(name string) (*recipe.Recipe, error) {
+	if strings.ContainsAny(name, `/\`) || strings.HasSuffix(name, ".toml") {
+		return nil, fmt.Errorf("recipe %q looks like a path: name a recipe in %v, or send the file's contents as recipe_toml (the CLI does that for a path): %w",
+			name, e.cfg.RecipeDirs, errdefs.ErrInvalidArgument)
+	}
 	return recipe.Load(name, e.cfg.RecipeDirs)
+}
+
+// ResolveRecipe returns the recipe named name, or parses toml; exactly one
+// must be given.
+func (e *Engine) ResolveRecipe(name, toml string) (*recipe.Recipe, error) {
+	switch {
+	case name != "" && toml != "":
+		return nil, fmt.Errorf("give a recipe name or recipe_toml, not both: %w", errdefs.ErrInvalidArgument)
+	case toml != "":
+		return recipe.Parse("recipe_toml", []byte(toml))
+	case name == "":
+		return nil, fmt.Errorf("no recipe: give a recipe name (known: %s) or recipe_toml: %w",
+			strings.Join(recipe.Names(e.cfg.RecipeDirs), ", "), errdefs.ErrInvalidArgument)
+	}
+	return e.LoadRecipe(name)
 }
 
 // acquireBuild takes a build slot or fails at once: builds take minutes, so
@@ -201,11 +223,7 @@ func (e *Engine) acquireBuild(what string) (release func(), err error) {
 }
 
 // BuildImage builds (or finds cached) the image of a recipe.
-func (e *Engine) BuildImage(ctx context.Context, recipeName string, progress func(string)) (*image.Image, error) {
-	r, err := e.LoadRecipe(recipeName)
-	if err != nil {
-		return nil, err
-	}
+func (e *Engine) BuildImage(ctx context.Context, r *recipe.Recipe, progress func(string)) (*image.Image, error) {
 	release, err := e.acquireBuild("build image " + r.Name)
 	if err != nil {
 		return nil, err

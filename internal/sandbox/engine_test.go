@@ -278,3 +278,22 @@ func TestBuildsAreCappedNotQueued(t *testing.T) {
 	r2()
 	r3()
 }
+
+func TestRecipeByNameOrContentNeverByHostPath(t *testing.T) {
+	e, _ := newFakeEngine(t, &fakeDriver{}, 0)
+	for _, name := range []string{"/etc/passwd", "../recipes/minimal", "x.toml"} {
+		if _, err := e.ResolveRecipe(name, ""); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "recipe_toml") {
+			t.Errorf("ResolveRecipe(%q) = %v, want a refusal naming recipe_toml", name, err)
+		}
+	}
+	r, err := e.ResolveRecipe("", "name = 'inline'\nbase = 'busybox'\n")
+	if err != nil || r.Name != "inline" {
+		t.Fatalf("inline recipe: %+v %v", r, err)
+	}
+	if _, err := e.ResolveRecipe("a", "name='a'"); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("both given: %v", err)
+	}
+	if _, err := e.ResolveRecipe("", ""); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("neither given: %v", err)
+	}
+}

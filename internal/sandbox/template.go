@@ -28,8 +28,11 @@ const warmTimeout = 5 * time.Minute
 
 // CreateSnapshotOptions says what template to make.
 type CreateSnapshotOptions struct {
-	Tag    string
-	Recipe string
+	Tag string
+	// Recipe names a recipe in RecipeDirs; RecipeTOML is a recipe's
+	// contents. Exactly one is set.
+	Recipe     string
+	RecipeTOML string
 	// Warm replaces the recipe's Python warm-up code when non-empty.
 	Warm      string
 	MemoryMiB int // 0: the recipe's
@@ -50,7 +53,7 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 	if err := snapshot.ValidateTag(opts.Tag); err != nil {
 		return nil, err
 	}
-	r, err := e.LoadRecipe(opts.Recipe)
+	r, err := e.ResolveRecipe(opts.Recipe, opts.RecipeTOML)
 	if err != nil {
 		return nil, err
 	}
