@@ -238,8 +238,11 @@ func (s *Session) Done() <-chan struct{} { return s.mux.CloseChan() }
 // Close ends the session and closes its connection. To re-attach to the same
 // VM, connect again and Dial.
 func (s *Session) Close() error {
+	// The session first: closing idle streams of a live session writes
+	// close frames, which fail noisily when the VM is already gone.
+	err := s.mux.Close()
 	s.transport.CloseIdleConnections()
-	return s.mux.Close()
+	return err
 }
 
 // prefixConn returns bytes read past the READY line before reading conn.

@@ -350,6 +350,10 @@ func (c *Client) Exec(ctx context.Context, id string, req apiv1.ExecRequest, std
 		case "stderr":
 			stderr.Write(ev.Data)
 		case "exit":
+			// Read to the end so the connection is reused: closing a body
+			// early makes the transport drop it (a new TCP+TLS handshake per
+			// exec with --host).
+			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 			if ev.Error != "" && ev.ExitCode == -1 {
 				return ev, fmt.Errorf("exec: %s: %w", ev.Error, errdefs.ErrFailedPrecondition)
 			}
