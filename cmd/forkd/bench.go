@@ -48,6 +48,7 @@ func benchCmd(g *globals) *cobra.Command {
 	f.StringVar(&g.vmmName, "vmm", envOr("FORKD_VMM", "qemu"), "VMM driver")
 	f.StringVar(&g.accel, "accel", os.Getenv("FORKD_ACCEL"), "accelerator (kvm, tcg, auto)")
 	cmd.AddCommand(spawn)
+	cmd.AddCommand(benchAPICmd(g))
 	return cmd
 }
 
