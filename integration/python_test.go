@@ -60,6 +60,12 @@ func TestPythonSession(t *testing.T) {
 	if r0 == "" || r0 == r1 {
 		t.Fatalf("siblings drew the same random number %q / %q", r0, r1)
 	}
+	// The streamed variant delivers output and then the result.
+	var out, errb strings.Builder
+	res, err := a0.RunCodeStream(ctx, agentapi.RunCodeRequest{Code: "for i in range(3): print(i)\nx * 2"}, &out, &errb)
+	if err != nil || out.String() != "0\n1\n2\n" || res.Result["text/plain"] != "82" {
+		t.Fatalf("run_code stream: %v out %q result %+v", err, out.String(), res)
+	}
 	if err := snap.Verify(); err != nil {
 		t.Fatal(err)
 	}

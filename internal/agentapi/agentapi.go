@@ -222,3 +222,32 @@ type Problem struct {
 	Detail string `json:"detail"`
 	Code   string `json:"code"`
 }
+
+// PathRunCodeStream runs code as PathRunCode does, streaming its output:
+// POST RunCodeRequest; the response is an NDJSON stream of RunCodeEvent.
+// Failures before the code starts (no session, the queue wait ended) are
+// problem responses; the 200 is sent when the code starts.
+const PathRunCodeStream = "/v1/run_code/stream"
+
+// Event types of the PathRunCodeStream stream, besides EventStdout and
+// EventStderr.
+const (
+	EventResult = "result"
+	EventError  = "error"
+)
+
+// RunCodeEvent is one line of the NDJSON response of PathRunCodeStream:
+// EventStdout and EventStderr events carry output as it appears (Data, a
+// UTF-8 string; a chunk never splits a character, and bytes that are not
+// UTF-8 become U+FFFD as in RunCodeResult), then the stream ends with
+// exactly one EventResult (the code ran: success, exception or timeout;
+// Result's Stdout and Stderr are empty since the output was streamed) or
+// EventError (the code could not run to its end, e.g. the session died:
+// Error, as a problem response would have said). A stream that ends
+// without either was cut.
+type RunCodeEvent struct {
+	Type   string         `json:"type"`
+	Data   string         `json:"data,omitempty"`
+	Result *RunCodeResult `json:"result,omitempty"`
+	Error  *Problem       `json:"error,omitempty"`
+}

@@ -331,6 +331,68 @@ func (c *Client) RunCode(ctx context.Context, req agentapi.RunCodeRequest) (agen
 	return res, err
 }
 
+// RunCodeStream runs code in the persistent Python session as RunCode
+// does, writing its output to stdout and stderr (nil discards) as it
+// appears. The result's Stdout and Stderr are empty: the output went to
+// the writers. As with RunCode, a Python exception or a timeout is part of
+// the result. An error means no result was received: the request was
+// refused (a *ProblemError, e.g. errdefs.ErrFailedPrecondition without a
+// session), the code could not run to its end (the agent's error event,
+// also a *ProblemError: the session died), a writer failed (the code is
+// then interrupted), or the stream was cut (errdefs.ErrUnavailable);
+// output written so far may be partial, and a cut stream is never taken
+// for a result.
+func (c *Client) RunCodeStream(ctx context.Context, req agentapi.RunCodeRequest, stdout, stderr io.Writer) (agentapi.RunCodeResult, error) {
+	const op = "run code"
+	b, err := json.Marshal(req)
+	if err != nil {
+		return agentapi.RunCodeResult{}, fmt.Errorf("agent: %s: %v: %w", op, err, errdefs.ErrInvalidArgument)
+	}
+	hdr := http.Header{"Content-Type": {"application/json"}}
+	resp, err := c.do(ctx, op, http.MethodPost, agentapi.PathRunCodeStream, nil, hdr, bytes.NewReader(b))
+	if err != nil {
+		return agentapi.RunCodeResult{}, err
+	}
+	// Closing the body early (a writer failed, ctx ended) ends the
+	// request: the agent interrupts the code.
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var ev agentapi.RunCodeEvent
+		if err := dec.Decode(&ev); err != nil {
+			if err == io.EOF {
+				err = errors.New("the stream ended without a result event")
+			}
+			return agentapi.RunCodeResult{}, transportError(ctx, op, err)
+		}
+		var w io.Writer
+		switch ev.Type {
+		case agentapi.EventResult:
+			if ev.Result == nil {
+				return agentapi.RunCodeResult{}, transportError(ctx, op, errors.New("a result event without a result"))
+			}
+			return *ev.Result, nil
+		case agentapi.EventError:
+			p := agentapi.Problem{Title: "Internal Server Error", Status: http.StatusInternalServerError, Detail: "an error event without a problem", Code: "internal"}
+			if ev.Error != nil {
+				p = *ev.Error
+			}
+			return agentapi.RunCodeResult{}, &ProblemError{Problem: p, Op: op}
+		case agentapi.EventStdout:
+			w = stdout
+		case agentapi.EventStderr:
+			w = stderr
+		default:
+			continue // a newer agent's event type
+		}
+		if w != nil && ev.Data != "" {
+			if _, err := io.WriteString(w, ev.Data); err != nil {
+				return agentapi.RunCodeResult{}, fmt.Errorf("agent: %s: writing %s: %w", op, ev.Type, err)
+			}
+		}
+	}
+}
+
 // Quiesce asks the agent to end the session and wait for a new HELLO, as
 // before a snapshot. The connection is left open on purpose: a VM snapshotted
 // while its host is connected restores into children whose host is connected

@@ -404,6 +404,7 @@ var wireTypes = map[string]struct {
 	response bool
 }{
 	"Problem":               {reflect.TypeFor[apiv1.Problem](), true},
+	"RunCodeEvent":          {reflect.TypeFor[apiv1.RunCodeEvent](), true},
 	"Version":               {reflect.TypeFor[apiv1.Version](), true},
 	"Check":                 {reflect.TypeFor[apiv1.Check](), true},
 	"Image":                 {reflect.TypeFor[apiv1.Image](), true},

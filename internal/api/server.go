@@ -90,6 +90,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", s.exec)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/run_code", s.runCode)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/run_code/stream", s.runCodeStream)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files", s.readFile)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", s.writeFile)
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}/files", s.removeFile)

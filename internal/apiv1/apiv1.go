@@ -37,6 +37,20 @@ type ExecResult struct {
 	DurationMicros  int64  `json:"duration_us,omitempty"`
 }
 
+// RunCodeEvent is one event of POST /v1/sandboxes/{id}/run_code/stream:
+// stdout and stderr events carry output as it appears (Data, UTF-8 text),
+// then exactly one result event (the code ran: success, exception or
+// timeout; the result's stdout and stderr are empty, the output was
+// streamed) or error event (it could not run to its end: a problem). A
+// stream without either was cut. It is agentapi.RunCodeEvent with the
+// daemon's problem (type, request id).
+type RunCodeEvent struct {
+	Type   string         `json:"type"`
+	Data   string         `json:"data,omitempty"`
+	Result *RunCodeResult `json:"result,omitempty"`
+	Error  *Problem       `json:"error,omitempty"`
+}
+
 // Version answers GET /v1/version.
 type Version struct {
 	Version    string `json:"version"`

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // collector reads one output pipe of the runner (fd 1 or fd 2), splits it at
@@ -23,6 +24,10 @@ type collector struct {
 	lastMark int64         // id of the last marker seen
 	eof      bool
 	tail     []byte // last tailSize bytes seen, for diagnostics
+	// hold > 0 (while a streamed request runs): the reader stops reading
+	// while out holds that much, until a consumer takes it, so a slow
+	// consumer slows the code down (a full pipe) instead of losing output.
+	hold int
 }
 
 const tailSize = 4 << 10
@@ -45,6 +50,13 @@ func (c *collector) run(r io.Reader) {
 			c.mu.Lock()
 			c.pending = append(c.pending, buf[:n]...)
 			c.scan()
+			c.notify() // a streamed request's consumer waits for output
+			for c.hold > 0 && len(c.out) >= c.hold {
+				ch := c.changed
+				c.mu.Unlock()
+				<-ch // take or setHold
+				c.mu.Lock()
+			}
 			c.mu.Unlock()
 		}
 		if err != nil {
@@ -135,16 +147,60 @@ func (c *collector) waitMark(id int64, deadline time.Time) bool {
 	}
 }
 
-// take returns and clears the output collected so far.
-func (c *collector) take() string {
+// take returns and clears the output collected so far. With whole false
+// it keeps back an incomplete UTF-8 character at the end (its other bytes
+// are still to come), so that a streamed chunk never splits one.
+func (c *collector) take(whole bool) string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s := string(c.out)
+	n := len(c.out)
+	if !whole && c.dropped == 0 {
+		n -= partialRune(c.out)
+	}
+	s := string(c.out[:n])
 	if c.dropped > 0 {
 		s += fmt.Sprintf("\n[forkd: %d more bytes of output dropped]\n", c.dropped)
 	}
-	c.out, c.dropped = nil, 0
+	c.out, c.dropped = append(c.out[:0:0], c.out[n:]...), 0
+	c.notify() // wakes a reader waiting for room (hold)
 	return s
+}
+
+// avail returns how many bytes take(false) would return now, and a channel
+// closed when that may have changed.
+func (c *collector) avail() (int, <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := len(c.out)
+	if c.dropped == 0 {
+		n -= partialRune(c.out)
+	} else {
+		n++ // the note is due
+	}
+	return n, c.changed
+}
+
+// setHold sets the read-ahead bound of a streamed request (0: none).
+func (c *collector) setHold(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.hold = n
+	c.notify()
+}
+
+// partialRune returns the length of the incomplete (but so far valid)
+// UTF-8 encoding at the end of b; 0 if b ends with a whole character or
+// with bytes that can never become one.
+func partialRune(b []byte) int {
+	for k := 1; k <= utf8.UTFMax-1 && k <= len(b); k++ {
+		if utf8.RuneStart(b[len(b)-k]) {
+			if utf8.FullRune(b[len(b)-k:]) {
+				return 0
+			}
+			return k
+		}
+	}
+	return 0
 }
 
 // lastBytes returns the tail of everything seen, for error messages.

@@ -10,6 +10,10 @@
 // captured, in order). Output that arrives between requests (a background
 // thread, a child process still running) is attributed to the next request.
 //
+// A streamed request (RunStream) hands the output to its consumer as it is
+// read, coalesced for at most 20 ms; the runner runs unbuffered (-u), so
+// print() reaches the pipe at once.
+//
 // Calls are serialized: one request runs at a time, others queue. A timeout
 // sends SIGINT to the session's process group; the runner turns the
 // KeyboardInterrupt into an error and the session lives on. Code that

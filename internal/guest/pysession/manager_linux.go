@@ -79,6 +79,18 @@ func (m *Manager) Run(ctx context.Context, req agentapi.RunCodeRequest) (agentap
 	return res, m.classify(s, err)
 }
 
+// RunStream runs code in the session, handing its output to out as it
+// appears (see Session.RunStream); started is called when the code is
+// about to start.
+func (m *Manager) RunStream(ctx context.Context, req agentapi.RunCodeRequest, started func(), out Output) (agentapi.RunCodeResult, error) {
+	s := m.current()
+	if s == nil {
+		return agentapi.RunCodeResult{}, errNoSession
+	}
+	res, err := s.RunStream(ctx, req.Code, time.Duration(req.TimeoutMillis)*time.Millisecond, started, out)
+	return res, m.classify(s, err)
+}
+
 // Reseed reseeds the session's generators; without a session it does
 // nothing. A session that cannot be reseeded is killed: code must never run
 // with the template's seed in a child.

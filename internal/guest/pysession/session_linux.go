@@ -281,6 +281,44 @@ func (s *Session) stderrNote() string {
 // means none. If ctx ends while the code runs, the code is interrupted as on
 // a timeout and ctx's error is returned.
 func (s *Session) Run(ctx context.Context, code string, timeout time.Duration) (agentapi.RunCodeResult, error) {
+	return s.run(ctx, code, timeout, nil, nil)
+}
+
+// Output receives the output of a streamed run: stream is
+// agentapi.EventStdout or agentapi.EventStderr, data is never empty.
+type Output func(stream, data string)
+
+// Streaming parameters: output is handed to Output at most streamDelay
+// after it was read (small writes are coalesced until then), at once when
+// streamChunk bytes are waiting; the reader stops reading ahead of a slow
+// consumer at streamHold bytes.
+const (
+	streamDelay = 20 * time.Millisecond
+	streamChunk = 32 << 10
+	streamHold  = 256 << 10
+)
+
+// RunStream runs code as Run does, but hands its output to out as it
+// appears instead of returning it: the result's Stdout and Stderr are
+// empty, all of the output has gone to out when RunStream returns. out is
+// called from one goroutine at a time, never after RunStream has returned,
+// and its chunks never split a UTF-8 character (bytes that are not UTF-8
+// pass as they are). A slow out slows the code down (its writes block on a
+// full pipe) rather than losing output, until the code is interrupted or
+// done. started, if not nil, is called once the request holds the session
+// (after queueing and a pending reseed), just before the code starts:
+// errors before it are the call's, errors after it happened while the code
+// ran.
+func (s *Session) RunStream(ctx context.Context, code string, timeout time.Duration, started func(), out Output) (agentapi.RunCodeResult, error) {
+	if out == nil {
+		out = func(string, string) {}
+	}
+	return s.run(ctx, code, timeout, started, out)
+}
+
+// run serves Run (out nil: output is collected into the result) and
+// RunStream.
+func (s *Session) run(ctx context.Context, code string, timeout time.Duration, started func(), out Output) (agentapi.RunCodeResult, error) {
 	if err := s.acquire(ctx); err != nil {
 		return agentapi.RunCodeResult{}, err
 	}
@@ -288,12 +326,20 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration) (
 	if err := s.sendPendingSeed(ctx); err != nil {
 		return agentapi.RunCodeResult{}, err
 	}
+	if started != nil {
+		started()
+	}
 	start := time.Now()
+	finish := func() {}
+	if out != nil {
+		finish = s.stream(out)
+	}
 	r, timedOut, err := s.call(ctx, map[string]any{"op": "run", "code": code}, timeout)
-	res := agentapi.RunCodeResult{
-		Stdout:         s.stdout.take(),
-		Stderr:         s.stderr.take(),
-		DurationMicros: time.Since(start).Microseconds(),
+	res := agentapi.RunCodeResult{DurationMicros: time.Since(start).Microseconds()}
+	if out != nil {
+		finish() // delivers the rest; the result carries no output
+	} else {
+		res.Stdout, res.Stderr = s.stdout.take(true), s.stderr.take(true)
 	}
 	if err != nil {
 		if timedOut && errors.Is(err, ErrDead) {
@@ -329,6 +375,83 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration) (
 		return res, ctx.Err()
 	}
 	return res, nil
+}
+
+// stream starts handing the collectors' output to out; the returned func
+// stops it after delivering everything collected so far.
+func (s *Session) stream(out Output) (finish func()) {
+	hold := min(streamHold, max(s.cfg.MaxOutput/2, 1))
+	s.stdout.setHold(hold)
+	s.stderr.setHold(hold)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.pumpOutput(stop, out)
+	}()
+	return func() {
+		close(stop)
+		<-done
+		s.unhold()
+		if o := s.stdout.take(true); o != "" {
+			out(agentapi.EventStdout, o)
+		}
+		if e := s.stderr.take(true); e != "" {
+			out(agentapi.EventStderr, e)
+		}
+	}
+}
+
+// unhold lets the collectors read on however far ahead of a consumer.
+func (s *Session) unhold() {
+	s.stdout.setHold(0)
+	s.stderr.setHold(0)
+}
+
+// pumpOutput hands output to out until stop: a chunk of output is
+// delivered streamDelay after its first byte was read, or as soon as
+// streamChunk bytes are waiting.
+func (s *Session) pumpOutput(stop <-chan struct{}, out Output) {
+	var timer *time.Timer
+	var due <-chan time.Time // set while output waits for its delivery
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	deliver := func() {
+		due = nil
+		if o := s.stdout.take(false); o != "" {
+			out(agentapi.EventStdout, o)
+		}
+		if e := s.stderr.take(false); e != "" {
+			out(agentapi.EventStderr, e)
+		}
+	}
+	for {
+		no, cho := s.stdout.avail()
+		ne, che := s.stderr.avail()
+		switch {
+		case no+ne >= streamChunk:
+			deliver()
+			continue
+		case no+ne > 0 && due == nil:
+			if timer == nil {
+				timer = time.NewTimer(streamDelay)
+			} else {
+				timer.Reset(streamDelay)
+			}
+			due = timer.C
+		}
+		select {
+		case <-cho:
+		case <-che:
+		case <-due:
+			deliver()
+		case <-stop:
+			return
+		}
+	}
 }
 
 // Reseed reseeds random (and numpy.random if imported) from seed now. It
@@ -372,8 +495,8 @@ func (s *Session) sendPendingSeed(ctx context.Context) error {
 		return nil
 	}
 	r, _, err := s.call(ctx, map[string]any{"op": "reseed", "seed": hex.EncodeToString(seed)}, 0)
-	s.stdout.take() // nothing of the user's belongs to a reseed; keep it
-	s.stderr.take() // from landing in the next request either way
+	s.stdout.take(true) // nothing of the user's belongs to a reseed; keep it
+	s.stderr.take(true) // from landing in the next request either way
 	if err == nil && r.Error != nil {
 		err = fmt.Errorf("reseeding Python: %s: %s", r.Error.Name, r.Error.Value)
 	}
@@ -427,6 +550,9 @@ func (s *Session) call(ctx context.Context, req map[string]any, timeout time.Dur
 	var retry <-chan time.Time
 	tries := 0
 	interrupt := func() {
+		// A consumer that holds the output back must not keep the
+		// interrupted code (or the runner's markers) from writing.
+		s.unhold()
 		tries++
 		if tries > 3 {
 			s.kill("it ignored interrupts after its timeout")
@@ -451,6 +577,9 @@ func (s *Session) call(ctx context.Context, req map[string]any, timeout time.Dur
 			if r.ID != id {
 				continue // a stale answer; cannot happen while calls are serialized
 			}
+			// The code is done: read what is left up to the markers now,
+			// however far a streamed request's consumer lags.
+			s.unhold()
 			// Both markers follow the flushes that precede the response;
 			// they are normally already read.
 			dl := time.Now().Add(5 * time.Second)
@@ -458,6 +587,7 @@ func (s *Session) call(ctx context.Context, req map[string]any, timeout time.Dur
 			s.stderr.waitMark(id, dl)
 			return r, interrupted, nil
 		case <-s.proc.Done():
+			s.unhold()
 			// Drain what it wrote before dying.
 			dl := time.Now().Add(time.Second)
 			s.stdout.waitMark(1<<62, dl)
