@@ -93,7 +93,7 @@ func (p *pool) refill() {
 				return
 			}
 			p.mu.Unlock()
-			pv, err := p.e.prepare(context.Background(), p.snap)
+			pv, err := p.e.prepare(context.Background(), p.snap, poolNice)
 			if err != nil {
 				p.e.log.Warn("pool refill failed", "tag", p.snap.Tag, "err", err)
 				p.mu.Lock()

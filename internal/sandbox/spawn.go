@@ -61,9 +61,15 @@ func (e *Engine) machineConfig(id string, snap *snapshot.Snapshot, runDir string
 	}
 }
 
+// poolNice is the CPU niceness pool refills start VMMs with: QEMU's
+// start-up is ~40 ms of CPU, and a refill runs right after a fork, when
+// the new sandboxes' first requests should have the CPU.
+const poolNice = 10
+
 // prepare runs the steps that precede a restore: namespace + tap, VMM
-// process in -incoming mode, agent socket connected.
-func (e *Engine) prepare(ctx context.Context, snap *snapshot.Snapshot) (_ *prepared, err error) {
+// process in -incoming mode, agent socket connected. nice > 0 starts the
+// VMM at a lower CPU priority (pool refills).
+func (e *Engine) prepare(ctx context.Context, snap *snapshot.Snapshot, nice int) (_ *prepared, err error) {
 	start := time.Now()
 	id := newSandboxID()
 	var cl cleanup.Stack
@@ -84,6 +90,7 @@ func (e *Engine) prepare(ctx context.Context, snap *snapshot.Snapshot) (_ *prepa
 	mc := e.machineConfig(id, snap, runDir)
 	mc.Network = &vmm.Network{NetNSPath: ns.Path(), TapName: netns.DefaultTap, MAC: snap.Network.GuestMAC}
 	mc.VMGenID = newUUID()
+	mc.Nice = nice
 	m, err := e.cfg.Driver.Prepare(ctx, vmm.PrepareSpec{MachineConfig: mc, StateFile: snap.Path(snapshot.StateFile)})
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: start VMM: %w", id, err)
@@ -179,8 +186,13 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 	start := time.Now()
 	pv, pooled := p.take()
 	if pv == nil {
-		if pv, err = e.prepare(ctx, p.snap); err != nil {
+		if pv, err = e.prepare(ctx, p.snap, 0); err != nil {
 			return nil, err
+		}
+	} else if pr, ok := pv.machine.(vmm.Prioritizer); ok {
+		// It waited at pool priority; a sandbox runs at normal priority.
+		if err := pr.SetNice(0); err != nil {
+			e.log.Warn("could not restore a pooled VMM's CPU priority", "sandbox_id", pv.id, "err", err)
 		}
 	}
 	defer func() {

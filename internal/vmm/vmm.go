@@ -87,6 +87,10 @@ type MachineConfig struct {
 	VMGenID string
 	// ConsoleLog receives the guest serial console (appended).
 	ConsoleLog string
+	// Nice is the CPU niceness the VMM process starts with (0: normal).
+	// Pool refills start VMMs at a low priority so they yield to running
+	// sandboxes; Prioritizer resets it when one is taken.
+	Nice int
 }
 
 // BootSpec starts a fresh VM.
@@ -278,4 +282,10 @@ type AdoptSpec struct {
 // that no daemon accounts for.
 type Adopter interface {
 	Adopt(ctx context.Context, spec AdoptSpec) (Machine, error)
+}
+
+// Prioritizer is implemented by machines whose CPU priority can change
+// after start (every thread of the VMM process).
+type Prioritizer interface {
+	SetNice(nice int) error
 }

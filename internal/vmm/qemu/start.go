@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -175,6 +176,13 @@ func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile str
 	}
 	spawned := time.Now()
 	m.pid = cmd.Process.Pid // before the reaper runs, which zeroes it
+	if cfg.Nice != 0 {
+		// Right after the fork, before QEMU creates its threads (which
+		// inherit the main thread's niceness).
+		if err := unix.Setpriority(unix.PRIO_PROCESS, m.pid, cfg.Nice); err != nil {
+			d.log.Warn("could not lower the VMM's CPU priority", "id", cfg.ID, "err", err)
+		}
+	}
 	// Read while the unreaped child holds its PID: the identity a later
 	// daemon verifies before adopting it.
 	m.ident = vmm.ProcessIdentity{PID: m.pid}
