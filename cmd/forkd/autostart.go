@@ -92,25 +92,36 @@ func daemonCmd(g *globals) *cobra.Command {
 	cmd.AddCommand(&cobra.Command{
 		Use: "start", Short: "Start the daemon in the background", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if client.New(g.socketPath()).Ping(cmd.Context()) == nil {
+			if client.New(g.socketPath()).Ping(cmd.Context()) != nil {
+				if err := g.startDaemon(cmd.Context()); err != nil {
+					return err
+				}
+			} else if !g.jsonOut {
 				fmt.Println("forkd daemon already running on", g.socketPath())
-				return nil
 			}
-			return g.startDaemon(cmd.Context())
+			if g.jsonOut {
+				return printJSON(map[string]any{"running": true, "pid": daemonPID(g), "socket": g.socketPath()})
+			}
+			return nil
 		},
 	}, &cobra.Command{
 		Use: "stop", Short: "Stop the daemon (sandboxes keep running unless it was started with --stop-sandboxes; the next daemon re-adopts them)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			pid := daemonPID(g)
-			if pid == 0 || syscall.Kill(pid, 0) != nil {
-				fmt.Println("forkd daemon is not running")
+			say := func(stopped bool, msg string) error {
+				if g.jsonOut {
+					return printJSON(map[string]any{"stopped": stopped, "pid": pid})
+				}
+				fmt.Println(msg)
 				return nil
+			}
+			if pid == 0 || syscall.Kill(pid, 0) != nil {
+				return say(false, "forkd daemon is not running")
 			}
 			syscall.Kill(pid, syscall.SIGTERM)
 			for i := 0; i < 600; i++ {
 				if syscall.Kill(pid, 0) != nil {
-					fmt.Println("forkd daemon stopped")
-					return nil
+					return say(true, "forkd daemon stopped")
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
@@ -133,7 +144,11 @@ func daemonCmd(g *globals) *cobra.Command {
 	}, &cobra.Command{
 		Use: "logs", Short: "Print the daemon's log", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Println(tailFile(g.logPath(), 64<<10))
+			log := tailFile(g.logPath(), 64<<10)
+			if g.jsonOut {
+				return printJSON(map[string]any{"path": g.logPath(), "log": log})
+			}
+			fmt.Println(log)
 			return nil
 		},
 	})

@@ -35,6 +35,9 @@ func tokenCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if g.jsonOut {
+				return printJSON(map[string]string{"name": args[0], "token": plain})
+			}
 			fmt.Println(plain)
 			return nil
 		},
@@ -60,7 +63,14 @@ func tokenCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return t.Revoke(args[0])
+			if err := t.Revoke(args[0]); err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return printJSON(map[string]string{"revoked": args[0]})
+			}
+			fmt.Println("revoked", args[0])
+			return nil
 		},
 	})
 	return cmd
