@@ -2,12 +2,8 @@ package api
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
-	"strings"
-	"sync"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/apiv1"
@@ -40,65 +36,18 @@ func (s *Server) runCodeStream(w http.ResponseWriter, r *http.Request) {
 // agent's events; what fails after that (no session, the session died, the
 // agent is gone) is the error event.
 func proxyRunCodeStream(w http.ResponseWriter, r *http.Request, agent codeStreamer, req agentapi.RunCodeRequest) {
-	rc := http.NewResponseController(w)
-	cw := &codeEventWriter{w: w, rc: rc, sse: strings.Contains(r.Header.Get("Accept"), sseType)}
-	if cw.sse {
-		w.Header().Set("Content-Type", sseType)
-		w.Header().Set("Cache-Control", "no-cache")
-	} else {
-		w.Header().Set("Content-Type", ndjson)
+	ev := startEvents(w, r, http.NewResponseController(w))
+	out := func(typ string) io.Writer {
+		return ev.stream(typ, func(p []byte) any { return apiv1.RunCodeEvent{Type: typ, Data: string(p)} })
 	}
-	w.WriteHeader(http.StatusOK)
-	rc.Flush()
 	// A failed write (the client left) fails the agent call, which
 	// interrupts the code.
-	res, err := agent.RunCodeStream(r.Context(), req, cw.stream(agentapi.EventStdout), cw.stream(agentapi.EventStderr))
+	res, err := agent.RunCodeStream(r.Context(), req, out(agentapi.EventStdout), out(agentapi.EventStderr))
 	if err != nil {
 		noteError(r, err)
 		p := ProblemOf(err, requestID(r))
-		cw.send(apiv1.RunCodeEvent{Type: agentapi.EventError, Error: &p})
+		ev.send(agentapi.EventError, apiv1.RunCodeEvent{Type: agentapi.EventError, Error: &p})
 		return
 	}
-	cw.send(apiv1.RunCodeEvent{Type: agentapi.EventResult, Result: &res})
-}
-
-// codeEventWriter writes RunCodeEvents as NDJSON lines or SSE messages,
-// flushing each.
-type codeEventWriter struct {
-	mu  sync.Mutex
-	w   io.Writer
-	rc  *http.ResponseController
-	sse bool
-}
-
-func (c *codeEventWriter) send(ev apiv1.RunCodeEvent) error {
-	data, err := json.Marshal(ev)
-	if err != nil {
-		return err
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.sse {
-		_, err = fmt.Fprintf(c.w, "event: %s\ndata: %s\n\n", ev.Type, data)
-	} else {
-		_, err = c.w.Write(append(data, '\n'))
-	}
-	if err != nil {
-		return err
-	}
-	return c.rc.Flush()
-}
-
-type codeEventStream struct {
-	c   *codeEventWriter
-	typ string
-}
-
-func (c *codeEventWriter) stream(typ string) io.Writer { return &codeEventStream{c: c, typ: typ} }
-
-func (s *codeEventStream) Write(p []byte) (int, error) {
-	if err := s.c.send(apiv1.RunCodeEvent{Type: s.typ, Data: string(p)}); err != nil {
-		return 0, err
-	}
-	return len(p), nil
+	ev.send(agentapi.EventResult, apiv1.RunCodeEvent{Type: agentapi.EventResult, Result: &res})
 }

@@ -589,12 +589,6 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, fi)
 }
 
-// Exec answer formats, chosen by the Accept header.
-const (
-	ndjson  = "application/x-ndjson"
-	sseType = "text/event-stream"
-)
-
 // maxBufferedOutput bounds each of stdout and stderr in a buffered
 // (application/json) exec answer; streams are unbounded.
 const maxBufferedOutput = 16 << 20
@@ -644,21 +638,16 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		})
 		return
 	}
-	ev := &eventWriter{w: w, rc: rc, sse: strings.Contains(accept, sseType)}
-	if ev.sse {
-		w.Header().Set("Content-Type", sseType)
-		w.Header().Set("Cache-Control", "no-cache")
-	} else {
-		w.Header().Set("Content-Type", ndjson)
+	ev := startEvents(w, r, rc)
+	out := func(typ string) io.Writer {
+		return ev.stream(typ, func(p []byte) any { return apiv1.ExecEvent{Type: typ, Data: append([]byte(nil), p...)} })
 	}
-	w.WriteHeader(http.StatusOK)
-	rc.Flush()
-	exit, err := agent.Exec(r.Context(), req, stdin, ev.stream(agentapi.EventStdout), ev.stream(agentapi.EventStderr))
+	exit, err := agent.Exec(r.Context(), req, stdin, out(agentapi.EventStdout), out(agentapi.EventStderr))
 	if err != nil {
 		exit = apiv1.ExecEvent{ExitCode: -1, Error: err.Error()}
 	}
 	exit.Type = agentapi.EventExit
-	ev.send(exit)
+	ev.send(exit.Type, exit)
 }
 
 // boundedBuffer keeps the first max bytes written and notes truncation.
@@ -677,45 +666,4 @@ func (b *boundedBuffer) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	return b.Buffer.Write(p)
-}
-
-// eventWriter turns stdout/stderr writes into exec events, as NDJSON lines
-// or SSE messages.
-type eventWriter struct {
-	mu  sync.Mutex
-	w   io.Writer
-	rc  *http.ResponseController
-	sse bool
-}
-
-func (e *eventWriter) send(ev apiv1.ExecEvent) error {
-	data, err := json.Marshal(ev)
-	if err != nil {
-		return err
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.sse {
-		_, err = fmt.Fprintf(e.w, "event: %s\ndata: %s\n\n", ev.Type, data)
-	} else {
-		_, err = e.w.Write(append(data, '\n'))
-	}
-	if err != nil {
-		return err
-	}
-	return e.rc.Flush()
-}
-
-type eventStream struct {
-	e   *eventWriter
-	typ string
-}
-
-func (e *eventWriter) stream(typ string) io.Writer { return &eventStream{e: e, typ: typ} }
-
-func (s *eventStream) Write(p []byte) (int, error) {
-	if err := s.e.send(apiv1.ExecEvent{Type: s.typ, Data: append([]byte(nil), p...)}); err != nil {
-		return 0, err
-	}
-	return len(p), nil
 }

@@ -1,0 +1,79 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+)
+
+// Streamed answer formats, chosen by the Accept header.
+const (
+	ndjson  = "application/x-ndjson"
+	sseType = "text/event-stream"
+)
+
+// eventWriter writes typed events to a streamed answer (exec, run_code
+// stream) as NDJSON lines or Server-Sent Events, flushing each so the
+// client sees output as it happens.
+type eventWriter struct {
+	mu  sync.Mutex
+	w   io.Writer
+	rc  *http.ResponseController
+	sse bool
+}
+
+// startEvents sends the 200 with the format the request accepts (SSE when
+// it asks for text/event-stream, NDJSON otherwise).
+func startEvents(w http.ResponseWriter, r *http.Request, rc *http.ResponseController) *eventWriter {
+	ev := &eventWriter{w: w, rc: rc, sse: strings.Contains(r.Header.Get("Accept"), sseType)}
+	if ev.sse {
+		w.Header().Set("Content-Type", sseType)
+		w.Header().Set("Cache-Control", "no-cache")
+	} else {
+		w.Header().Set("Content-Type", ndjson)
+	}
+	w.WriteHeader(http.StatusOK)
+	rc.Flush()
+	return ev
+}
+
+// send writes one event of type typ.
+func (e *eventWriter) send(typ string, ev any) error {
+	data, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sse {
+		_, err = fmt.Fprintf(e.w, "event: %s\ndata: %s\n\n", typ, data)
+	} else {
+		_, err = e.w.Write(append(data, '\n'))
+	}
+	if err != nil {
+		return err
+	}
+	return e.rc.Flush()
+}
+
+// stream returns a writer that sends each write as an event of type typ,
+// built by mk (which must copy p if it keeps it).
+func (e *eventWriter) stream(typ string, mk func(p []byte) any) io.Writer {
+	return &eventStream{e: e, typ: typ, mk: mk}
+}
+
+type eventStream struct {
+	e   *eventWriter
+	typ string
+	mk  func([]byte) any
+}
+
+func (s *eventStream) Write(p []byte) (int, error) {
+	if err := s.e.send(s.typ, s.mk(p)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
