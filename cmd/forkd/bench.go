@@ -20,6 +20,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/sandbox"
+	"github.com/forkd-dev/forkd/internal/snapshot"
 )
 
 func benchCmd(g *globals) *cobra.Command {
@@ -125,11 +126,7 @@ func runBenchSpawn(ctx context.Context, g *globals, o benchOpts) error {
 	}()
 	say := func(format string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...) }
 
-	snap, err := e.Store().Get(o.tag)
-	if errdefs.IsNotFound(err) {
-		say("creating snapshot %s from recipe %s", o.tag, o.recipe)
-		snap, err = e.CreateSnapshot(ctx, sandbox.CreateSnapshotOptions{Tag: o.tag, Recipe: o.recipe, Progress: func(m string) { say("  %s", m) }})
-	}
+	snap, err := benchSnapshot(ctx, e, o.tag, o.recipe, say)
 	if err != nil {
 		return err
 	}
@@ -268,6 +265,17 @@ func runBenchSpawn(ctx context.Context, g *globals, o benchOpts) error {
 	}
 	fmt.Print(report.String())
 	return nil
+}
+
+// benchSnapshot returns the snapshot a benchmark forks, creating it from
+// recipe when the tag does not exist yet.
+func benchSnapshot(ctx context.Context, e *sandbox.Engine, tag, recipe string, say func(string, ...any)) (*snapshot.Snapshot, error) {
+	snap, err := e.Store().Get(tag)
+	if errdefs.IsNotFound(err) {
+		say("creating snapshot %s from recipe %s", tag, recipe)
+		snap, err = e.CreateSnapshot(ctx, sandbox.CreateSnapshotOptions{Tag: tag, Recipe: recipe, Progress: func(m string) { say("  %s", m) }})
+	}
+	return snap, err
 }
 
 func cpuModel() string {

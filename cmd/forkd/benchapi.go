@@ -248,11 +248,7 @@ func runBenchAPI(ctx context.Context, g *globals, o benchAPIOpts) error {
 	go hs.Serve(ln)
 	defer hs.Close() // runs before the engine closes: in-flight requests end first
 
-	snap, err := e.Store().Get(o.tag)
-	if errdefs.IsNotFound(err) {
-		say("creating snapshot %s from recipe %s", o.tag, o.recipe)
-		snap, err = e.CreateSnapshot(ctx, sandbox.CreateSnapshotOptions{Tag: o.tag, Recipe: o.recipe, Progress: func(m string) { say("  %s", m) }})
-	}
+	snap, err := benchSnapshot(ctx, e, o.tag, o.recipe, say)
 	if err != nil {
 		return err
 	}
