@@ -111,6 +111,10 @@ type SnapshotType string
 const (
 	SnapshotFull SnapshotType = "full"
 	SnapshotDiff SnapshotType = "diff"
+	// SnapshotLive captures a running machine's memory as of one instant
+	// while it keeps running (QEMU: background-snapshot); the pause is only
+	// the device-state save.
+	SnapshotLive SnapshotType = "live"
 )
 
 // SnapshotSpec says where a snapshot goes.
@@ -126,6 +130,12 @@ type SnapshotSpec struct {
 	// StopAfter ends the VM after the snapshot. Required for QEMU templating:
 	// a running template would keep writing the shared memory file.
 	StopAfter bool
+	// PageIndexFile, optional, receives the list of guest pages a diff
+	// snapshot of a clone copied from the running VM rather than from the
+	// memory file the clone was started from (package memlayer's format):
+	// every page in which MemoryFile differs from that file (and a few that
+	// were written back unchanged).
+	PageIndexFile string
 }
 
 // SnapshotResult describes a written snapshot.
@@ -135,6 +145,15 @@ type SnapshotResult struct {
 	// Paused is how long the guest was stopped (zero for a live save).
 	Paused   time.Duration
 	Duration time.Duration
+	// BytesWritten is how much the snapshot wrote to its files (memory
+	// data, including a copy of the parent's data, and state).
+	BytesWritten int64
+	// DirtyPages is how many guest pages the snapshot took from the
+	// running VM: the pages a clone wrote (diff), the pages with data
+	// (full, live).
+	DirtyPages int64
+	// PageIndexFile is SnapshotSpec.PageIndexFile once written.
+	PageIndexFile string
 }
 
 // RestoreTimings breaks a restore down for metrics and benchmarks.

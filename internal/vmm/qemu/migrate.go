@@ -85,9 +85,14 @@ type migrationInfo struct {
 // shared memory file, which is reported as the result's MemoryFile; a
 // machine booted without a memory file writes RAM into the state file.
 // Only full snapshots are supported. StopAfter is required when RAM is
-// shared, and then QEMU quits once the state file is durable.
+// shared, and then QEMU quits once the state file is durable. A running
+// clone is branched instead (diff, full or live; see branch.go).
 func (m *Machine) Snapshot(ctx context.Context, spec vmm.SnapshotSpec) (_ vmm.SnapshotResult, err error) {
 	start := time.Now()
+	if m.isBranchable() {
+		// A running clone: see branch.go.
+		return m.branch(ctx, spec)
+	}
 	switch spec.Type {
 	case vmm.SnapshotFull, "":
 	case vmm.SnapshotDiff:

@@ -239,3 +239,15 @@ func TestNewErrors(t *testing.T) {
 		t.Errorf("bad user: %v", err)
 	}
 }
+
+func TestValidateRefusesOptionInjection(t *testing.T) {
+	for _, n := range []vmm.Network{
+		{TapName: "tap0", MAC: "06:00:ac:1f:00:02,romfile=/etc/shadow"},
+		{TapName: "tap0,ifname=x", MAC: "06:00:ac:1f:00:02"},
+	} {
+		c := vmm.MachineConfig{ID: "x", RunDir: "/tmp/x", MemoryMiB: 64, VCPUs: 1, Network: &n}
+		if err := validate(&c, true); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("network %+v: %v, want invalid argument", n, err)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"syscall"
 	"time"
@@ -30,6 +31,11 @@ const stateFD = "forkd-state"
 var errExited = errors.New("qemu process exited")
 
 // validate fills defaults into c and checks it.
+var (
+	macRule    = regexp.MustCompile(`^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$`)
+	ifnameRule = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
+)
+
 func validate(c *vmm.MachineConfig, incoming bool) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("qemu %s: %s: %w", c.ID, fmt.Sprintf(format, args...), errdefs.ErrInvalidArgument)
@@ -42,6 +48,17 @@ func validate(c *vmm.MachineConfig, incoming bool) error {
 	}
 	if c.MemoryMiB <= 0 {
 		return bad("memory %d MiB", c.MemoryMiB)
+	}
+	// Values that reach QEMU's option syntax unescaped must be plain: a
+	// MAC or tap name with a ',' could add options (snapshots can arrive in
+	// archives from elsewhere).
+	if n := c.Network; n != nil {
+		if n.MAC != "" && !macRule.MatchString(n.MAC) {
+			return bad("guest MAC %q is not of the form 06:00:ac:1f:00:02", n.MAC)
+		}
+		if !ifnameRule.MatchString(n.TapName) {
+			return bad("tap name %q: 1-15 letters, digits, '-', '_' or '.'", n.TapName)
+		}
 	}
 	if c.VCPUs == 0 {
 		c.VCPUs = 1

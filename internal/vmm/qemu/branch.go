@@ -1,0 +1,940 @@
+package qemu
+
+// Branching a running clone: Snapshot of a machine restored from a
+// template writes a new template (a memory file and a state file) that
+// grandchildren restore exactly like the original one, and lets the clone
+// run on.
+//
+// A clone's RAM is its memory file mapped copy-on-write, so the clone's
+// memory is the file plus the pages it has written. Three ways to capture
+// it (vmm.SnapshotType):
+//
+//   - diff (the default): before pausing, copy the memory file's data
+//     extents into a sparse copy (a reflink where the file system has
+//     them); then stop the guest, find the pages it wrote (anonymous pages
+//     of its private mapping: PAGEMAP_SCAN, or /proc/PID/pagemap) and copy
+//     them from /proc/PID/mem over the copy, while QEMU saves the device
+//     state without RAM (xen-save-devices-state); then cont. The pause
+//     grows with the pages the clone wrote, not with its memory size.
+//   - full: stop the guest and copy all of its RAM from /proc/PID/mem,
+//     zero pages left as holes. Needs nothing of the clone's memory file;
+//     the pause grows with the memory size.
+//   - live: QEMU's background-snapshot (userfaultfd write-protection
+//     inside QEMU; the guest runs on while its RAM is saved as of the
+//     branch instant), streamed through a socket into a converter that
+//     splits the migration stream into a sparse memory file and a small
+//     state file. The guest pauses only while QEMU saves the device state
+//     and write-protects RAM. It needs the memory file on tmpfs or
+//     hugetlbfs and a QEMU allowed to create a userfaultfd (root, or
+//     vm.unprivileged_userfaultfd=1); see liveSupport.
+//
+// In every mode the state file is a complete QEMU 7.2 migration stream
+// without the pages of guest memory (RAM block "mem"): the header, the
+// configuration section, the "ram" sections with the block list and the
+// pages of the small RAM blocks (firmware and ACPI tables; QEMU does not
+// restore them under -incoming, so they must be in the stream, or a
+// grandchild would have zeros at its reset vector), and the device
+// state. A grandchild is prepared like any clone: PrepareSpec with
+// MemoryFile = the branch's memory file (mapped share=off) and StateFile =
+// the branch's state file; it loads it with x-ignore-shared through
+// migrate-incoming and runs without a cont.
+//
+// SnapshotSpec.MemoryFile must not exist (it could be another snapshot's
+// memory, mapped by clones); StateFile is created or truncated; a diff
+// branch also writes PageIndexFile when it is set (package memlayer). A
+// failed branch removes what it created. SnapshotSpec.Type "" means diff.
+//
+// The source clone resumes whatever fails: every path that stopped the
+// guest sends cont (with a context of its own) before it returns.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/fsutil"
+	"github.com/forkd-dev/forkd/internal/memlayer"
+	"github.com/forkd-dev/forkd/internal/qmp"
+	"github.com/forkd-dev/forkd/internal/vmm"
+)
+
+const (
+	// branchFD is the name of the live branch's stream descriptor in QEMU.
+	branchFD = "forkd-branch"
+
+	// branchMachineType is the machine type the configuration section of
+	// a branch's state file names: the driver's -M (args.go).
+	branchMachineType = "microvm"
+
+	// ramSectionID is the section id of the "ram" handler in the state
+	// files of diff and full branches. QEMU numbers its handlers in
+	// registration order (the ram handler is 2 on QEMU 7.2 x86); a
+	// loader only needs it unique among the sections before the device
+	// state, which any non-zero id is.
+	ramSectionID = 2
+
+	// biosBlock is the firmware RAM block, mapped just below 4 GiB.
+	biosBlock = "pc.bios"
+
+	// resumeTimeout bounds the cont that ends a pause when the caller's
+	// context has already ended.
+	resumeTimeout = 10 * time.Second
+)
+
+// branchHook, when set (tests), runs at named points of a branch; an
+// error it returns fails the branch there.
+var branchHook func(point string) error
+
+func hook(point string) error {
+	if branchHook != nil {
+		return branchHook(point)
+	}
+	return nil
+}
+
+// isBranchable reports whether Snapshot should branch: a clone (RAM mapped
+// privately from a memory file) that has been restored.
+func (m *Machine) isBranchable() bool {
+	if !m.incoming || m.cfg.MemoryFile == "" {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.state == stateRunning || m.state == stateSnapshotting
+}
+
+// branch is Snapshot of a running clone (see the comment at the top).
+func (m *Machine) branch(ctx context.Context, spec vmm.SnapshotSpec) (res vmm.SnapshotResult, err error) {
+	start := time.Now()
+	mode := spec.Type
+	if mode == "" {
+		mode = vmm.SnapshotDiff
+	}
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("qemu %s: branch: %s: %w", m.cfg.ID, fmt.Sprintf(format, args...), errdefs.ErrInvalidArgument)
+	}
+	switch mode {
+	case vmm.SnapshotDiff, vmm.SnapshotFull, vmm.SnapshotLive:
+	default:
+		return res, bad("snapshot type %q (diff, full or live)", spec.Type)
+	}
+	if spec.StateFile == "" || spec.MemoryFile == "" {
+		return res, bad("a branch needs a state file and a memory file")
+	}
+	outs := []string{spec.StateFile, spec.MemoryFile}
+	if spec.PageIndexFile != "" && mode == vmm.SnapshotDiff {
+		outs = append(outs, spec.PageIndexFile)
+	}
+	for i, p := range outs {
+		if sameFile(p, m.cfg.MemoryFile) {
+			return res, bad("%s is the clone's own memory file", p)
+		}
+		for _, q := range outs[:i] {
+			if filepath.Clean(p) == filepath.Clean(q) {
+				return res, bad("%s named twice", p)
+			}
+		}
+	}
+	if mode == vmm.SnapshotLive {
+		if err := liveSupport(m.PID(), m.cfg.MemoryFile); err != nil {
+			return res, fmt.Errorf("qemu %s: live branch: %w", m.cfg.ID, err)
+		}
+	}
+	if err := m.transition("snapshot", stateSnapshotting, stateRunning); err != nil {
+		return res, err
+	}
+	defer m.transition("snapshot", stateRunning, stateSnapshotting)
+	b := &brancher{m: m, spec: spec, mode: mode, pid: m.PID()}
+	defer func() {
+		if err != nil {
+			for _, p := range b.created {
+				os.Remove(p)
+			}
+		}
+	}()
+	if mode == vmm.SnapshotLive {
+		err = b.live(ctx)
+	} else {
+		err = b.paused(ctx)
+	}
+	if err != nil {
+		return res, err
+	}
+	for _, p := range outs[:2] {
+		if err := fsutil.SyncFile(p); err != nil {
+			return res, fmt.Errorf("qemu %s: branch: sync %s: %w", m.cfg.ID, p, err)
+		}
+	}
+	dirs := map[string]bool{}
+	for _, p := range outs {
+		dirs[filepath.Dir(p)] = true
+	}
+	for d := range dirs {
+		if err := fsutil.SyncDir(d); err != nil {
+			return res, fmt.Errorf("qemu %s: branch: sync %s: %w", m.cfg.ID, d, err)
+		}
+	}
+	res = vmm.SnapshotResult{
+		StateFile:     spec.StateFile,
+		MemoryFile:    spec.MemoryFile,
+		Paused:        b.pause,
+		BytesWritten:  b.written,
+		DirtyPages:    b.pages,
+		PageIndexFile: b.index,
+	}
+	if spec.StopAfter {
+		if err := m.Stop(ctx); err != nil {
+			return res, err
+		}
+	}
+	res.Duration = time.Since(start)
+	m.d.log.Debug("branch written", "id", m.cfg.ID, "mode", mode, "paused", res.Paused, "total", res.Duration,
+		"bytes", res.BytesWritten, "pages", res.DirtyPages, "detail", b.detail)
+	return res, nil
+}
+
+// sameFile reports whether two paths name the same existing file.
+func sameFile(a, b string) bool {
+	sa, err1 := os.Stat(a)
+	sb, err2 := os.Stat(b)
+	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
+}
+
+// brancher is one branch in progress.
+type brancher struct {
+	m    *Machine
+	spec vmm.SnapshotSpec
+	mode vmm.SnapshotType
+	pid  int
+
+	pause   time.Duration
+	written int64
+	pages   int64
+	index   string
+	detail  string   // timings for the debug log
+	created []string // files to remove should the branch fail
+}
+
+// create opens an output file, creating it, and remembers it.
+func (b *brancher) create(path string, flag int) (*os.File, error) {
+	f, err := os.OpenFile(path, flag|os.O_CREATE, 0o600)
+	if err != nil {
+		if errors.Is(err, os.ErrExist) {
+			err = fmt.Errorf("%w: %w", err, errdefs.ErrAlreadyExists)
+		}
+		return nil, fmt.Errorf("qemu %s: branch: %w", b.m.cfg.ID, err)
+	}
+	b.created = append(b.created, path)
+	return f, nil
+}
+
+// runState is the guest's run state (query-status).
+func (b *brancher) runState(ctx context.Context) (string, error) {
+	var st struct{ Status string }
+	if err := b.m.qmp.Execute(ctx, "query-status", nil, &st); err != nil {
+		return "", b.m.failure("query-status", err)
+	}
+	return st.Status, nil
+}
+
+// resume lets a guest that was running run again; it works after ctx has
+// ended.
+func (b *brancher) resume(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resumeTimeout)
+	defer cancel()
+	err := b.m.qmp.Execute(ctx, "cont", nil, nil)
+	if err == nil {
+		return nil
+	}
+	if st, serr := b.runState(ctx); serr == nil && st == "running" {
+		return nil
+	}
+	return b.m.failure("cont", err)
+}
+
+// pauseTimes measures a pause from QEMU's STOP and RESUME events
+// (microsecond timestamps), falling back to wall time.
+type pauseTimes struct {
+	sub        *qmp.Subscription
+	stop, cont time.Time // QEMU's timestamps
+}
+
+func (p *pauseTimes) collect(wait time.Duration, wall time.Duration) time.Duration {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for p.stop.IsZero() || p.cont.IsZero() {
+		select {
+		case ev, ok := <-p.sub.C():
+			if !ok {
+				return wall
+			}
+			switch {
+			case ev.Name == "STOP" && p.stop.IsZero():
+				p.stop = ev.Time
+			case ev.Name == "RESUME" && !p.stop.IsZero() && p.cont.IsZero():
+				p.cont = ev.Time
+			}
+		case <-timer.C:
+			return wall
+		}
+	}
+	if d := p.cont.Sub(p.stop); d >= 0 {
+		return d
+	}
+	return wall
+}
+
+// paused takes a diff or full branch: the guest is stopped while its
+// written pages (or all its RAM) and the device state are saved.
+func (b *brancher) paused(ctx context.Context) (err error) {
+	m := b.m
+	t0 := time.Now()
+	st, err := b.runState(ctx)
+	if err != nil {
+		return err
+	}
+	wasRunning := st == "running"
+	memSize := uint64(m.cfg.MemoryMiB) << 20
+	maps, err := fileMappings(b.pid, m.cfg.MemoryFile, memSize)
+	if err != nil {
+		return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
+	}
+	procMem, err := os.Open(fmt.Sprintf("/proc/%d/mem", b.pid))
+	if err != nil {
+		return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
+	}
+	defer procMem.Close()
+	var pagemap *os.File
+	if b.mode == vmm.SnapshotDiff {
+		if pagemap, err = os.Open(fmt.Sprintf("/proc/%d/pagemap", b.pid)); err != nil {
+			return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
+		}
+		defer pagemap.Close()
+	}
+	// The small RAM blocks (firmware, ACPI tables) and where they live.
+	var info string
+	if err := m.qmp.Execute(ctx, "human-monitor-command", map[string]string{"command-line": "info ramblock"}, &info); err != nil {
+		return m.failure("info ramblock", err)
+	}
+	blocks, err := parseRAMBlocks(info)
+	if err != nil {
+		return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
+	}
+	romAddr, err := locateBlocks(b.pid, blocks, memBlockName, procMem)
+	if err != nil {
+		// Grandchildren still run (the firmware is only used at a reset,
+		// which -no-reboot turns into an exit), with zeros in those blocks.
+		m.d.log.Warn("branch without firmware and ACPI blocks: their mappings were not found", "id", m.cfg.ID, "err", err)
+		romAddr = nil
+	}
+
+	// The memory file: a sparse copy of the clone's (diff), or empty.
+	out, err := b.create(b.spec.MemoryFile, os.O_RDWR|os.O_EXCL)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	if b.mode == vmm.SnapshotDiff {
+		base, err := os.Open(m.cfg.MemoryFile)
+		if err != nil {
+			return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
+		}
+		n, err := copySparse(out, base, int64(memSize))
+		base.Close()
+		b.written += n
+		if err != nil {
+			return fmt.Errorf("qemu %s: branch: copy memory file: %w", m.cfg.ID, err)
+		}
+	} else if err := out.Truncate(int64(memSize)); err != nil {
+		return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
+	}
+	tCopy := time.Now()
+
+	// The device state goes to a memfd that QEMU opens as /dev/fdset/N:
+	// QEMU needs no access to any directory, whatever user it runs as.
+	devFD, err := unix.MemfdCreate("forkd-devstate", unix.MFD_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("qemu %s: branch: memfd: %w", m.cfg.ID, err)
+	}
+	dev := os.NewFile(uintptr(devFD), "devstate")
+	defer dev.Close()
+	// add-fd matches the access mode of open(): hand over a write-only
+	// descriptor of the same memfd.
+	devW, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", devFD), os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
+	}
+	var fdset struct {
+		ID int64 `json:"fdset-id"`
+	}
+	err = m.qmp.ExecuteWithFiles(ctx, "add-fd", nil, &fdset, devW)
+	devW.Close()
+	if err != nil {
+		return m.failure("add-fd", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resumeTimeout)
+		defer cancel()
+		m.qmp.Execute(cctx, "remove-fd", map[string]int64{"fdset-id": fdset.ID}, nil)
+	}()
+
+	if err := hook("before-stop"); err != nil {
+		return err
+	}
+	// The pause.
+	pt := &pauseTimes{sub: m.qmp.SubscribeNames("STOP", "RESUME")}
+	defer pt.sub.Cancel()
+	tStop := time.Now()
+	if wasRunning {
+		if err := m.qmp.Execute(ctx, "stop", nil, nil); err != nil {
+			// It may have stopped all the same.
+			if rerr := b.resume(ctx); rerr != nil {
+				return errors.Join(m.failure("stop", err), rerr)
+			}
+			return m.failure("stop", err)
+		}
+	}
+	tStopped := time.Now()
+	resumed := !wasRunning
+	defer func() {
+		if !resumed {
+			if rerr := b.resume(ctx); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
+	}()
+	if err := hook("stopped"); err != nil {
+		return err
+	}
+	// QEMU writes the device state while this process copies pages.
+	saved := make(chan error, 1)
+	go func() {
+		saved <- m.qmp.Execute(ctx, "xen-save-devices-state",
+			map[string]any{"filename": fmt.Sprintf("/dev/fdset/%d", fdset.ID), "live": false}, nil)
+	}()
+	var (
+		idx     *memlayer.Builder
+		mw      = newMemWriter(out, int64(memSize), b.mode == vmm.SnapshotDiff)
+		copyErr error
+		scanned string
+	)
+	if b.mode == vmm.SnapshotDiff {
+		idx = &memlayer.Builder{PageSize: pageSize, MemorySize: memSize}
+		scanned, copyErr = copyPrivatePages(maps, pagemap, procMem, mw, idx, memSize)
+	} else {
+		copyErr = copyAllPages(maps, procMem, mw, memSize)
+	}
+	if copyErr == nil {
+		copyErr = mw.flush()
+	}
+	roms, romErr := readBlocks(procMem, blocks, romAddr)
+	tCopied := time.Now()
+	saveErr := <-saved
+	tSaved := time.Now()
+	if wasRunning {
+		resumed = true
+		if err := b.resume(ctx); err != nil {
+			return err
+		}
+	}
+	tCont := time.Now()
+	// The pause as the caller saw it: from sending stop to cont's reply
+	// (QEMU's STOP and RESUME events, in the debug detail, give the
+	// guest's own, a little shorter).
+	b.pause = tCont.Sub(tStop)
+	guestPause := pt.collect(100*time.Millisecond, 0)
+	if copyErr != nil {
+		return fmt.Errorf("qemu %s: branch: copy guest memory: %w", m.cfg.ID, copyErr)
+	}
+	if romErr != nil {
+		return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, romErr)
+	}
+	if saveErr != nil {
+		return m.failure("save device state", saveErr)
+	}
+	if err := hook("resumed"); err != nil {
+		return err
+	}
+	b.written += mw.bytes
+	b.pages = mw.pages
+	if b.mode == vmm.SnapshotDiff {
+		ix := idx.Index()
+		b.pages = int64(ix.Pages())
+		if b.spec.PageIndexFile != "" {
+			if err := memlayer.WriteFile(b.spec.PageIndexFile, ix); err != nil {
+				return fmt.Errorf("qemu %s: branch: page index: %w", m.cfg.ID, err)
+			}
+			b.created = append(b.created, b.spec.PageIndexFile)
+			b.index = b.spec.PageIndexFile
+		}
+	}
+
+	// The state file: the device state with the RAM sections a template's
+	// state file has before it.
+	devState, err := readAllAt(dev)
+	if err != nil {
+		return fmt.Errorf("qemu %s: branch: read device state: %w", m.cfg.ID, err)
+	}
+	stateOut, err := b.create(b.spec.StateFile, os.O_WRONLY|os.O_TRUNC)
+	if err != nil {
+		return err
+	}
+	defer stateOut.Close()
+	n, err := writeBranchState(stateOut, blocks, roms, devState)
+	b.written += n
+	if err != nil {
+		return fmt.Errorf("qemu %s: branch: state file: %w", m.cfg.ID, err)
+	}
+	b.detail = fmt.Sprintf("prepare %v, stop %v, copy %v (%s), device state +%v, cont %v, state file %v; guest paused %v (STOP to RESUME)",
+		tCopy.Sub(t0).Round(time.Microsecond), tStopped.Sub(tStop).Round(time.Microsecond),
+		tCopied.Sub(tStopped).Round(time.Microsecond), scanned, tSaved.Sub(tCopied).Round(time.Microsecond),
+		tCont.Sub(tSaved).Round(time.Microsecond), time.Since(tCont).Round(time.Microsecond), guestPause)
+	return nil
+}
+
+// copyPrivatePages copies the pages the clone wrote (anonymous pages in
+// its private mappings of the memory file) into mw at their file offsets
+// and records them in idx. It says how it found them.
+func copyPrivatePages(maps []mapping, pagemap, procMem *os.File, mw *memWriter, idx *memlayer.Builder, memSize uint64) (string, error) {
+	buf := make([]byte, 1<<20)
+	how := "PAGEMAP_SCAN"
+	for _, mp := range maps {
+		end := mp.End
+		if mp.Offset >= memSize {
+			continue
+		}
+		if mp.Offset+mp.size() > memSize {
+			end = mp.Start + (memSize - mp.Offset)
+		}
+		runs, scan, err := privatePages(pagemap, mp.Start, end, forcePagemapRead)
+		if err != nil {
+			return how, err
+		}
+		if !scan {
+			how = "pagemap"
+		}
+		for _, r := range runs {
+			off := mp.Offset + (r.Off - mp.Start)
+			idx.Add(off/pageSize, r.Len/pageSize)
+			if err := copyMem(procMem, r.Off, r.Len, off, mw, buf); err != nil {
+				return how, err
+			}
+		}
+	}
+	return how, nil
+}
+
+// forcePagemapRead makes diff branches read pagemap entries instead of
+// using PAGEMAP_SCAN (tests of the fallback).
+var forcePagemapRead bool
+
+// copyAllPages copies all of the clone's RAM into mw.
+func copyAllPages(maps []mapping, procMem *os.File, mw *memWriter, memSize uint64) error {
+	buf := make([]byte, 2<<20)
+	for _, mp := range maps {
+		if mp.Offset >= memSize {
+			continue
+		}
+		n := min(mp.size(), memSize-mp.Offset)
+		if err := copyMem(procMem, mp.Start, n, mp.Offset, mw, buf); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyMem copies n bytes of process memory at addr into mw at off.
+func copyMem(procMem *os.File, addr, n, off uint64, mw *memWriter, buf []byte) error {
+	for done := uint64(0); done < n; {
+		k := min(uint64(len(buf)), n-done)
+		if _, err := procMem.ReadAt(buf[:k], int64(addr+done)); err != nil {
+			return fmt.Errorf("read guest memory at %#x: %w", addr+done, err)
+		}
+		if err := mw.put(int64(off+done), buf[:k]); err != nil {
+			return err
+		}
+		done += k
+	}
+	return nil
+}
+
+// readBlocks reads the used part of the located RAM blocks.
+func readBlocks(procMem *os.File, blocks []hmpRAMBlock, addr map[string]uint64) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	for _, b := range blocks {
+		a, ok := addr[b.Name]
+		if !ok {
+			continue
+		}
+		data := make([]byte, (b.Used+pageSize-1)&^(pageSize-1))
+		if _, err := procMem.ReadAt(data, int64(a)); err != nil {
+			return nil, fmt.Errorf("read RAM block %s: %w", b.Name, err)
+		}
+		out[b.Name] = data
+	}
+	return out, nil
+}
+
+// readAllAt reads a file from its start.
+func readAllAt(f *os.File) ([]byte, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	data := make([]byte, st.Size())
+	if _, err := f.ReadAt(data, 0); err != nil {
+		return nil, err
+	}
+	return data, nil
+}
+
+// branchConfig is the configuration section of a branch's state file:
+// the machine type and the migration capabilities QEMU validates that
+// the driver enables (x-ignore-shared, set on every machine by start).
+func branchConfig() streamConfig {
+	return streamConfig{Machine: branchMachineType, Caps: []string{capIgnoreShared}}
+}
+
+// branchBlockList is the block list of the "ram" start section: every RAM
+// block with its used length, and its guest address (which QEMU checks
+// only for blocks it skips as shared: none in a clone).
+func branchBlockList(blocks []hmpRAMBlock) []ramBlockInfo {
+	list := make([]ramBlockInfo, 0, len(blocks))
+	for _, b := range blocks {
+		e := ramBlockInfo{Name: b.Name, Length: b.Used}
+		if b.Name == biosBlock {
+			e.Addr = 1<<32 - b.Total
+		}
+		list = append(list, e)
+	}
+	return list
+}
+
+// writeBranchPrefix writes what precedes the device state in a branch's
+// state file: header, configuration, and the ram sections with the block
+// list and the pages of the small blocks in roms.
+func writeBranchPrefix(sw *streamWriter, blocks []hmpRAMBlock, roms map[string][]byte) {
+	sw.header()
+	sw.config(branchConfig())
+	sw.sectionHeader(sectionHeader{Type: secStart, ID: ramSectionID, Name: ramSectionName, Version: ramSectionVersion})
+	sw.blockList(branchBlockList(blocks), true)
+	sw.eos()
+	sw.footer(ramSectionID)
+	if len(roms) > 0 {
+		sw.sectionHeader(sectionHeader{Type: secPart, ID: ramSectionID})
+		for _, b := range blocks {
+			data, ok := roms[b.Name]
+			if !ok || b.Name == memBlockName {
+				continue
+			}
+			for off := 0; off < len(data); off += pageSize {
+				sw.page(b.Name, uint64(off), data[off:off+pageSize])
+			}
+		}
+		sw.eos()
+		sw.footer(ramSectionID)
+	}
+	sw.sectionHeader(sectionHeader{Type: secEnd, ID: ramSectionID})
+	sw.eos()
+	sw.footer(ramSectionID)
+}
+
+// vmDescription ends a state file like QEMU's own: loaders read and
+// ignore it, but complain when it is missing.
+var vmDescription = []byte(`{"page_size":4096,"devices":[]}`)
+
+// writeBranchState writes a branch's state file from the device state
+// QEMU saved (xen-save-devices-state: a stream of device sections only)
+// and returns its size.
+func writeBranchState(f *os.File, blocks []hmpRAMBlock, roms map[string][]byte, devState []byte) (int64, error) {
+	if len(devState) < 9 || string(devState[:4]) != "QEVM" || devState[7] != streamVersion {
+		return 0, streamErr("device state without a QEVM version 3 header")
+	}
+	body := devState[8:]
+	if body[0] != secFull || body[len(body)-1] != secEOF {
+		return 0, streamErr("device state does not start with a device section and end with EOF")
+	}
+	sw := newStreamWriter(f)
+	writeBranchPrefix(sw, blocks, roms)
+	sw.write(body)
+	sw.u8(secVMDescription)
+	sw.be32(uint32(len(vmDescription)))
+	sw.write(vmDescription)
+	return sw.n, sw.flush()
+}
+
+// LiveBranchSupport says whether Snapshot with vmm.SnapshotLive can work
+// on this machine: nil, or an errdefs.ErrFailedPrecondition-class error
+// saying what is missing (see liveSupport). Only a restored clone
+// branches.
+func (m *Machine) LiveBranchSupport() error {
+	if !m.incoming || m.cfg.MemoryFile == "" {
+		return fmt.Errorf("qemu %s: not a clone with a memory file: %w", m.cfg.ID, errdefs.ErrFailedPrecondition)
+	}
+	return liveSupport(m.PID(), m.cfg.MemoryFile)
+}
+
+// liveSupport checks what QEMU 7.2's background-snapshot needs: a
+// userfaultfd with write-protection on guest RAM. The kernel offers it for
+// anonymous, shmem and hugetlb memory only (not for a private mapping of a
+// file on a disk file system), and lets a process without CAP_SYS_PTRACE
+// create a userfaultfd only with vm.unprivileged_userfaultfd=1 (QEMU 7.2
+// neither uses /dev/userfaultfd nor asks for user-mode-only faults).
+func liveSupport(pid int, memFile string) error {
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(memFile, &sfs); err != nil {
+		return fmt.Errorf("memory file: %w", err)
+	}
+	if sfs.Type != unix.TMPFS_MAGIC && sfs.Type != unix.HUGETLBFS_MAGIC {
+		return fmt.Errorf("the clone's memory file %s is not on tmpfs or hugetlbfs (file system magic %#x): QEMU's background-snapshot write-protects guest RAM with userfaultfd, which Linux supports for shmem and hugetlb mappings, not for private mappings of files on disk; use a diff branch: %w",
+			memFile, sfs.Type, errdefs.ErrFailedPrecondition)
+	}
+	uid, err := procUID(pid)
+	if err != nil {
+		return err
+	}
+	if uid == 0 {
+		return nil
+	}
+	v, err := os.ReadFile("/proc/sys/vm/unprivileged_userfaultfd")
+	if err == nil && strings.TrimSpace(string(v)) == "1" {
+		return nil
+	}
+	return fmt.Errorf("QEMU runs as uid %d and vm.unprivileged_userfaultfd is not 1: it cannot create the userfaultfd that background-snapshot needs (run QEMU as root, Config.RunAs empty, or set the sysctl); use a diff branch: %w",
+		uid, errdefs.ErrFailedPrecondition)
+}
+
+// procUID is the effective uid of a process.
+func procUID(pid int) (int, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(l, "Uid:"); ok {
+			f := strings.Fields(v)
+			if len(f) >= 2 {
+				return strconv.Atoi(f[1])
+			}
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/status: no Uid", pid)
+}
+
+// liveGiveUp bounds how long a live branch waits for QEMU to finish a
+// background snapshot after its context has ended (see live).
+var liveGiveUp = 2 * time.Minute
+
+// live takes a live branch with QEMU's background-snapshot.
+//
+// QEMU 7.2 leaves guest RAM write-protected when a background snapshot
+// breaks off (its stream fails, or migrate_cancel): the guest's next write
+// blocks in userfaultfd for good, and with it QEMU's main loop. A live
+// branch therefore never breaks one off itself: when the conversion fails
+// or the caller's context ends, it reads the rest of the stream into the
+// void and lets QEMU finish, then fails. Should QEMU stop answering after
+// a failed snapshot all the same, the clone is killed rather than left
+// frozen, and the error says so.
+func (b *brancher) live(ctx context.Context) (err error) {
+	m := b.m
+	st, err := b.runState(ctx)
+	if err != nil {
+		return err
+	}
+	if st != "running" {
+		// background-snapshot restarts the guest when it has saved the
+		// device state, whatever state it was in.
+		return fmt.Errorf("qemu %s: live branch of a guest that is %s: %w", m.cfg.ID, st, errdefs.ErrFailedPrecondition)
+	}
+	memOut, err := b.create(b.spec.MemoryFile, os.O_RDWR|os.O_EXCL)
+	if err != nil {
+		return err
+	}
+	defer memOut.Close()
+	stateOut, err := b.create(b.spec.StateFile, os.O_WRONLY|os.O_TRUNC)
+	if err != nil {
+		return err
+	}
+	defer stateOut.Close()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("qemu %s: branch: socketpair: %w", m.cfg.ID, err)
+	}
+	// Our end non-blocking: the runtime poller then lets Close interrupt
+	// a read in progress. QEMU's end stays blocking.
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
+	}
+	ours, theirs := os.NewFile(uintptr(fds[0]), "branch-stream"), os.NewFile(uintptr(fds[1]), "branch-stream-qemu")
+	var closeOnce sync.Once
+	closeOurs := func() { closeOnce.Do(func() { ours.Close() }) }
+	defer closeOurs()
+	err = m.qmp.ExecuteWithFiles(ctx, "getfd", map[string]string{"fdname": branchFD}, nil, theirs)
+	theirs.Close()
+	if err != nil {
+		return m.failure("hand over the stream socket", err)
+	}
+	caps := func(on bool) map[string]any {
+		return map[string]any{"capabilities": []map[string]any{{"capability": "background-snapshot", "state": on}}}
+	}
+	if err := m.qmp.Execute(ctx, "migrate-set-capabilities", caps(true), nil); err != nil {
+		m.qmp.Execute(ctx, "closefd", map[string]string{"fdname": branchFD}, nil)
+		var qe *qmp.Error
+		if errors.As(err, &qe) {
+			return fmt.Errorf("qemu %s: live branch: %s: %w", m.cfg.ID, qe.Desc, errdefs.ErrFailedPrecondition)
+		}
+		return m.failure("enable background-snapshot", err)
+	}
+	migrating := false
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resumeTimeout)
+		defer cancel()
+		if !migrating {
+			// QEMU still holds its end of the socket.
+			m.qmp.Execute(cctx, "closefd", map[string]string{"fdname": branchFD}, nil)
+		}
+		cerr := m.qmp.Execute(cctx, "migrate-set-capabilities", caps(false), nil)
+		if cerr != nil && migrating && errors.Is(cerr, context.DeadlineExceeded) {
+			m.Kill()
+			err = errors.Join(err, fmt.Errorf("qemu %s: QEMU stopped answering after a failed background snapshot (QEMU 7.2 can leave guest RAM write-protected); killed it: %w",
+				m.cfg.ID, errdefs.ErrUnavailable))
+			return
+		}
+		if cerr != nil && err == nil {
+			err = m.failure("disable background-snapshot", cerr)
+		}
+		// The guest runs again after any failure too.
+		if st, serr := b.runState(cctx); serr == nil && st != "running" {
+			if rerr := b.resume(cctx); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
+	}()
+
+	type splitResult struct {
+		st  splitStats
+		err error
+	}
+	split := make(chan splitResult, 1)
+	go func() {
+		var r splitResult
+		if r.err = hook("stream"); r.err == nil {
+			r.st, r.err = splitStream(ours, memOut, stateOut, memBlockName)
+		}
+		if r.err != nil {
+			// Let QEMU finish (see above).
+			io.Copy(io.Discard, ours)
+		}
+		split <- r
+	}()
+	pt := &pauseTimes{sub: m.qmp.SubscribeNames("STOP", "RESUME")}
+	defer pt.sub.Cancel()
+	if err := hook("before-migrate"); err != nil {
+		closeOurs()
+		<-split
+		return err
+	}
+	tStart := time.Now()
+	if err := m.qmp.Execute(ctx, "migrate", map[string]string{"uri": "fd:" + branchFD}, nil); err != nil {
+		closeOurs()
+		<-split
+		return m.failure("migrate", err)
+	}
+	migrating = true
+	info, err := b.waitLive(ctx)
+	tDone := time.Now()
+	var r splitResult
+	if err == nil {
+		// QEMU closes the stream when it is done.
+		select {
+		case r = <-split:
+		case <-time.After(30 * time.Second):
+			err = fmt.Errorf("qemu %s: live branch: the stream did not end after the snapshot completed: %w", m.cfg.ID, errdefs.ErrInternal)
+		}
+	}
+	if err != nil {
+		closeOurs()
+		if r := <-split; r.err != nil {
+			err = fmt.Errorf("%w (converter: %v)", err, r.err)
+		}
+		return err
+	}
+	if r.err != nil {
+		return fmt.Errorf("qemu %s: live branch: convert the stream: %w", m.cfg.ID, r.err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("qemu %s: live branch: %w", m.cfg.ID, context.Cause(ctx))
+	}
+	if err := hook("converted"); err != nil {
+		return err
+	}
+	b.pause = pt.collect(100*time.Millisecond, time.Duration(info.Downtime)*time.Millisecond)
+	b.written = r.st.MemBytes + r.st.StateBytes
+	b.pages = r.st.MemPages
+	b.detail = fmt.Sprintf("snapshot %v, stream %d bytes, %d pages with data, %d zero pages, %d other pages, state %d bytes, converted %v after",
+		tDone.Sub(tStart).Round(time.Millisecond), r.st.StreamBytes, r.st.MemPages, r.st.ZeroPages, r.st.OtherPages,
+		r.st.StateBytes, time.Since(tDone).Round(time.Millisecond))
+	return nil
+}
+
+// waitLive polls query-migrate until the background snapshot ends. When
+// ctx ends first it keeps waiting, up to liveGiveUp, without cancelling
+// (see live), and then fails with ctx's error.
+func (b *brancher) waitLive(ctx context.Context) (migrationInfo, error) {
+	m := b.m
+	sub := m.qmp.SubscribeNames("MIGRATION")
+	defer sub.Cancel()
+	t := time.NewTicker(pollInterval)
+	defer t.Stop()
+	qctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	var giveUp <-chan time.Time
+	done := ctx.Done()
+	for {
+		var info migrationInfo
+		if err := m.qmp.Execute(qctx, "query-migrate", nil, &info); err != nil {
+			return info, m.failure("query-migrate", err)
+		}
+		switch info.Status {
+		case "completed":
+			if err := ctx.Err(); err != nil {
+				return info, fmt.Errorf("qemu %s: live branch: %w", m.cfg.ID, context.Cause(ctx))
+			}
+			return info, nil
+		case "failed", "cancelled":
+			desc := info.ErrorDesc
+			if desc == "" {
+				desc = "no reason given"
+			}
+			return info, fmt.Errorf("qemu %s: background snapshot %s: %s: %w", m.cfg.ID, info.Status, desc, errdefs.ErrInternal)
+		}
+		select {
+		case <-sub.C():
+		case <-t.C:
+		case <-m.done:
+			return info, m.failure("background snapshot", m.exitDetail())
+		case <-done:
+			// Let it finish: cancelling would freeze the guest.
+			done = nil
+			timer := time.NewTimer(liveGiveUp)
+			defer timer.Stop()
+			giveUp = timer.C
+		case <-giveUp:
+			m.d.log.Warn("background snapshot still running long after the branch was cancelled; cancelling it", "id", m.cfg.ID)
+			m.qmp.Execute(qctx, "migrate_cancel", nil, nil)
+			return info, fmt.Errorf("qemu %s: live branch: %w", m.cfg.ID, context.Cause(ctx))
+		}
+	}
+}
