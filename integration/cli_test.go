@@ -133,6 +133,22 @@ func TestCLI(t *testing.T) {
 		t.Fatalf("cp of a missing file: exit %d %s", code, errs)
 	}
 
+	// BRANCH: the running sandbox (with the file copied in) becomes a tag.
+	btag := tag + "-br"
+	if out := c.ok("branch", id, "--tag", btag); !strings.Contains(out, "snapshot "+btag) {
+		t.Fatalf("branch: %s", out)
+	}
+	var bf apiv1.ForkResponse
+	json.Unmarshal([]byte(c.ok("fork", "--tag", btag, "--json")), &bf)
+	if len(bf.Sandboxes) != 1 {
+		t.Fatalf("fork of the branch: %+v", bf)
+	}
+	if out := c.ok("exec", bf.Sandboxes[0].ID, "--", "cat", "/root/f.txt"); out != "cp round trip\n" {
+		t.Fatalf("grandchild sees %q", out)
+	}
+	c.ok("kill", bf.Sandboxes[0].ID)
+	c.ok("rmi", btag) // also ends its pool of VMMs, counted below
+
 	if _, errs, code := c.run("run-code", id, "1+1"); code == 0 || !strings.Contains(errs, "Python") {
 		t.Fatalf("run-code without python: exit %d %s", code, errs)
 	}

@@ -74,7 +74,8 @@ func main() {
 		serveCmd(g), daemonCmd(g),
 		imageCmd(g), imagesCmd(g),
 		snapshotCmd(g), snapshotsCmd(g), rmiCmd(g),
-		forkCmd(g), lsCmd(g), killCmd(g),
+		packCmd(g), unpackCmd(g),
+		forkCmd(g), branchCmd(g), lsCmd(g), killCmd(g),
 		execCmd(g), runCodeCmd(g), cpCmd(g),
 		doctorCmd(g), benchCmd(g), auditCmd(g), tokenCmd(g),
 	)

@@ -405,6 +405,8 @@ var wireTypes = map[string]struct {
 }{
 	"Problem":               {reflect.TypeFor[apiv1.Problem](), true},
 	"RunCodeEvent":          {reflect.TypeFor[apiv1.RunCodeEvent](), true},
+	"BranchRequest":         {reflect.TypeFor[apiv1.BranchRequest](), false},
+	"BranchResponse":        {reflect.TypeFor[apiv1.BranchResponse](), true},
 	"Version":               {reflect.TypeFor[apiv1.Version](), true},
 	"Check":                 {reflect.TypeFor[apiv1.Check](), true},
 	"Image":                 {reflect.TypeFor[apiv1.Image](), true},

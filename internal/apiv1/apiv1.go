@@ -194,6 +194,22 @@ type Sandbox struct {
 	ConsoleTail string `json:"console_tail,omitempty"`
 }
 
+// BranchRequest is POST /v1/sandboxes/{id}/branch: snapshot a running
+// sandbox into a new tag.
+type BranchRequest struct {
+	Tag  string `json:"tag"`
+	Mode string `json:"mode,omitempty"` // diff (default), full, live
+}
+
+// BranchResponse describes the new snapshot and what the branch cost the
+// source sandbox.
+type BranchResponse struct {
+	Snapshot     Snapshot `json:"snapshot"`
+	PauseMillis  float64  `json:"pause_ms"`
+	BytesWritten int64    `json:"bytes_written"`
+	TotalMillis  float64  `json:"total_ms"`
+}
+
 // KillRequest is POST /v1/sandboxes:kill.
 type KillRequest struct {
 	IDs []string `json:"ids,omitempty"`

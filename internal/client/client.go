@@ -417,3 +417,9 @@ func (c *Client) Remove(ctx context.Context, id, path string, recursive bool) er
 	}
 	return c.call(ctx, http.MethodDelete, "/v1/sandboxes/"+url.PathEscape(id)+"/files", q, nil, nil)
 }
+
+// Branch snapshots a running sandbox into a new tag.
+func (c *Client) Branch(ctx context.Context, id string, req apiv1.BranchRequest) (apiv1.BranchResponse, error) {
+	var out apiv1.BranchResponse
+	return out, c.call(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/branch", nil, req, &out)
+}

@@ -72,12 +72,13 @@ type Config struct {
 
 // Engine owns sandboxes, pools and the snapshot store.
 type Engine struct {
-	cfg      Config
-	log      *slog.Logger
-	store    *snapshot.Store
-	builder  *image.Builder
-	spawnSem chan struct{}
-	buildSem chan struct{}
+	cfg       Config
+	log       *slog.Logger
+	store     *snapshot.Store
+	builder   *image.Builder
+	spawnSem  chan struct{}
+	buildSem  chan struct{}
+	branchSem chan struct{}
 
 	// mu guards the fields below.
 	mu        sync.Mutex
@@ -129,6 +130,7 @@ func New(cfg Config) (*Engine, error) {
 		builder:   &image.Builder{DataDir: cfg.DataDir, AgentBinary: cfg.AgentBinary},
 		spawnSem:  make(chan struct{}, cfg.SpawnConcurrency),
 		buildSem:  make(chan struct{}, cfg.MaxConcurrentBuilds),
+		branchSem: make(chan struct{}, maxConcurrentBranches),
 		sandboxes: map[string]*Sandbox{},
 		pools:     map[string]*pool{},
 	}

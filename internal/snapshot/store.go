@@ -54,6 +54,20 @@ type Manifest struct {
 	Files map[string]FileEntry `json:"files"`
 	// CreateMillis is how long the snapshot took to create (boot + warm + save).
 	CreateMillis int64 `json:"create_ms"`
+	// Branch is set for a snapshot taken of a running sandbox (BRANCH).
+	Branch *BranchRef `json:"branch,omitempty"`
+}
+
+// BranchRef records where a branched snapshot came from. The snapshot is
+// self-contained (its memory file is complete); chains of layers that
+// point at their parent by digest come later.
+type BranchRef struct {
+	SandboxID      string `json:"sandbox_id"`
+	FromTag        string `json:"from_tag"`
+	FromSnapshotID string `json:"from_snapshot_id"`
+	Mode           string `json:"mode"`
+	PauseMicros    int64  `json:"pause_us"`
+	BytesWritten   int64  `json:"bytes_written"`
 }
 
 // ImageRef names the guest image a snapshot was taken from.

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/snapshot"
+)
+
+func branchCmd(g *globals) *cobra.Command {
+	var req apiv1.BranchRequest
+	cmd := &cobra.Command{
+		Use:   "branch ID --tag TAG [--mode diff|full|live]",
+		Short: "Snapshot a running sandbox into a new tag to fork from (it keeps running)",
+		Long: "Snapshot a running sandbox: memory, processes, the Python session and files in its\n" +
+			"overlay, as of now. The result is a tag `forkd fork` uses like any other.\n" +
+			"Modes: diff (default: a short pause, copies the pages the sandbox wrote), full (copies\n" +
+			"all its memory), live (the sandbox keeps running while memory is captured).",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := snapshot.ValidateTag(req.Tag); err != nil {
+				return err
+			}
+			c, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			res, err := c.Branch(cmd.Context(), args[0], req)
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return printJSON(res)
+			}
+			fmt.Printf("snapshot %s from %s: paused %.1f ms, %s written, %.0f ms in all\n",
+				res.Snapshot.Tag, args[0], res.PauseMillis, human(res.BytesWritten), res.TotalMillis)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&req.Tag, "tag", "", "tag to create ("+snapshot.TagRule+")")
+	cmd.Flags().StringVar(&req.Mode, "mode", "diff", "diff, full or live")
+	cmd.MarkFlagRequired("tag")
+	return cmd
+}

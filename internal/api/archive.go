@@ -1,0 +1,122 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/pack"
+	"github.com/forkd-dev/forkd/internal/snapshot"
+)
+
+// maxArchiveBody bounds an import's request body: the largest archive
+// Unpack accepts by default, plus room for the manifest and tar headers.
+const maxArchiveBody = pack.DefaultMaxLogicalBytes + pack.DefaultMaxLogicalBytes>>10 + 64<<20
+
+// archiveWriter sends the success headers on the first byte, so an error
+// before any data (an unknown tag, a damaged snapshot) is still a problem
+// response.
+type archiveWriter struct {
+	w       http.ResponseWriter
+	tag     string
+	started bool
+}
+
+func (a *archiveWriter) Write(p []byte) (int, error) {
+	if !a.started {
+		a.started = true
+		h := a.w.Header()
+		h.Set("Content-Type", pack.MediaType)
+		h.Set("Content-Disposition", fmt.Sprintf(`attachment; filename="%s.forkd.tar.zst"`, a.tag))
+		a.w.WriteHeader(http.StatusOK)
+	}
+	return a.w.Write(p)
+}
+
+// exportArchive streams a snapshot, with the image it boots, as a portable
+// archive (internal/pack). ?image=0 leaves the image's bytes out. The
+// daemon does not sign: the CLI signs the stream with a key that stays on
+// the client (pack.Sign).
+func (s *Server) exportArchive(w http.ResponseWriter, r *http.Request) {
+	tag := r.PathValue("tag")
+	if err := snapshot.ValidateTag(tag); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	var opts pack.PackOptions
+	switch v := r.URL.Query().Get("image"); v {
+	case "", "1", "true":
+	case "0", "false":
+		opts.ExcludeImages = true
+	default:
+		writeProblem(w, r, fmt.Errorf("image=%q: want 1 (include the image, the default) or 0: %w", v, errdefs.ErrInvalidArgument))
+		return
+	}
+	aw := &archiveWriter{w: w, tag: tag}
+	if _, err := pack.Pack(r.Context(), s.Engine.Config().DataDir, tag, aw, opts); err != nil {
+		if !aw.started {
+			writeProblem(w, r, err)
+			return
+		}
+		// Mid-stream failure: cut the connection so the client cannot take
+		// a partial archive for a whole one (Unpack would refuse it anyway).
+		noteError(r, err)
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// importArchive verifies an archive from the request body and adds its
+// snapshot (and image, if new) under its tag: ?tag= renames it, ?force=1
+// replaces an existing tag atomically, ?verify_key= (an ed25519 public
+// key, base64 of its 32 bytes) refuses archives it did not sign. Answers
+// 201 with the snapshot.
+func (s *Server) importArchive(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	opts := pack.UnpackOptions{Tag: q.Get("tag")}
+	if opts.Tag != "" {
+		if err := snapshot.ValidateTag(opts.Tag); err != nil {
+			writeProblem(w, r, err)
+			return
+		}
+	}
+	switch v := q.Get("force"); v {
+	case "", "0", "false":
+	case "1", "true":
+		opts.Force = true
+	default:
+		writeProblem(w, r, fmt.Errorf("force=%q: want 1 or 0: %w", v, errdefs.ErrInvalidArgument))
+		return
+	}
+	if k := q.Get("verify_key"); k != "" {
+		key, err := pack.ParsePublicKey([]byte(k))
+		if err != nil {
+			writeProblem(w, r, fmt.Errorf("verify_key: %w", err))
+			return
+		}
+		opts.VerifyKey = key
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || (mt != pack.MediaType && mt != "application/octet-stream") {
+			writeProblem(w, r, fmt.Errorf("content type %q: send the archive as %s: %w", ct, pack.MediaType, errdefs.ErrInvalidArgument))
+			return
+		}
+	}
+	body := http.MaxBytesReader(w, r.Body, maxArchiveBody)
+	snap, _, err := pack.Unpack(r.Context(), s.Engine.Config().DataDir, body, opts)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			err = fmt.Errorf("archive over %d bytes: %w", maxArchiveBody, errdefs.ErrInvalidArgument)
+		}
+		writeProblem(w, r, err)
+		return
+	}
+	noteTargets(r, snap.Tag)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	json.NewEncoder(w).Encode(s.snapshotInfo(snap))
+}

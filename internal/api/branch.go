@@ -1,0 +1,39 @@
+package api
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/sandbox"
+	"github.com/forkd-dev/forkd/internal/snapshot"
+)
+
+func ms(us int64) float64 { return float64(us) / 1000 }
+
+// branch snapshots a running sandbox into a new tag (201 with the snapshot
+// and the pause the source saw).
+func (s *Server) branch(w http.ResponseWriter, r *http.Request) {
+	var req apiv1.BranchRequest
+	if err := decode(w, r, &req); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	if err := snapshot.ValidateTag(req.Tag); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	res, err := s.Engine.Branch(r.Context(), r.PathValue("id"), sandbox.BranchOptions{Tag: req.Tag, Mode: req.Mode})
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	noteTargets(r, res.Snapshot.Tag)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	json.NewEncoder(w).Encode(apiv1.BranchResponse{
+		Snapshot:    s.snapshotInfo(res.Snapshot),
+		PauseMillis: ms(res.Paused.Microseconds()), BytesWritten: res.BytesWritten,
+		TotalMillis: ms(res.Duration.Microseconds()),
+	})
+}

@@ -1,0 +1,112 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/snapshot"
+	"github.com/forkd-dev/forkd/internal/vmm"
+)
+
+// Branch modes (vmm snapshot types of a running sandbox).
+const (
+	BranchDiff = string(vmm.SnapshotDiff) // pause, copy the pages the sandbox wrote
+	BranchFull = string(vmm.SnapshotFull) // pause, copy all of its memory
+	BranchLive = string(vmm.SnapshotLive) // keep running; memory captured as of the branch instant
+)
+
+// maxConcurrentBranches bounds branches in flight: each holds a pause or a
+// write-protected guest and writes hundreds of MB.
+const maxConcurrentBranches = 2
+
+// BranchOptions say what to branch into.
+type BranchOptions struct {
+	Tag  string
+	Mode string // BranchDiff (default), BranchFull or BranchLive
+}
+
+// BranchResult is a branch's outcome.
+type BranchResult struct {
+	Snapshot     *snapshot.Snapshot
+	Paused       time.Duration
+	BytesWritten int64
+	Duration     time.Duration
+}
+
+// Branch snapshots a running sandbox into a new tag that forks like any
+// other: grandchildren see the sandbox's memory, processes and files at the
+// branch instant. The source always resumes, whatever fails (the driver
+// guarantees it); a failed branch leaves no tag.
+func (e *Engine) Branch(ctx context.Context, id string, opts BranchOptions) (_ *BranchResult, err error) {
+	start := time.Now()
+	if opts.Mode == "" {
+		opts.Mode = BranchDiff
+	}
+	switch opts.Mode {
+	case BranchDiff, BranchFull, BranchLive:
+	default:
+		return nil, fmt.Errorf("branch mode %q: use diff, full or live: %w", opts.Mode, errdefs.ErrInvalidArgument)
+	}
+	if err := snapshot.ValidateTag(opts.Tag); err != nil {
+		return nil, err
+	}
+	s, err := e.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.client(); err != nil {
+		return nil, err // not running: says why
+	}
+	select {
+	case e.branchSem <- struct{}{}:
+		defer func() { <-e.branchSem }()
+	default:
+		return nil, fmt.Errorf("%d branches already running; retry shortly: %w", cap(e.branchSem), errdefs.ErrUnavailable)
+	}
+	parent, err := e.snapshotByID(s.Tag, s.SnapshotID)
+	if err != nil {
+		return nil, err
+	}
+	st, err := e.store.Stage(opts.Tag)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Abort()
+	s.touch()
+	res, err := s.machine.Snapshot(ctx, vmm.SnapshotSpec{
+		Type:       vmm.SnapshotType(opts.Mode),
+		StateFile:  st.Path(snapshot.StateFile),
+		MemoryFile: st.Path(snapshot.MemoryFile),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("branch %s of sandbox %s: %w", opts.Mode, id, err)
+	}
+	e.cfg.Metrics.ObserveBranchPause(opts.Mode, res.Paused)
+	m := parent.Manifest
+	m.ID, m.Created, m.Files = "", time.Time{}, nil
+	m.Branch = &snapshot.BranchRef{
+		SandboxID: id, FromTag: parent.Tag, FromSnapshotID: parent.ID, Mode: opts.Mode,
+		PauseMicros: res.Paused.Microseconds(), BytesWritten: res.BytesWritten,
+	}
+	m.CreateMillis = time.Since(start).Milliseconds()
+	snap, err := st.Commit(m)
+	if err != nil {
+		return nil, err
+	}
+	return &BranchResult{Snapshot: snap, Paused: res.Paused, BytesWritten: res.BytesWritten, Duration: time.Since(start)}, nil
+}
+
+// snapshotByID returns the snapshot a sandbox was forked from, checking it
+// is still the same one (a tag can be removed and reused).
+func (e *Engine) snapshotByID(tag, id string) (*snapshot.Snapshot, error) {
+	snap, err := e.store.Get(tag)
+	if err != nil {
+		return nil, fmt.Errorf("the snapshot this sandbox was forked from: %w", err)
+	}
+	if snap.ID != id {
+		return nil, fmt.Errorf("snapshot %q was replaced since this sandbox was forked from it: %w", tag, errdefs.ErrFailedPrecondition)
+	}
+	return snap, nil
+}
