@@ -106,7 +106,12 @@ func (s *Server) importArchive(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	body := http.MaxBytesReader(w, r.Body, maxArchiveBody)
-	snap, _, err := pack.Unpack(r.Context(), s.Engine.Config().DataDir, body, opts)
+	snap, stats, err := pack.Unpack(r.Context(), s.Engine.Config().DataDir, body, opts)
+	if err == nil && stats.ReplacedID != "" {
+		// A forced import replaced a tag: VMMs pooled for the old snapshot
+		// would restore the wrong memory image.
+		s.Engine.DropPool(r.Context(), stats.ReplacedID)
+	}
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {

@@ -250,14 +250,20 @@ func (e *Engine) RemoveSnapshot(ctx context.Context, tag string) error {
 	if err != nil {
 		return err
 	}
+	e.DropPool(ctx, snap.ID)
+	return e.store.Remove(tag)
+}
+
+// DropPool discards the VMMs pooled for a snapshot id (its tag was
+// replaced or removed outside RemoveSnapshot).
+func (e *Engine) DropPool(ctx context.Context, snapshotID string) {
 	e.mu.Lock()
-	p := e.pools[snap.ID]
-	delete(e.pools, snap.ID)
+	p := e.pools[snapshotID]
+	delete(e.pools, snapshotID)
 	e.mu.Unlock()
 	if p != nil {
 		p.close(ctx)
 	}
-	return e.store.Remove(tag)
 }
 
 // PoolSize reports pre-started VMMs waiting for a snapshot.
