@@ -291,6 +291,13 @@ func allZero(b []byte) bool {
 	return true
 }
 
+// LockImage takes the lock that builds and removals of the image digest
+// hold (images/.locks/<digest>.lock under dataDir), for another writer of
+// images/<digest> such as an archive import. It waits until ctx ends.
+func LockImage(ctx context.Context, dataDir, digest string) (unlock func(), err error) {
+	return lockFile(ctx, filepath.Join(imagesDir(dataDir), ".locks", digest+".lock"))
+}
+
 // lockFile takes an exclusive flock on path (created if needed), waiting
 // until ctx ends. The lock dies with the process, so a crashed build never
 // blocks the next one. Lock files are left in place: deleting one while
