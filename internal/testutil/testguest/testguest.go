@@ -182,6 +182,14 @@ func (a *Agent) Call(line string, timeout time.Duration) (string, error) {
 	return strings.TrimRight(s, "\n"), err
 }
 
+// ReadLine reads one more reply line, within timeout.
+func (a *Agent) ReadLine(timeout time.Duration) (string, error) {
+	a.conn.SetDeadline(time.Now().Add(timeout))
+	defer a.conn.SetDeadline(time.Time{})
+	s, err := a.r.ReadString('\n')
+	return strings.TrimRight(s, "\n"), err
+}
+
 // Send sends one line without waiting for a reply.
 func (a *Agent) Send(line string) error {
 	_, err := a.conn.Write([]byte(line + "\n"))
