@@ -6,7 +6,6 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/sandbox"
-	"github.com/forkd-dev/forkd/internal/snapshot"
 )
 
 func ms(us int64) float64 { return float64(us) / 1000 }
@@ -19,10 +18,7 @@ func (s *Server) branch(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	if err := snapshot.ValidateTag(req.Tag); err != nil {
-		writeProblem(w, r, err)
-		return
-	}
+	// Engine.Branch validates the tag and mode.
 	res, err := s.Engine.Branch(r.Context(), r.PathValue("id"), sandbox.BranchOptions{Tag: req.Tag, Mode: req.Mode})
 	if err != nil {
 		writeProblem(w, r, err)

@@ -281,12 +281,8 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	// Validate what can be checked cheaply before committing to a stream, so
 	// bad input gets a plain 4xx.
-	if err := snapshot.ValidateTag(req.Tag); err != nil {
+	if err := s.Engine.Store().CheckFree(req.Tag); err != nil {
 		writeProblem(w, r, err)
-		return
-	}
-	if _, err := s.Engine.Store().Get(req.Tag); err == nil {
-		writeProblem(w, r, fmt.Errorf("snapshot %q already exists; remove it first with `forkd rmi %s` or choose another tag: %w", req.Tag, req.Tag, errdefs.ErrAlreadyExists))
 		return
 	}
 	if _, err := s.Engine.ResolveRecipe(req.Recipe, req.RecipeTOML); err != nil {

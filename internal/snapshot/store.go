@@ -157,13 +157,23 @@ type Staging struct {
 	done  bool
 }
 
-// Stage starts a snapshot for tag. The tag must be valid and not exist yet.
-func (s *Store) Stage(tag string) (*Staging, error) {
+// CheckFree reports whether a snapshot could be created under tag: valid
+// and not taken. Callers that must refuse early (before streaming a
+// response) use it; Stage checks the same.
+func (s *Store) CheckFree(tag string) error {
 	if err := ValidateTag(tag); err != nil {
-		return nil, err
+		return err
 	}
 	if _, err := os.Stat(filepath.Join(s.root, tag)); err == nil {
-		return nil, fmt.Errorf("snapshot %q already exists; remove it first with `forkd rmi %s` or choose another tag: %w", tag, tag, errdefs.ErrAlreadyExists)
+		return fmt.Errorf("snapshot %q already exists; remove it first with `forkd rmi %s` or choose another tag: %w", tag, tag, errdefs.ErrAlreadyExists)
+	}
+	return nil
+}
+
+// Stage starts a snapshot for tag. The tag must be valid and not exist yet.
+func (s *Store) Stage(tag string) (*Staging, error) {
+	if err := s.CheckFree(tag); err != nil {
+		return nil, err
 	}
 	dir, err := os.MkdirTemp(s.root, ".staging-"+tag+"-")
 	if err != nil {
