@@ -55,6 +55,12 @@ func TestMain(m *testing.M) {
 // the shared data dir, and closes it when the test ends.
 func newEngine(t *testing.T, poolSize int) *sandbox.Engine {
 	t.Helper()
+	return newEngineOn(t, dataDir, poolSize)
+}
+
+// newEngineOn is newEngine over another data dir.
+func newEngineOn(t *testing.T, data string, poolSize int) *sandbox.Engine {
+	t.Helper()
 	ctor, err := vmm.Lookup("qemu")
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +75,7 @@ func newEngine(t *testing.T, poolSize int) *sandbox.Engine {
 	}
 	prefix := "fkt" + snapshot.NewID()[:4] + "-"
 	e, err := sandbox.New(sandbox.Config{
-		DataDir: dataDir, RunDir: runDir, Driver: drv,
+		DataDir: data, RunDir: runDir, Driver: drv,
 		RecipeDirs:  []string{filepath.Join(repoRoot, "recipes"), filepath.Join(repoRoot, "integration", "testdata")},
 		AgentBinary: filepath.Join(repoRoot, "bin", "forkd-agent"),
 		PoolSize:    poolSize, NetNSPrefix: prefix, MaxForkCount: 20,

@@ -2,46 +2,12 @@ package integration
 
 import (
 	"context"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/forkd-dev/forkd/internal/pack"
-	"github.com/forkd-dev/forkd/internal/sandbox"
-	"github.com/forkd-dev/forkd/internal/snapshot"
-	"github.com/forkd-dev/forkd/internal/vmm"
 )
-
-// engineOn starts an engine over its own data directory.
-func engineOn(t *testing.T, data string) *sandbox.Engine {
-	t.Helper()
-	ctor, err := vmm.Lookup("qemu")
-	if err != nil {
-		t.Fatal(err)
-	}
-	drv, err := ctor.New(vmm.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runDir, err := os.MkdirTemp("/run", "forkd-it-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := sandbox.New(sandbox.Config{
-		DataDir: data, RunDir: runDir, Driver: drv,
-		NetNSPrefix: "fkp" + snapshot.NewID()[:4] + "-", MaxForkCount: 4,
-		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		e.Close(context.Background())
-		os.RemoveAll(runDir)
-	})
-	return e
-}
 
 // TestPackUnpackFork moves a real template to an empty data directory
 // through a signed archive and forks a child from it there.
@@ -82,7 +48,7 @@ func TestPackUnpackFork(t *testing.T) {
 		t.Errorf("unpack: %+v, rootfs %s", ust, moved.Image.Rootfs)
 	}
 
-	e2 := engineOn(t, fresh)
+	e2 := newEngineOn(t, fresh, 0)
 	sbs, err := e2.Fork(ctx, "moved", 1)
 	if err != nil {
 		t.Fatalf("fork from the unpacked snapshot: %v", err)
