@@ -91,8 +91,12 @@ for p in /sys/class/virtio-ports/*; do
 done
 echo "agent port: $dev"
 ( i=0; while true; do echo "tick $i"; i=$((i+1)); sleep 1; done ) &
+# The port stays open for the guest's whole life, as forkd-agent keeps its
+# own: Linux discards what has arrived on a virtio-serial port when the guest
+# closes it, so a close-and-reopen loop loses a line that a connecting host
+# sends in the instant between the end-of-file and the close.
+exec 3<>$dev
 while true; do
-  exec 3<>$dev
   while read -r cmd arg <&3; do
     case "$cmd" in
       ping) echo pong >&3 ;;
@@ -103,7 +107,6 @@ while true; do
     esac
   done
   # read returns end-of-file while no host client is connected.
-  exec 3<&-
   sleep 0.05
 done
 `
