@@ -200,7 +200,11 @@ type RunCodeResult struct {
 	// ("text/plain": repr). Empty when the last statement is not an expression
 	// or its value is None.
 	Result map[string]string `json:"result,omitempty"`
-	Error  *CodeError        `json:"error,omitempty"`
+	// Display holds rich outputs the code produced besides its value, in
+	// order: each matplotlib figure left open (as "image/png", base64) and
+	// each value passed to display(). Same MIME keys as Result.
+	Display []map[string]string `json:"display,omitempty"`
+	Error   *CodeError          `json:"error,omitempty"`
 	// TimedOut is true when the code was interrupted by its timeout; the
 	// session stays alive and its variables are kept.
 	TimedOut       bool  `json:"timed_out,omitempty"`

@@ -230,7 +230,7 @@ func (s *Server) snapshotInfo(snap *snapshot.Snapshot) apiv1.Snapshot {
 		VMM: snap.VMM.Kind, VMMVersion: snap.VMM.Version, Accel: snap.VMM.Accel,
 		MemoryMiB: snap.MemoryMiB, VCPUs: snap.VCPUs, Python: snap.Python.Enabled,
 		Files: map[string]apiv1.FileEntry{}, CreateMillis: snap.CreateMillis,
-		Pooled: s.Engine.PoolSize(snap.ID),
+		Pooled: s.Engine.PoolSize(snap.ID), State: apiv1.SnapshotReady,
 	}
 	for name, f := range snap.Files {
 		out.Files[name] = apiv1.FileEntry{Size: f.Size, SHA256: f.SHA256}

@@ -134,6 +134,32 @@ type Snapshot struct {
 	DiskBytes    int64                `json:"disk_bytes"` // allocated (memory images are sparse)
 	CreateMillis int64                `json:"create_ms"`
 	Pooled       int                  `json:"pooled_vmms"` // pre-started VMM processes waiting
+	// State is SnapshotReady, or SnapshotWriting while a branch made with
+	// no_wait is still being written, or SnapshotFailed (Error says why).
+	// Only a ready snapshot can be forked.
+	State string `json:"state"`
+	Error string `json:"error,omitempty"`
+	// Chain: a diff layer names its parent; Depth counts the layers above
+	// a self-contained snapshot (0 for a flat one). Ancestors run from the
+	// parent to the root; Dependents are the tags whose chains need this one.
+	Parent     *ParentRef `json:"parent,omitempty"`
+	Depth      int        `json:"depth"`
+	Ancestors  []string   `json:"ancestors,omitempty"`
+	Dependents []string   `json:"dependents,omitempty"`
+}
+
+// Snapshot states.
+const (
+	SnapshotReady   = "ready"
+	SnapshotWriting = "writing"
+	SnapshotFailed  = "failed"
+)
+
+// ParentRef names a layer's parent snapshot by tag and by the digest of its
+// manifest, so that a parent replaced under the same tag is detected.
+type ParentRef struct {
+	Tag    string `json:"tag"`
+	Digest string `json:"digest"`
 }
 
 // FileEntry is one file of a snapshot.
@@ -199,6 +225,10 @@ type Sandbox struct {
 type BranchRequest struct {
 	Tag  string `json:"tag"`
 	Mode string `json:"mode,omitempty"` // diff (default), full, live
+	// NoWait (live mode) answers as soon as the source runs again, with the
+	// snapshot in state "writing"; poll GET /v1/snapshots/{tag} for
+	// "ready" or "failed".
+	NoWait bool `json:"no_wait,omitempty"`
 }
 
 // BranchResponse describes the new snapshot and what the branch cost the
