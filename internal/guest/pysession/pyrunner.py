@@ -11,7 +11,16 @@ before the marker to that request.
 
 Requests:
   {"id": N, "op": "run", "code": "..."}
-      -> {"id": N, "result": {"text/plain": ...}} or {"id": N, "error": {...}}
+      -> {"id": N, "result": {MIME: ...}, "display": [{MIME: ...}, ...]}
+         or {"id": N, "error": {...}, "display": [...]}
+
+Rich output. The last expression's value is returned by MIME type: always
+"text/plain" (its repr), plus what its IPython-style _repr_*_ methods give
+("text/html" for a pandas DataFrame, "image/png" base64, ...). "display"
+lists, in order, what the code passed to display() and every matplotlib
+figure still open when it finished (rendered to PNG, then closed), so
+`plt.plot(...)` alone yields a picture as it does in a notebook.
+matplotlib draws with its Agg backend: there is no screen.
   {"id": N, "op": "reseed", "seed": "<hex>"}
       -> {"id": N}
 On start the runner answers {"id": 0, "python": VERSION} without markers.
@@ -22,6 +31,7 @@ so a late interrupt never kills the session.
 """
 
 import ast
+import base64
 import json
 import linecache
 import os
@@ -34,6 +44,77 @@ REQ_FD = 3
 RESP_FD = 4
 
 _in_user_code = False
+
+# Before any import of matplotlib (the warm-up may import it): no screen.
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+# _repr_<name>_ methods and the MIME types they produce, as IPython has them.
+_REPR_METHODS = (
+    ("_repr_html_", "text/html"),
+    ("_repr_markdown_", "text/markdown"),
+    ("_repr_svg_", "image/svg+xml"),
+    ("_repr_png_", "image/png"),
+    ("_repr_jpeg_", "image/jpeg"),
+    ("_repr_latex_", "text/latex"),
+    ("_repr_json_", "application/json"),
+)
+
+
+def _figure_png(fig):
+    import io
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _bundle(value):
+    """The MIME bundle of value: text/plain and whatever rich forms it has.
+
+    A rich form that fails to render is left out, never an error: the
+    plain repr is what the call returns at least.
+    """
+    out = {"text/plain": repr(value)}
+    for method, mime in _REPR_METHODS:
+        fn = getattr(value, method, None)
+        if fn is None or not callable(fn):
+            continue
+        try:
+            data = fn()
+        except Exception:
+            continue
+        if isinstance(data, tuple):  # (data, metadata)
+            data = data[0] if data else None
+        if data is None:
+            continue
+        if isinstance(data, (bytes, bytearray)):
+            data = base64.b64encode(bytes(data)).decode("ascii")
+        elif mime == "application/json" and not isinstance(data, str):
+            data = json.dumps(data)
+        elif not isinstance(data, str):
+            continue
+        out[mime] = data
+    if "image/png" not in out and type(value).__name__ == "Figure" and hasattr(value, "savefig"):
+        try:
+            out["image/png"] = _figure_png(value)
+        except Exception:
+            pass
+    return out
+
+
+def _open_figures():
+    """PNG bundles of the matplotlib figures left open, which are closed."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return []
+    out = []
+    try:
+        for num in plt.get_fignums():
+            fig = plt.figure(num)
+            out.append({"text/plain": repr(fig), "image/png": _figure_png(fig)})
+        plt.close("all")
+    except Exception as exc:  # a broken figure must not lose the cell's result
+        out.append({"text/plain": "<figure not rendered: %s: %s>" % (type(exc).__name__, exc)})
+    return out
 
 
 def _on_sigint(signum, frame):
@@ -65,10 +146,27 @@ def _error(exc, filename_prefix):
 class Runner:
     def __init__(self, token):
         self.token = token
-        self.globals = {"__name__": "__main__", "__builtins__": __builtins__}
+        self.globals = {"__name__": "__main__", "__builtins__": __builtins__, "display": self.display}
         self.cells = 0
+        self.displayed = []
+
+    def display(self, *values):
+        """Show values as rich output of the running cell, as IPython's display()."""
+        for v in values:
+            self.displayed.append(_bundle(v))
 
     def run(self, code):
+        self.displayed = []
+        out = self._run(code)
+        # Also after an error: what the cell showed before it failed, as in
+        # a notebook.
+        shown = self.displayed + _open_figures()
+        if shown:
+            out["display"] = shown
+        self.displayed = []
+        return out
+
+    def _run(self, code):
         global _in_user_code
         self.cells += 1
         filename = "<cell-%d>" % self.cells
@@ -99,10 +197,10 @@ class Runner:
             return {}
         self.globals["_"] = value
         try:
-            text = repr(value)
+            bundle = _bundle(value)
         except BaseException as exc:
             return {"error": _error(exc, "<cell-")}
-        return {"result": {"text/plain": text}}
+        return {"result": bundle}
 
     def reseed(self, seed_hex):
         seed = bytes.fromhex(seed_hex)

@@ -73,10 +73,11 @@ type Session struct {
 }
 
 type response struct {
-	ID     int64               `json:"id"`
-	Python string              `json:"python,omitempty"`
-	Result map[string]string   `json:"result,omitempty"`
-	Error  *agentapi.CodeError `json:"error,omitempty"`
+	ID      int64               `json:"id"`
+	Python  string              `json:"python,omitempty"`
+	Result  map[string]string   `json:"result,omitempty"`
+	Display []map[string]string `json:"display,omitempty"`
+	Error   *agentapi.CodeError `json:"error,omitempty"`
 }
 
 // ErrDead is wrapped by the errors of a session whose process has exited.
@@ -354,7 +355,7 @@ func (s *Session) run(ctx context.Context, code string, timeout time.Duration, s
 		}
 		return res, err
 	}
-	res.Result, res.Error = r.Result, r.Error
+	res.Result, res.Display, res.Error = r.Result, r.Display, r.Error
 	if timedOut {
 		// Whatever the code did after the interrupt (raised
 		// KeyboardInterrupt, or returned because the interrupt killed the

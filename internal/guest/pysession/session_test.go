@@ -249,3 +249,66 @@ func TestCancelInterrupts(t *testing.T) {
 		t.Fatalf("after cancel: %+v", res)
 	}
 }
+
+// TestRichOutput checks the MIME bundles of values (IPython's _repr_*_
+// protocol), display() and open matplotlib figures. matplotlib is not on
+// the host, so a stand-in pyplot module with its calls (get_fignums,
+// figure, close, Figure.savefig) plays it; the guest image test with the
+// real one is in integration.
+func TestRichOutput(t *testing.T) {
+	m := newManager(t)
+	res := run(t, m, `
+class Table:
+    def __repr__(self): return "Table()"
+    def _repr_html_(self): return "<table></table>"
+    def _repr_png_(self): return b"\x89PNG"
+    def _repr_svg_(self): raise ValueError("no svg")
+Table()`, 0)
+	if res.Error != nil || res.Result["text/plain"] != "Table()" || res.Result["text/html"] != "<table></table>" ||
+		res.Result["image/png"] != "iVBORw==" {
+		t.Fatalf("bundle: %+v", res)
+	}
+	if _, ok := res.Result["image/svg+xml"]; ok {
+		t.Errorf("a failing _repr_svg_ gave svg: %+v", res.Result)
+	}
+	res = run(t, m, `
+import sys, types
+class Fig:
+    def __init__(self, n): self.n = n
+    def __repr__(self): return "<Figure %d>" % self.n
+    def savefig(self, buf, format, bbox_inches): buf.write(b"png-%d" % self.n)
+figs = {1: Fig(1), 2: Fig(2)}
+plt = types.ModuleType("matplotlib.pyplot")
+plt.get_fignums = lambda: sorted(figs)
+plt.figure = lambda n: figs[n]
+plt.close = lambda which: figs.clear()
+sys.modules["matplotlib.pyplot"] = plt
+display(Table(), 7)
+"value"`, 0)
+	if res.Error != nil || res.Result["text/plain"] != "'value'" || len(res.Display) != 4 {
+		t.Fatalf("display: %+v", res)
+	}
+	want := []map[string]string{
+		{"text/plain": "Table()", "text/html": "<table></table>", "image/png": "iVBORw=="},
+		{"text/plain": "7"},
+		{"text/plain": "<Figure 1>", "image/png": "cG5nLTE="},
+		{"text/plain": "<Figure 2>", "image/png": "cG5nLTI="},
+	}
+	for i, w := range want {
+		for k, v := range w {
+			if res.Display[i][k] != v || len(res.Display[i]) != len(w) {
+				t.Errorf("display[%d] = %v, want %v", i, res.Display[i], w)
+				break
+			}
+		}
+	}
+	// Figures were closed: the next cell shows nothing; an error keeps what
+	// was displayed before it.
+	if res := run(t, m, "1", 0); len(res.Display) != 0 {
+		t.Errorf("figures shown twice: %+v", res.Display)
+	}
+	res = run(t, m, "display('before'); 1/0", 0)
+	if res.Error == nil || len(res.Display) != 1 || res.Display[0]["text/plain"] != "'before'" {
+		t.Errorf("display before an error: %+v", res)
+	}
+}
