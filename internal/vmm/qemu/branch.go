@@ -349,7 +349,7 @@ func (b *brancher) paused(ctx context.Context) (err error) {
 		if err != nil {
 			return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
 		}
-		n, err := copySparse(out, base, int64(memSize))
+		n, err := fsutil.CopySparse(out, base, int64(memSize))
 		base.Close()
 		b.written += n
 		if err != nil {

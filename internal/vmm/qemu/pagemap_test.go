@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/forkd-dev/forkd/internal/fsutil"
 )
 
 // TestPrivatePages maps a file privately in this process, writes some
@@ -104,7 +106,7 @@ func TestCopySparse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dst.Close()
-	n, err := copySparse(dst, src, size)
+	n, err := fsutil.CopySparse(dst, src, size)
 	if err != nil {
 		t.Fatal(err)
 	}
