@@ -194,8 +194,26 @@ func snapshotCmd(g *globals) *cobra.Command {
 			if g.jsonOut {
 				return printJSON(s)
 			}
-			fmt.Printf("tag:        %s (id %s)\ncreated:    %s in %.1fs\nrecipe:     %s (image %s)\nvmm:        %s %s (%s)\nshape:      %d MiB, %d vCPU, python session: %v\nsize:       %s logical, %s on disk\npooled:     %d VMMs ready\nfiles:\n",
-				s.Tag, s.ID, s.Created.Local().Format(time.DateTime), float64(s.CreateMillis)/1000, s.Recipe, s.ImageDigest[:12], s.VMM, s.VMMVersion, s.Accel, s.MemoryMiB, s.VCPUs, s.Python, human(s.SizeBytes), human(s.DiskBytes), s.Pooled)
+			fmt.Printf("tag:        %s (id %s)\nstate:      %s\ncreated:    %s in %.1fs\nrecipe:     %s (image %s)\nvmm:        %s %s (%s)\nshape:      %d MiB, %d vCPU, python session: %v\nsize:       %s logical, %s on disk (physical)\npooled:     %d VMMs ready\n",
+				s.Tag, s.ID, s.State, s.Created.Local().Format(time.DateTime), float64(s.CreateMillis)/1000, s.Recipe, s.ImageDigest[:12], s.VMM, s.VMMVersion, s.Accel, s.MemoryMiB, s.VCPUs, s.Python, human(s.SizeBytes), human(s.DiskBytes), s.Pooled)
+			if s.Error != "" {
+				fmt.Printf("error:      %s\n", s.Error)
+			}
+			fmt.Printf("depth:      %d", s.Depth)
+			if s.Depth == 0 {
+				fmt.Printf(" (self-contained)")
+			}
+			fmt.Println()
+			if s.Parent != nil {
+				fmt.Printf("parent:     %s (%s)\n", s.Parent.Tag, s.Parent.Digest)
+			}
+			if len(s.Ancestors) > 0 {
+				fmt.Printf("ancestors:  %s\n", strings.Join(s.Ancestors, " <- "))
+			}
+			if len(s.Dependents) > 0 {
+				fmt.Printf("dependents: %s\n", strings.Join(s.Dependents, ", "))
+			}
+			fmt.Println("files:")
 			for name, f := range s.Files {
 				fmt.Printf("  %-10s %10s  sha256:%s\n", name, human(f.Size), f.SHA256)
 			}
@@ -206,7 +224,38 @@ func snapshotCmd(g *globals) *cobra.Command {
 	ls.Use, ls.Aliases = "ls", []string{"list"}
 	rm := rmiCmd(g)
 	rm.Use = "rm TAG..."
-	cmd.AddCommand(create, info, ls, rm)
+
+	var from, to string
+	compact := &cobra.Command{
+		Use:   "compact --from HEAD --to FLAT",
+		Short: "Write a self-contained copy of a chain head (no parent) under a new tag",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, t := range []string{from, to} {
+				if err := snapshot.ValidateTag(t); err != nil {
+					return err
+				}
+			}
+			c, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			snap, err := c.Compact(cmd.Context(), from, to)
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return printJSON(snap)
+			}
+			fmt.Printf("snapshot %s: a flat copy of %s (%s logical, %s on disk) in %.1fs\n", snap.Tag, from, human(snap.SizeBytes), human(snap.DiskBytes), float64(snap.CreateMillis)/1000)
+			return nil
+		},
+	}
+	compact.Flags().StringVar(&from, "from", "", "the chain head to copy")
+	compact.Flags().StringVar(&to, "to", "", "tag of the flat copy")
+	compact.MarkFlagRequired("from")
+	compact.MarkFlagRequired("to")
+	cmd.AddCommand(create, info, ls, rm, compact)
 	return cmd
 }
 
@@ -235,7 +284,8 @@ func snapshotsCmd(g *globals) *cobra.Command {
 }
 
 func rmiCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var cascade, force bool
+	cmd := &cobra.Command{
 		Use: "rmi TAG...", Short: "Remove snapshot tags (running children keep running)", Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			for _, t := range args {
@@ -248,7 +298,7 @@ func rmiCmd(g *globals) *cobra.Command {
 				return err
 			}
 			for _, t := range args {
-				if err := c.RemoveSnapshot(cmd.Context(), t); err != nil {
+				if err := c.RemoveSnapshotWith(cmd.Context(), t, cascade, force); err != nil {
 					return err
 				}
 				if !g.jsonOut {
@@ -261,6 +311,9 @@ func rmiCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&cascade, "cascade", false, "also remove the diff layers built on the tag")
+	cmd.Flags().BoolVar(&force, "force", false, "remove the tag even though layers need it (they stop working)")
+	return cmd
 }
 
 func forkCmd(g *globals) *cobra.Command {

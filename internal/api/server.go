@@ -84,6 +84,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/snapshots/{tag}", s.getSnapshot)
 	mux.HandleFunc("DELETE /v1/snapshots/{tag}", s.deleteSnapshot)
 	mux.HandleFunc("GET /v1/snapshots/{tag}/archive", s.exportArchive)
+	mux.HandleFunc("POST /v1/snapshots/{tag}/compact", s.compactSnapshot)
 	mux.HandleFunc("POST /v1/snapshots/import", s.importArchive)
 	mux.HandleFunc("GET /v1/sandboxes", s.listSandboxes)
 	mux.HandleFunc("POST /v1/sandboxes", s.fork)
@@ -232,6 +233,7 @@ func (s *Server) snapshotInfo(snap *snapshot.Snapshot) apiv1.Snapshot {
 		Files: map[string]apiv1.FileEntry{}, CreateMillis: snap.CreateMillis,
 		Pooled: s.Engine.PoolSize(snap.ID), State: apiv1.SnapshotReady,
 	}
+	s.chainInfo(snap, &out)
 	for name, f := range snap.Files {
 		out.Files[name] = apiv1.FileEntry{Size: f.Size, SHA256: f.SHA256}
 		out.SizeBytes += f.Size
@@ -265,13 +267,6 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, s.snapshotInfo(snap))
 }
 
-func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
-	if err := s.Engine.RemoveSnapshot(r.Context(), r.PathValue("tag")); err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	var req apiv1.CreateSnapshotRequest

@@ -240,6 +240,12 @@ type BranchResponse struct {
 	TotalMillis  float64  `json:"total_ms"`
 }
 
+// CompactRequest is POST /v1/snapshots/{tag}/compact: a flat copy of a
+// chain head under the tag To.
+type CompactRequest struct {
+	To string `json:"to"`
+}
+
 // KillRequest is POST /v1/sandboxes:kill.
 type KillRequest struct {
 	IDs []string `json:"ids,omitempty"`

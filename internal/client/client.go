@@ -277,7 +277,26 @@ func (c *Client) Snapshot(ctx context.Context, tag string) (apiv1.Snapshot, erro
 
 // RemoveSnapshot deletes a tag.
 func (c *Client) RemoveSnapshot(ctx context.Context, tag string) error {
-	return c.call(ctx, http.MethodDelete, "/v1/snapshots/"+url.PathEscape(tag), nil, nil, nil)
+	return c.RemoveSnapshotWith(ctx, tag, false, false)
+}
+
+// RemoveSnapshotWith deletes a tag that layers may depend on: cascade
+// removes them too, force removes the tag alone.
+func (c *Client) RemoveSnapshotWith(ctx context.Context, tag string, cascade, force bool) error {
+	q := url.Values{}
+	if cascade {
+		q.Set("cascade", "true")
+	}
+	if force {
+		q.Set("force", "true")
+	}
+	return c.call(ctx, http.MethodDelete, "/v1/snapshots/"+url.PathEscape(tag), q, nil, nil)
+}
+
+// Compact writes a flat copy of the snapshot from under the tag to.
+func (c *Client) Compact(ctx context.Context, from, to string) (apiv1.Snapshot, error) {
+	var out apiv1.Snapshot
+	return out, c.call(ctx, http.MethodPost, "/v1/snapshots/"+url.PathEscape(from)+"/compact", nil, apiv1.CompactRequest{To: to}, &out)
 }
 
 // Fork creates req.Count sandboxes from req.Tag; it returns when all

@@ -69,23 +69,46 @@ func (e *Engine) Branch(ctx context.Context, id string, opts BranchOptions) (_ *
 	if err != nil {
 		return nil, err
 	}
+	// A diff branch is a layer on the snapshot the sandbox was forked
+	// from (see chain.go), as long as the chain stays within its limit.
+	layer := opts.Mode == BranchDiff
+	if layer && parent.Depth+1 > snapshot.MaxChainDepth {
+		return nil, fmt.Errorf("sandbox %s runs on %q, a chain of %d layers, the limit: branch with --mode full, or compact it (forkd snapshot compact --from %s --to NEW) and fork from that: %w",
+			id, parent.Tag, parent.Depth, parent.Tag, errdefs.ErrFailedPrecondition)
+	}
+	if layer {
+		// The layer's parent must still be whole: a branch on a broken
+		// chain could never be forked.
+		if _, err := e.store.Chain(parent); err != nil {
+			return nil, err
+		}
+	}
 	st, err := e.store.Stage(opts.Tag)
 	if err != nil {
 		return nil, err
 	}
 	defer st.Abort()
 	s.touch()
-	res, err := s.machine.Snapshot(ctx, vmm.SnapshotSpec{
+	spec := vmm.SnapshotSpec{
 		Type:       vmm.SnapshotType(opts.Mode),
 		StateFile:  st.Path(snapshot.StateFile),
 		MemoryFile: st.Path(snapshot.MemoryFile),
-	})
+	}
+	if layer {
+		spec.Layer, spec.PageIndexFile = true, st.Path(snapshot.LayerIndexFile)
+	}
+	res, err := s.machine.Snapshot(ctx, spec)
 	if err != nil {
 		return nil, fmt.Errorf("branch %s of sandbox %s: %w", opts.Mode, id, err)
 	}
 	e.cfg.Metrics.ObserveBranchPause(opts.Mode, res.Paused)
 	m := parent.Manifest
 	m.ID, m.Created, m.Files = "", time.Time{}, nil
+	m.Parent, m.Depth, m.CompactedFrom = nil, 0, ""
+	if layer {
+		m.Parent = &snapshot.ParentRef{Tag: parent.Tag, Digest: parent.Digest()}
+		m.Depth = parent.Depth + 1
+	}
 	m.Branch = &snapshot.BranchRef{
 		SandboxID: id, FromTag: parent.Tag, FromSnapshotID: parent.ID, Mode: opts.Mode,
 		PauseMicros: res.Paused.Microseconds(), BytesWritten: res.BytesWritten,

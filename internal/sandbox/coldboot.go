@@ -49,8 +49,7 @@ func (e *Engine) ColdBoot(ctx context.Context, tag string) (_ *ColdVM, err error
 		return nil, err
 	}
 	cv.stop.Push(func(context.Context) error { return ns.Remove() })
-	mc := e.machineConfig(id, snap, runDir)
-	mc.MemoryFile = ""
+	mc := e.machineConfig(id, snap, runDir, "")
 	mc.Network = &vmm.Network{NetNSPath: ns.Path(), TapName: netns.DefaultTap, MAC: snap.Network.GuestMAC}
 	start := time.Now()
 	m, err := e.cfg.Driver.Boot(ctx, vmm.BootSpec{MachineConfig: mc})

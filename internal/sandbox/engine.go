@@ -76,6 +76,7 @@ type Engine struct {
 	log       *slog.Logger
 	store     *snapshot.Store
 	builder   *image.Builder
+	mem       *memCache
 	spawnSem  chan struct{}
 	buildSem  chan struct{}
 	branchSem chan struct{}
@@ -123,7 +124,12 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	mem, err := newMemCache(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
 	e := &Engine{
+		mem:       mem,
 		cfg:       cfg,
 		log:       cfg.Logger,
 		store:     store,
@@ -136,6 +142,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	keep := e.adoptRecorded()
 	e.reapLeftovers(keep)
+	e.pruneMemoryCache()
 	jctx, cancel := context.WithCancel(context.Background())
 	e.stopJanitor = cancel
 	go e.janitor(jctx)

@@ -45,7 +45,8 @@ func (p *prepared) discard(ctx context.Context) {
 
 // machineConfig is the VM shape of a snapshot: a child must match its
 // template exactly (image, memory, vCPUs, devices).
-func (e *Engine) machineConfig(id string, snap *snapshot.Snapshot, runDir string) vmm.MachineConfig {
+// memFile is the complete memory image of the snapshot (memoryImage).
+func (e *Engine) machineConfig(id string, snap *snapshot.Snapshot, runDir, memFile string) vmm.MachineConfig {
 	return vmm.MachineConfig{
 		ID:     id,
 		RunDir: runDir,
@@ -56,7 +57,7 @@ func (e *Engine) machineConfig(id string, snap *snapshot.Snapshot, runDir string
 		MemoryMiB:  snap.MemoryMiB,
 		VCPUs:      snap.VCPUs,
 		Accel:      vmm.Accel(snap.VMM.Accel),
-		MemoryFile: snap.Path(snapshot.MemoryFile),
+		MemoryFile: memFile,
 		ConsoleLog: filepath.Join(runDir, "console.log"),
 	}
 }
@@ -79,6 +80,10 @@ func (e *Engine) prepare(ctx context.Context, snap *snapshot.Snapshot, nice int)
 		}
 	}()
 
+	memFile, err := e.memoryImage(snap)
+	if err != nil {
+		return nil, err
+	}
 	runDir := filepath.Join(e.cfg.RunDir, "vms", id)
 	cl.Push(removeAllStep(runDir))
 	ns, err := netns.Create(ctx, e.cfg.NetNSPrefix+id, netns.Options{})
@@ -87,7 +92,7 @@ func (e *Engine) prepare(ctx context.Context, snap *snapshot.Snapshot, nice int)
 	}
 	cl.Push(func(context.Context) error { return ns.Remove() })
 
-	mc := e.machineConfig(id, snap, runDir)
+	mc := e.machineConfig(id, snap, runDir, memFile)
 	mc.Network = &vmm.Network{NetNSPath: ns.Path(), TapName: netns.DefaultTap, MAC: snap.Network.GuestMAC}
 	mc.VMGenID = newUUID()
 	mc.Nice = nice

@@ -35,6 +35,9 @@ const (
 	ManifestFile = "manifest.json"
 	StateFile    = "vmstate"
 	MemoryFile   = "memory"
+	// LayerIndexFile lists the pages a layer's MemoryFile holds (package
+	// memlayer); only layers (Manifest.Parent set) have it.
+	LayerIndexFile = "memory.index"
 )
 
 // Manifest describes one snapshot.
@@ -56,11 +59,18 @@ type Manifest struct {
 	CreateMillis int64 `json:"create_ms"`
 	// Branch is set for a snapshot taken of a running sandbox (BRANCH).
 	Branch *BranchRef `json:"branch,omitempty"`
+	// Parent is set for a layer (a diff branch): its MemoryFile holds only
+	// the pages the sandbox wrote, and its memory is the parent's with
+	// those pages put over it. See chain.go.
+	Parent *ParentRef `json:"parent,omitempty"`
+	// Depth is the number of layers from this snapshot down to a
+	// self-contained one: 0 for a flat snapshot, parent's + 1 for a layer.
+	Depth int `json:"depth,omitempty"`
+	// CompactedFrom names the chain head a flat snapshot was compacted from.
+	CompactedFrom string `json:"compacted_from,omitempty"`
 }
 
-// BranchRef records where a branched snapshot came from. The snapshot is
-// self-contained (its memory file is complete); chains of layers that
-// point at their parent by digest come later.
+// BranchRef records where a branched snapshot came from.
 type BranchRef struct {
 	SandboxID      string `json:"sandbox_id"`
 	FromTag        string `json:"from_tag"`

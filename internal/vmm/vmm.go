@@ -136,6 +136,12 @@ type SnapshotSpec struct {
 	// every page in which MemoryFile differs from that file (and a few that
 	// were written back unchanged).
 	PageIndexFile string
+	// Layer (diff only; needs PageIndexFile) makes MemoryFile a layer
+	// instead of a complete image: a sparse file holding only the pages
+	// of PageIndexFile, at their offsets. The complete image is the
+	// clone's own memory file with those pages put over it (package
+	// memlayer), so the branch copies neither the base nor its holes.
+	Layer bool
 }
 
 // SnapshotResult describes a written snapshot.

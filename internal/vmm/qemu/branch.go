@@ -131,6 +131,9 @@ func (m *Machine) branch(ctx context.Context, spec vmm.SnapshotSpec) (res vmm.Sn
 	if spec.StateFile == "" || spec.MemoryFile == "" {
 		return res, bad("a branch needs a state file and a memory file")
 	}
+	if spec.Layer && (mode != vmm.SnapshotDiff || spec.PageIndexFile == "") {
+		return res, bad("a layer is a diff branch with a page index file")
+	}
 	outs := []string{spec.StateFile, spec.MemoryFile}
 	if spec.PageIndexFile != "" && mode == vmm.SnapshotDiff {
 		outs = append(outs, spec.PageIndexFile)
@@ -338,13 +341,14 @@ func (b *brancher) paused(ctx context.Context) (err error) {
 		romAddr = nil
 	}
 
-	// The memory file: a sparse copy of the clone's (diff), or empty.
+	// The memory file: a sparse copy of the clone's (diff), or empty
+	// (full, and a diff layer, which gets only the pages the clone wrote).
 	out, err := b.create(b.spec.MemoryFile, os.O_RDWR|os.O_EXCL)
 	if err != nil {
 		return err
 	}
 	defer out.Close()
-	if b.mode == vmm.SnapshotDiff {
+	if b.mode == vmm.SnapshotDiff && !b.spec.Layer {
 		base, err := os.Open(m.cfg.MemoryFile)
 		if err != nil {
 			return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
@@ -424,7 +428,7 @@ func (b *brancher) paused(ctx context.Context) (err error) {
 	}()
 	var (
 		idx     *memlayer.Builder
-		mw      = newMemWriter(out, int64(memSize), b.mode == vmm.SnapshotDiff)
+		mw      = newMemWriter(out, int64(memSize), b.mode == vmm.SnapshotDiff && !b.spec.Layer)
 		copyErr error
 		scanned string
 	)

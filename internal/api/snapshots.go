@@ -1,0 +1,66 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/sandbox"
+	"github.com/forkd-dev/forkd/internal/snapshot"
+)
+
+// chainInfo fills in where a snapshot sits in its chain.
+func (s *Server) chainInfo(snap *snapshot.Snapshot, out *apiv1.Snapshot) {
+	out.Depth = snap.Depth
+	if snap.Parent != nil {
+		out.Parent = &apiv1.ParentRef{Tag: snap.Parent.Tag, Digest: snap.Parent.Digest}
+		out.Ancestors = s.Engine.Store().Ancestors(snap)
+	}
+	if deps, err := s.Engine.Store().Dependents(snap.Tag); err == nil && len(deps) > 0 {
+		out.Dependents = deps
+	}
+}
+
+// deleteSnapshot removes a tag; ?cascade=true also removes the layers
+// built on it, ?force=true removes it alone (its layers stop working).
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
+	var opts sandbox.RemoveOptions
+	for name, dst := range map[string]*bool{"cascade": &opts.Cascade, "force": &opts.Force} {
+		if v := r.URL.Query().Get(name); v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				writeProblem(w, r, fmt.Errorf("query %s=%q: want true or false: %w", name, v, errdefs.ErrInvalidArgument))
+				return
+			}
+			*dst = b
+		}
+	}
+	removed, err := s.Engine.RemoveSnapshotWith(r.Context(), r.PathValue("tag"), opts)
+	noteTargets(r, removed...)
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// compactSnapshot writes a flat copy of a chain head under a new tag.
+func (s *Server) compactSnapshot(w http.ResponseWriter, r *http.Request) {
+	var req apiv1.CompactRequest
+	if err := decode(w, r, &req); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	snap, err := s.Engine.Compact(r.Context(), r.PathValue("tag"), req.To)
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	noteTargets(r, snap.Tag)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	json.NewEncoder(w).Encode(s.snapshotInfo(snap))
+}

@@ -1,0 +1,86 @@
+package memlayer
+
+import (
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// Apply puts the pages of a layer over dst: for every extent of ix, the
+// bytes at the same offsets in layer (a sparse file whose holes read as
+// zeros). A page of zeros becomes a hole in dst, so an image assembled
+// from layers stays as sparse as the memory it holds. It returns the bytes
+// of data written.
+func Apply(dst, layer *os.File, ix *Index) (int64, error) {
+	if err := ix.Validate(); err != nil {
+		return 0, err
+	}
+	ps := int64(ix.PageSize)
+	buf := make([]byte, 1<<20)
+	var written int64
+	for _, e := range ix.Extents {
+		off, end := int64(e.First)*ps, int64(e.First+e.Count)*ps
+		for off < end {
+			n := min(int64(len(buf)), end-off)
+			if _, err := layer.ReadAt(buf[:n], off); err != nil {
+				return written, fmt.Errorf("memlayer: read layer at %#x: %w", off, err)
+			}
+			// Runs of data pages are written together, runs of zero
+			// pages punched together.
+			for i := int64(0); i < n; {
+				zero := isZero(buf[i : i+ps])
+				j := i + ps
+				for j < n && isZero(buf[j:j+ps]) == zero {
+					j += ps
+				}
+				if zero {
+					if err := punch(dst, off+i, j-i); err != nil {
+						return written, err
+					}
+				} else {
+					if _, err := dst.WriteAt(buf[i:j], off+i); err != nil {
+						return written, fmt.Errorf("memlayer: write at %#x: %w", off+i, err)
+					}
+					written += j - i
+				}
+				i = j
+			}
+			off += n
+		}
+	}
+	return written, nil
+}
+
+// punch makes n bytes at off read as zeros, as a hole where the file
+// system can.
+func punch(f *os.File, off, n int64) error {
+	err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+	if err == nil {
+		return nil
+	}
+	zeros := make([]byte, min(n, 1<<20))
+	for done := int64(0); done < n; {
+		k := min(int64(len(zeros)), n-done)
+		if _, err := f.WriteAt(zeros[:k], off+done); err != nil {
+			return fmt.Errorf("memlayer: zero at %#x: %w", off+done, err)
+		}
+		done += k
+	}
+	return nil
+}
+
+func isZero(b []byte) bool {
+	for len(b) >= 8 {
+		if b[0]|b[1]|b[2]|b[3]|b[4]|b[5]|b[6]|b[7] != 0 {
+			return false
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}

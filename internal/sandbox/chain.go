@@ -1,0 +1,284 @@
+package sandbox
+
+// Chains: memory images of layers, compaction, and removal that respects
+// dependents. See package snapshot (chain.go) for the on-disk form.
+//
+// A VMM maps one complete memory image copy-on-write. For a flat snapshot
+// that is its own memory file; for a layer it is assembled once from the
+// chain (the root's image, then each layer's pages in order) into
+// DATA/cache/memory/<digest>, written to a temporary file, fsynced and
+// renamed, then never written again: clones map it, and a diff branch of
+// such a clone records the pages that differ from it. Later forks, and
+// pool refills, find it there, so a chain head forks like a flat
+// snapshot. Entries whose snapshot is gone are removed when the engine
+// starts and when the snapshot is removed (VMMs that map one keep their
+// pages: unlinking does not unmap).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/fsutil"
+	"github.com/forkd-dev/forkd/internal/memlayer"
+	"github.com/forkd-dev/forkd/internal/snapshot"
+)
+
+// memCache holds assembled memory images, one file per chain-head digest.
+type memCache struct {
+	dir string
+	mu  sync.Mutex
+	// building serializes assembly per digest: concurrent forks of a new
+	// head wait for one assembly instead of each doing it.
+	building map[string]*sync.Mutex
+}
+
+func newMemCache(dataDir string) (*memCache, error) {
+	dir := filepath.Join(dataDir, "cache", "memory")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("memory cache: %w", err)
+	}
+	return &memCache{dir: dir, building: map[string]*sync.Mutex{}}, nil
+}
+
+// path is where the assembled image of a digest lives.
+func (c *memCache) path(digest string) string {
+	return filepath.Join(c.dir, strings.TrimPrefix(digest, "sha256:"))
+}
+
+func (c *memCache) lock(digest string) func() {
+	c.mu.Lock()
+	l := c.building[digest]
+	if l == nil {
+		l = &sync.Mutex{}
+		c.building[digest] = l
+	}
+	c.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+// prune removes temporary files and the images of digests not in keep.
+func (c *memCache) prune(keep map[string]bool, log func(msg string, args ...any)) {
+	entries, err := os.ReadDir(c.dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if keep["sha256:"+e.Name()] {
+			continue
+		}
+		if err := os.Remove(filepath.Join(c.dir, e.Name())); err == nil {
+			log("removed an assembled memory image no snapshot uses", "file", e.Name())
+		}
+	}
+}
+
+// memoryImage returns the complete memory image a clone of snap maps:
+// its memory file, or for a layer the image assembled from its chain
+// (built on first use).
+func (e *Engine) memoryImage(snap *snapshot.Snapshot) (string, error) {
+	if !snap.IsLayer() {
+		return snap.Path(snapshot.MemoryFile), nil
+	}
+	// The chain is checked on every use, not only when assembling: a
+	// layer whose ancestor is gone or replaced is refused even while its
+	// image is cached. Reading a few small manifests is cheap.
+	chain, err := e.store.Chain(snap)
+	if err != nil {
+		return "", err
+	}
+	digest := snap.Digest()
+	path := e.mem.path(digest)
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	unlock := e.mem.lock(digest)
+	defer unlock()
+	if _, err := os.Stat(path); err == nil {
+		return path, nil // assembled while this call waited
+	}
+	start := time.Now()
+	written, err := assemble(chain, path)
+	if err != nil {
+		return "", fmt.Errorf("snapshot %q: assemble memory from its chain of %d: %w", snap.Tag, len(chain), err)
+	}
+	e.log.Info("assembled the memory image of a chain head", "tag", snap.Tag, "depth", len(chain)-1,
+		"bytes", written, "took", time.Since(start).Round(time.Millisecond))
+	return path, nil
+}
+
+// assemble writes the memory of chain[0] (head first, root last) to path:
+// a sparse copy of the root's memory file with each layer's pages put
+// over it, root side first. It stages in a temporary file, fsyncs and
+// renames, so path is either absent or complete.
+func assemble(chain []*snapshot.Snapshot, path string) (written int64, err error) {
+	root := chain[len(chain)-1]
+	size := root.Files[snapshot.MemoryFile].Size
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".assemble-*")
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		tmp.Close()
+		if err != nil {
+			os.Remove(tmp.Name())
+		}
+	}()
+	base, err := os.Open(root.Path(snapshot.MemoryFile))
+	if err != nil {
+		return 0, err
+	}
+	n, err := fsutil.CopySparse(tmp, base, size)
+	base.Close()
+	if err != nil {
+		return 0, fmt.Errorf("copy %q: %w", root.Tag, err)
+	}
+	written += n
+	for i := len(chain) - 2; i >= 0; i-- {
+		layer := chain[i]
+		if got := layer.Files[snapshot.MemoryFile].Size; got != size {
+			return written, fmt.Errorf("layer %q holds %d bytes of memory, its chain %d: %w", layer.Tag, got, size, errdefs.ErrFailedPrecondition)
+		}
+		ix, err := memlayer.ReadFile(layer.Path(snapshot.LayerIndexFile))
+		if err != nil {
+			return written, fmt.Errorf("layer %q: %w", layer.Tag, err)
+		}
+		if int64(ix.MemorySize) != size {
+			return written, fmt.Errorf("layer %q: index for %d bytes, memory %d: %w", layer.Tag, ix.MemorySize, size, errdefs.ErrFailedPrecondition)
+		}
+		f, err := os.Open(layer.Path(snapshot.MemoryFile))
+		if err != nil {
+			return written, fmt.Errorf("layer %q: %w", layer.Tag, err)
+		}
+		n, err := memlayer.Apply(tmp, f, ix)
+		f.Close()
+		written += n
+		if err != nil {
+			return written, fmt.Errorf("layer %q: %w", layer.Tag, err)
+		}
+	}
+	if err := tmp.Sync(); err != nil {
+		return written, err
+	}
+	if err := tmp.Chmod(0o400); err != nil {
+		return written, err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return written, err
+	}
+	return written, fsutil.SyncDir(filepath.Dir(path))
+}
+
+// pruneMemoryCache drops assembled images whose snapshot is gone.
+func (e *Engine) pruneMemoryCache() {
+	snaps, err := e.store.List()
+	if err != nil && len(snaps) == 0 {
+		return
+	}
+	keep := map[string]bool{}
+	for _, s := range snaps {
+		if s.IsLayer() {
+			keep[s.Digest()] = true
+		}
+	}
+	e.mem.prune(keep, e.log.Info)
+}
+
+// RemoveOptions say what happens to the layers that need a snapshot.
+type RemoveOptions struct {
+	// Cascade removes the dependents too, deepest first.
+	Cascade bool
+	// Force removes the snapshot alone; its dependents can no longer be
+	// forked (they report the missing ancestor) until it is restored.
+	Force bool
+}
+
+// RemoveSnapshotWith deletes a tag. A snapshot that layers depend on is
+// refused (FailedPrecondition naming them) unless opts says otherwise.
+// It returns every tag removed. Running children keep working: their VMMs
+// hold their memory open.
+func (e *Engine) RemoveSnapshotWith(ctx context.Context, tag string, opts RemoveOptions) ([]string, error) {
+	deps, err := e.store.Dependents(tag)
+	if err != nil {
+		return nil, err
+	}
+	targets := []string{tag}
+	if len(deps) > 0 {
+		switch {
+		case opts.Cascade:
+			targets = append(deps, tag)
+		case opts.Force:
+		default:
+			return nil, fmt.Errorf("snapshot %q is the base of %d layer(s): %s; remove them first, or use --cascade to remove them with it (--force removes %q alone and leaves them unusable): %w",
+				tag, len(deps), strings.Join(deps, ", "), tag, errdefs.ErrFailedPrecondition)
+		}
+	}
+	var removed []string
+	for _, t := range targets {
+		if err := e.RemoveSnapshot(ctx, t); err != nil && !errdefs.IsNotFound(err) {
+			return removed, err
+		}
+		removed = append(removed, t)
+	}
+	e.pruneMemoryCache()
+	return removed, nil
+}
+
+// Compact writes a flat (parentless) copy of a snapshot under a new tag:
+// its assembled memory and its device state. The copy forks exactly like
+// the original and no longer needs any ancestor.
+func (e *Engine) Compact(ctx context.Context, from, to string) (*snapshot.Snapshot, error) {
+	start := time.Now()
+	snap, err := e.store.Get(from)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.store.CheckFree(to); err != nil {
+		return nil, err
+	}
+	mem, err := e.memoryImage(snap)
+	if err != nil {
+		return nil, err
+	}
+	st, err := e.store.Stage(to)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Abort()
+	if err := copyFileSparse(mem, st.Path(snapshot.MemoryFile), snap.Files[snapshot.MemoryFile].Size); err != nil {
+		return nil, fmt.Errorf("compact %q: memory: %w", from, err)
+	}
+	if err := copyFileSparse(snap.Path(snapshot.StateFile), st.Path(snapshot.StateFile), snap.Files[snapshot.StateFile].Size); err != nil {
+		return nil, fmt.Errorf("compact %q: state: %w", from, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	m := snap.Manifest
+	m.ID, m.Created, m.Files = "", time.Time{}, nil
+	m.Parent, m.Depth, m.CompactedFrom = nil, 0, from
+	m.CreateMillis = time.Since(start).Milliseconds()
+	return st.Commit(m)
+}
+
+// copyFileSparse copies size bytes of src to a new file dst, keeping holes.
+func copyFileSparse(src, dst string, size int64) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = fsutil.CopySparse(out, in, size)
+	return errors.Join(err, out.Close())
+}
