@@ -12,7 +12,7 @@ import (
 func branchCmd(g *globals) *cobra.Command {
 	var req apiv1.BranchRequest
 	cmd := &cobra.Command{
-		Use:   "branch ID --tag TAG [--mode diff|full|live]",
+		Use:   "branch ID --tag TAG [--mode diff|full|live] [--no-wait]",
 		Short: "Snapshot a running sandbox into a new tag to fork from (it keeps running)",
 		Long: "Snapshot a running sandbox: memory, processes, the Python session and files in its\n" +
 			"overlay, as of now. The result is a tag `forkd fork` uses like any other.\n" +
@@ -34,6 +34,10 @@ func branchCmd(g *globals) *cobra.Command {
 			if g.jsonOut {
 				return printJSON(res)
 			}
+			if res.Snapshot.State == apiv1.SnapshotWriting {
+				fmt.Printf("snapshot %s from %s: being written; `forkd snapshot info %s` says when it is ready\n", res.Snapshot.Tag, args[0], res.Snapshot.Tag)
+				return nil
+			}
 			fmt.Printf("snapshot %s from %s: paused %.1f ms, %s written, %.0f ms in all\n",
 				res.Snapshot.Tag, args[0], res.PauseMillis, human(res.BytesWritten), res.TotalMillis)
 			return nil
@@ -41,6 +45,7 @@ func branchCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&req.Tag, "tag", "", "tag to create ("+snapshot.TagRule+")")
 	cmd.Flags().StringVar(&req.Mode, "mode", "diff", "diff, full or live")
+	cmd.Flags().BoolVar(&req.NoWait, "no-wait", false, "return at once; the tag is 'writing' until the branch is saved, then 'ready' (or 'failed')")
 	cmd.MarkFlagRequired("tag")
 	return cmd
 }

@@ -194,6 +194,13 @@ func snapshotCmd(g *globals) *cobra.Command {
 			if g.jsonOut {
 				return printJSON(s)
 			}
+			if s.State != apiv1.SnapshotReady {
+				fmt.Printf("tag:        %s\nstate:      %s (branch started %s)\n", s.Tag, s.State, s.Created.Local().Format(time.DateTime))
+				if s.Error != "" {
+					fmt.Printf("error:      %s\n", s.Error)
+				}
+				return nil
+			}
 			fmt.Printf("tag:        %s (id %s)\nstate:      %s\ncreated:    %s in %.1fs\nrecipe:     %s (image %s)\nvmm:        %s %s (%s)\nshape:      %d MiB, %d vCPU, python session: %v\nsize:       %s logical, %s on disk (physical)\npooled:     %d VMMs ready\n",
 				s.Tag, s.ID, s.State, s.Created.Local().Format(time.DateTime), float64(s.CreateMillis)/1000, s.Recipe, s.ImageDigest[:12], s.VMM, s.VMMVersion, s.Accel, s.MemoryMiB, s.VCPUs, s.Python, human(s.SizeBytes), human(s.DiskBytes), s.Pooled)
 			if s.Error != "" {
@@ -274,9 +281,13 @@ func snapshotsCmd(g *globals) *cobra.Command {
 			if g.jsonOut {
 				return printJSON(snaps)
 			}
-			tw := table("TAG\tRECIPE\tMEMORY\tVCPUS\tPYTHON\tON DISK\tPOOLED\tCREATED")
+			tw := table("TAG\tSTATE\tPARENT\tRECIPE\tMEMORY\tVCPUS\tPYTHON\tON DISK\tPOOLED\tCREATED")
 			for _, s := range snaps {
-				fmt.Fprintf(tw, "%s\t%s\t%d MiB\t%d\t%v\t%s\t%d\t%s\n", s.Tag, s.Recipe, s.MemoryMiB, s.VCPUs, s.Python, human(s.DiskBytes), s.Pooled, s.Created.Local().Format(time.DateTime))
+				parent := "-"
+				if s.Parent != nil {
+					parent = fmt.Sprintf("%s (depth %d)", s.Parent.Tag, s.Depth)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d MiB\t%d\t%v\t%s\t%d\t%s\n", s.Tag, s.State, parent, s.Recipe, s.MemoryMiB, s.VCPUs, s.Python, human(s.DiskBytes), s.Pooled, s.Created.Local().Format(time.DateTime))
 			}
 			return tw.Flush()
 		},

@@ -18,8 +18,23 @@ func (s *Server) branch(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
+	opts := sandbox.BranchOptions{Tag: req.Tag, Mode: req.Mode}
+	if req.NoWait {
+		// 202: the tag is "writing" until the background branch commits it.
+		p, err := s.Engine.BranchAsync(r.PathValue("id"), opts)
+		if err != nil {
+			writeProblem(w, r, err)
+			return
+		}
+		noteTargets(r, p.Tag)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/v1/snapshots/"+p.Tag)
+		w.WriteHeader(http.StatusAccepted)
+		json.NewEncoder(w).Encode(apiv1.BranchResponse{Snapshot: pendingInfo(p)})
+		return
+	}
 	// Engine.Branch validates the tag and mode.
-	res, err := s.Engine.Branch(r.Context(), r.PathValue("id"), sandbox.BranchOptions{Tag: req.Tag, Mode: req.Mode})
+	res, err := s.Engine.Branch(r.Context(), r.PathValue("id"), opts)
 	if err != nil {
 		writeProblem(w, r, err)
 		return

@@ -255,18 +255,28 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	for _, snap := range snaps {
 		out = append(out, s.snapshotInfo(snap))
 	}
+	for _, p := range s.Engine.PendingList() {
+		out = append(out, pendingInfo(p))
+	}
 	writeJSON(w, out)
 }
 
 func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 	snap, err := s.Engine.Store().Get(r.PathValue("tag"))
 	if err != nil {
-		writeProblem(w, r, err)
-		return
+		if p, ok := s.Engine.Pending(r.PathValue("tag")); ok {
+			writeJSON(w, pendingInfo(p))
+			return
+		}
+		// A background branch commits before it stops being pending:
+		// look again, in case it did so between the two lookups.
+		if snap, err = s.Engine.Store().Get(r.PathValue("tag")); err != nil {
+			writeProblem(w, r, err)
+			return
+		}
 	}
 	writeJSON(w, s.snapshotInfo(snap))
 }
-
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	var req apiv1.CreateSnapshotRequest

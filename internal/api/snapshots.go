@@ -64,3 +64,16 @@ func (s *Server) compactSnapshot(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusCreated)
 	json.NewEncoder(w).Encode(s.snapshotInfo(snap))
 }
+
+// pendingInfo describes a tag a background branch is writing (or failed
+// to write): only its tag, state and error are known.
+func pendingInfo(p sandbox.PendingSnapshot) apiv1.Snapshot {
+	out := apiv1.Snapshot{Tag: p.Tag, Created: p.Started.UTC(), State: apiv1.SnapshotWriting, Files: map[string]apiv1.FileEntry{}}
+	if p.State == sandbox.PendingFailed {
+		out.State = apiv1.SnapshotFailed
+		if p.Err != nil {
+			out.Error = p.Err.Error()
+		}
+	}
+	return out
+}

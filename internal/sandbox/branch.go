@@ -39,25 +39,47 @@ type BranchResult struct {
 // other: grandchildren see the sandbox's memory, processes and files at the
 // branch instant. The source always resumes, whatever fails (the driver
 // guarantees it); a failed branch leaves no tag.
-func (e *Engine) Branch(ctx context.Context, id string, opts BranchOptions) (_ *BranchResult, err error) {
-	start := time.Now()
+func (e *Engine) Branch(ctx context.Context, id string, opts BranchOptions) (*BranchResult, error) {
 	if opts.Mode == "" {
 		opts.Mode = BranchDiff
 	}
+	if err := e.checkBranch(id, &opts); err != nil {
+		return nil, err
+	}
+	return e.branch(ctx, id, opts)
+}
+
+// checkBranch validates a branch request: mode, tag free (not committed,
+// not pending), sandbox running.
+func (e *Engine) checkBranch(id string, opts *BranchOptions) error {
 	switch opts.Mode {
 	case BranchDiff, BranchFull, BranchLive:
 	default:
-		return nil, fmt.Errorf("branch mode %q: use diff, full or live: %w", opts.Mode, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("branch mode %q: use diff, full or live: %w", opts.Mode, errdefs.ErrInvalidArgument)
 	}
-	if err := snapshot.ValidateTag(opts.Tag); err != nil {
-		return nil, err
+	if err := e.store.CheckFree(opts.Tag); err != nil {
+		return err
 	}
+	if _, ok := e.Pending(opts.Tag); ok {
+		return fmt.Errorf("snapshot %q already exists (a branch is being written to it, or failed; see its state): %w", opts.Tag, errdefs.ErrAlreadyExists)
+	}
+	s, err := e.Get(id)
+	if err != nil {
+		return err
+	}
+	_, err = s.client() // not running: says why
+	return err
+}
+
+// branch does the work of Branch once the request was checked.
+func (e *Engine) branch(ctx context.Context, id string, opts BranchOptions) (_ *BranchResult, err error) {
+	start := time.Now()
 	s, err := e.Get(id)
 	if err != nil {
 		return nil, err
 	}
 	if _, err := s.client(); err != nil {
-		return nil, err // not running: says why
+		return nil, err
 	}
 	select {
 	case e.branchSem <- struct{}{}:
@@ -118,6 +140,9 @@ func (e *Engine) Branch(ctx context.Context, id string, opts BranchOptions) (_ *
 	if err != nil {
 		return nil, err
 	}
+	// Start VMMs for the new tag now (and, for a layer, assemble its
+	// memory image), so the first fork from it is as fast as any.
+	e.poolFor(snap).refill()
 	return &BranchResult{Snapshot: snap, Paused: res.Paused, BytesWritten: res.BytesWritten, Duration: time.Since(start)}, nil
 }
 

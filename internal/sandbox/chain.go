@@ -205,6 +205,12 @@ type RemoveOptions struct {
 // It returns every tag removed. Running children keep working: their VMMs
 // hold their memory open.
 func (e *Engine) RemoveSnapshotWith(ctx context.Context, tag string, opts RemoveOptions) ([]string, error) {
+	if forgot, err := e.forgetFailed(tag); forgot || err != nil {
+		if err != nil {
+			return nil, err
+		}
+		return []string{tag}, nil
+	}
 	deps, err := e.store.Dependents(tag)
 	if err != nil {
 		return nil, err

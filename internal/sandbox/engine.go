@@ -84,8 +84,12 @@ type Engine struct {
 	// mu guards the fields below.
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
-	pools     map[string]*pool // by snapshot ID
+	pools     map[string]*pool            // by snapshot ID
+	pending   map[string]*PendingSnapshot // background branches, by tag
 	closed    bool
+
+	// bg tracks background branches, which Close waits for.
+	bg sync.WaitGroup
 
 	stopJanitor context.CancelFunc
 }
@@ -139,6 +143,7 @@ func New(cfg Config) (*Engine, error) {
 		branchSem: make(chan struct{}, maxConcurrentBranches),
 		sandboxes: map[string]*Sandbox{},
 		pools:     map[string]*pool{},
+		pending:   map[string]*PendingSnapshot{},
 	}
 	keep := e.adoptRecorded()
 	e.reapLeftovers(keep)
@@ -190,6 +195,14 @@ func (e *Engine) Close(ctx context.Context) error {
 		}
 	}
 	wg.Wait()
+	// Background branches commit or fail; none is left half-written
+	// either way, but waiting lets one that is nearly done land.
+	done := make(chan struct{})
+	go func() { e.bg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 	return nil
 }
 

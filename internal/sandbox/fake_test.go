@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +29,10 @@ type fakeDriver struct {
 	restores    atomic.Int64
 	// restoreDelay slows every Restore (to cancel a fork mid-way).
 	restoreDelay time.Duration
+	// snapshotGate, if set, holds every Snapshot until it is closed;
+	// snapshotErr, if set, is what Snapshot then returns.
+	snapshotGate chan struct{}
+	snapshotErr  error
 
 	mu       sync.Mutex
 	machines []*fakeMachine
@@ -108,8 +113,28 @@ func (m *fakeMachine) Restore(ctx context.Context) (vmm.RestoreTimings, error) {
 	return vmm.RestoreTimings{}, nil
 }
 
-func (m *fakeMachine) Snapshot(context.Context, vmm.SnapshotSpec) (vmm.SnapshotResult, error) {
-	return vmm.SnapshotResult{}, errdefs.ErrNotImplemented
+// Snapshot writes small stand-in files (full and live only: a diff layer
+// would need a real page index).
+func (m *fakeMachine) Snapshot(ctx context.Context, spec vmm.SnapshotSpec) (vmm.SnapshotResult, error) {
+	if m.d.snapshotGate != nil {
+		select {
+		case <-m.d.snapshotGate:
+		case <-ctx.Done():
+			return vmm.SnapshotResult{}, ctx.Err()
+		}
+	}
+	if m.d.snapshotErr != nil {
+		return vmm.SnapshotResult{}, m.d.snapshotErr
+	}
+	if spec.Layer {
+		return vmm.SnapshotResult{}, fmt.Errorf("fake driver writes no layers: %w", errdefs.ErrNotImplemented)
+	}
+	for _, f := range []string{spec.StateFile, spec.MemoryFile} {
+		if err := os.WriteFile(f, []byte("fake "+filepath.Base(f)), 0o600); err != nil {
+			return vmm.SnapshotResult{}, err
+		}
+	}
+	return vmm.SnapshotResult{StateFile: spec.StateFile, MemoryFile: spec.MemoryFile, Paused: time.Millisecond}, nil
 }
 
 // exit ends the machine with err (nil: a requested stop).

@@ -126,6 +126,9 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) ([]*Sandbox, er
 	if err := opts.validate(e.cfg.MaxForkCount); err != nil {
 		return nil, err
 	}
+	if err := e.pendingErr(tag); err != nil {
+		return nil, err // a branch still being written, or failed
+	}
 	snap, err := e.store.Get(tag)
 	if err != nil {
 		return nil, err
