@@ -8,7 +8,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # Integration tests share an image cache across runs (kernel, busybox, root fs).
 export FORKD_TEST_DATA_DIR ?= /var/tmp/forkd-test
 
-.PHONY: all build deps quickstart test unit integration vet fmt bench clean
+.PHONY: all build deps test-deps quickstart test unit integration vet fmt bench clean
 
 all: build
 
@@ -18,6 +18,9 @@ build:
 
 deps:
 	./scripts/install-deps.sh
+
+test-deps:
+	./scripts/install-deps.sh --test
 
 quickstart: deps build
 	./scripts/quickstart.sh
@@ -36,7 +39,7 @@ unit:
 integration: build
 	$(GO) test -count=1 -timeout 40m ./integration/...
 
-test: deps build vet unit integration
+test: test-deps build vet unit integration
 
 bench: build
 	sudo ./bin/forkd bench spawn

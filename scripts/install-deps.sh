@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages forkd needs, only those missing. Used by
 # `make quickstart`, `make test` and CI. Needs root (apt-get).
+#   --test   also what the tests of the SDKs and the MCP client need:
+#            Debian's python3-pytest, Node.js and npm (the TypeScript SDK
+#            needs Node >= 20: a Node already on PATH is kept).
 set -euo pipefail
+for_tests=false
+[ "${1:-}" = --test ] && for_tests=true
 
 need=()
 have() { command -v "$1" >/dev/null 2>&1; }
@@ -12,6 +17,11 @@ have debugfs || need+=(e2fsprogs)
 have ip || need+=(iproute2)
 have cpio || need+=(cpio)
 have python3 || need+=(python3)
+if $for_tests; then
+  /usr/bin/python3 -c 'import pytest' 2>/dev/null || need+=(python3-pytest)
+  have node || need+=(nodejs)
+  have npm || need+=(npm)
+fi
 have apt-get || { echo "forkd needs a Debian-based host with apt-get" >&2; exit 1; }
 
 lists=$(ls /var/lib/apt/lists/ 2>/dev/null | grep -c Packages || true)
