@@ -79,6 +79,7 @@ func main() {
 		execCmd(g), runCodeCmd(g), cpCmd(g),
 		doctorCmd(g), benchCmd(g), auditCmd(g), tokenCmd(g),
 	)
+	root.AddCommand(mcpCmd(g))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := root.ExecuteContext(ctx)
 	stop()

@@ -103,6 +103,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/files/mkdir", s.mkdir)
 	mux.Handle("GET /v1/openapi.json", OpenAPIHandler())
 	mux.Handle("GET /metrics", s.Metrics.Handler())
+	s.mountMCP(mux) // POST/GET/DELETE /mcp: MCP streamable HTTP (mcp.go)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, fmt.Errorf("no route %s %s (see docs/ARCHITECTURE.md for the API): %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})
