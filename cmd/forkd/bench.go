@@ -50,6 +50,7 @@ func benchCmd(g *globals) *cobra.Command {
 	f.StringVar(&g.accel, "accel", os.Getenv("FORKD_ACCEL"), "accelerator (kvm, tcg, auto)")
 	cmd.AddCommand(spawn)
 	cmd.AddCommand(benchAPICmd(g))
+	cmd.AddCommand(benchBranchCmds(g)...)
 	return cmd
 }
 
