@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 	"log/slog"
 	"net"
 	"net/http"
@@ -94,8 +97,13 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 	if err != nil {
 		return nil, ctor, err
 	}
+	memDir, err := g.liveBranchSetup(d.log)
+	if err != nil {
+		return nil, ctor, err
+	}
 	e, err := sandbox.New(sandbox.Config{
-		DataDir: g.dataDir, RunDir: d.runDir, Driver: drv, Accel: vmm.Accel(g.accel),
+		MemoryDir: memDir,
+		DataDir:   g.dataDir, RunDir: d.runDir, Driver: drv, Accel: vmm.Accel(g.accel),
 		RecipeDirs: recipeDirs(g.dataDir), AgentBinary: agent, PoolSize: g.poolSize,
 		NetNSPrefix: d.netnsPrefix, Logger: d.log, MaxForkCount: g.maxFork, MaxSandboxes: g.maxSandboxes,
 		MaxConcurrentBuilds: g.maxBuilds, Metrics: d.metrics, OnEvent: d.onEvent,
@@ -239,7 +247,54 @@ func serveCmd(g *globals) *cobra.Command {
 	f.StringVar(&tokenFile, "token-file", "", "hashed API token store (default DATA_DIR/"+auth.StoreFile+"); the first token's plaintext goes to DATA_DIR/"+auth.FirstTokenFile)
 	f.BoolVar(&insecure, "insecure-no-tls-or-auth-i-know", false, "allow --listen on a non-loopback address without TLS (tokens stay required)")
 	f.BoolVar(&g.stopSandboxes, "stop-sandboxes", false, "stop every sandbox when the daemon stops (default: they keep running and the next daemon re-adopts them)")
+	addLiveBranchFlags(f, g)
 	return cmd
+}
+
+// addLiveBranchFlags adds --live-branch and --memory-dir.
+func addLiveBranchFlags(f *pflag.FlagSet, g *globals) {
+	f.BoolVar(&g.liveBranch, "live-branch", os.Getenv("FORKD_LIVE_BRANCH") == "1",
+		"enable live branches (env FORKD_LIVE_BRANCH=1): clones map memory images kept on tmpfs (--memory-dir, RAM), and QEMU may create a userfaultfd (sets vm.unprivileged_userfaultfd=1)")
+	f.StringVar(&g.memoryDir, "memory-dir", os.Getenv("FORKD_MEMORY_DIR"),
+		"tmpfs directory for the memory images clones map (env FORKD_MEMORY_DIR; default with --live-branch: /dev/shm/forkd-<hash of the data dir>)")
+}
+
+// liveBranchSetup returns the memory dir the engine uses ("" for the data
+// dir) and, for --live-branch, lets QEMU (an unprivileged user) create the
+// userfaultfd that background-snapshot needs.
+func (g *globals) liveBranchSetup(log *slog.Logger) (string, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	dir := g.memoryDir
+	if g.liveBranch && dir == "" {
+		sum := sha256.Sum256([]byte(g.dataDir))
+		dir = fmt.Sprintf("/dev/shm/forkd-%x", sum[:4])
+	}
+	if dir == "" {
+		return "", nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("--memory-dir: %w", err)
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(dir, &sfs); err != nil {
+		return "", fmt.Errorf("--memory-dir: %w", err)
+	}
+	onTmpfs := sfs.Type == unix.TMPFS_MAGIC || sfs.Type == unix.HUGETLBFS_MAGIC
+	if g.liveBranch && !onTmpfs {
+		return "", fmt.Errorf("--memory-dir %s is not on tmpfs or hugetlbfs (live branches write-protect guest memory with userfaultfd, which needs shmem): pick one, such as /dev/shm/forkd: %w", dir, errdefs.ErrInvalidArgument)
+	}
+	if g.liveBranch {
+		const knob = "/proc/sys/vm/unprivileged_userfaultfd"
+		if v, err := os.ReadFile(knob); err == nil && strings.TrimSpace(string(v)) != "1" {
+			if err := os.WriteFile(knob, []byte("1\n"), 0o644); err != nil {
+				return "", fmt.Errorf("--live-branch: QEMU runs unprivileged and needs %s = 1 to create a userfaultfd: %v", knob, err)
+			}
+			log.Warn("set vm.unprivileged_userfaultfd=1 for live branches: unprivileged processes on this host may now create userfaultfds", "knob", knob)
+		}
+	}
+	return dir, nil
 }
 
 // engineState is what /metrics reports about the engine, read at scrape

@@ -41,6 +41,10 @@ type globals struct {
 	// stopSandboxes: serve stops sandboxes on exit instead of leaving them
 	// for the next daemon.
 	stopSandboxes bool
+	// liveBranch: clones map memory images on tmpfs (memoryDir) and QEMU
+	// may create a userfaultfd, so live branches work.
+	liveBranch bool
+	memoryDir  string
 }
 
 func envOr(key, def string) string {

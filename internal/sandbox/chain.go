@@ -3,6 +3,9 @@ package sandbox
 // Chains: memory images of layers, compaction, and removal that respects
 // dependents. See package snapshot (chain.go) for the on-disk form.
 //
+// With Config.MemoryDir set (a tmpfs, for live branches), flat snapshots'
+// images are copied there too on first use, and clones map that copy.
+//
 // A VMM maps one complete memory image copy-on-write. For a flat snapshot
 // that is its own memory file; for a layer it is assembled once from the
 // chain (the root's image, then each layer's pages in order) into
@@ -39,8 +42,7 @@ type memCache struct {
 	building map[string]*sync.Mutex
 }
 
-func newMemCache(dataDir string) (*memCache, error) {
-	dir := filepath.Join(dataDir, "cache", "memory")
+func newMemCache(dir string) (*memCache, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("memory cache: %w", err)
 	}
@@ -84,7 +86,7 @@ func (c *memCache) prune(keep map[string]bool, log func(msg string, args ...any)
 // its memory file, or for a layer the image assembled from its chain
 // (built on first use).
 func (e *Engine) memoryImage(snap *snapshot.Snapshot) (string, error) {
-	if !snap.IsLayer() {
+	if !snap.IsLayer() && e.cfg.MemoryDir == "" {
 		return snap.Path(snapshot.MemoryFile), nil
 	}
 	// The chain is checked on every use, not only when assembling: a
@@ -109,14 +111,14 @@ func (e *Engine) memoryImage(snap *snapshot.Snapshot) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("snapshot %q: assemble memory from its chain of %d: %w", snap.Tag, len(chain), err)
 	}
-	e.log.Info("assembled the memory image of a chain head", "tag", snap.Tag, "depth", len(chain)-1,
+	e.log.Info("assembled the memory image clones of a snapshot map", "tag", snap.Tag, "depth", len(chain)-1, "dir", e.mem.dir,
 		"bytes", written, "took", time.Since(start).Round(time.Millisecond))
 	return path, nil
 }
 
 // assemble writes the memory of chain[0] (head first, root last) to path:
 // a sparse copy of the root's memory file with each layer's pages put
-// over it, root side first. It stages in a temporary file, fsyncs and
+// over it, root side first (a flat snapshot's chain is itself: a copy). It stages in a temporary file, fsyncs and
 // renames, so path is either absent or complete.
 func assemble(chain []*snapshot.Snapshot, path string) (written int64, err error) {
 	root := chain[len(chain)-1]
@@ -184,7 +186,7 @@ func (e *Engine) pruneMemoryCache() {
 	}
 	keep := map[string]bool{}
 	for _, s := range snaps {
-		if s.IsLayer() {
+		if s.IsLayer() || e.cfg.MemoryDir != "" {
 			keep[s.Digest()] = true
 		}
 	}

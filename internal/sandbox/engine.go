@@ -68,6 +68,13 @@ type Config struct {
 	// KeepSandboxesOnClose leaves sandbox VMMs running when the engine
 	// closes (a daemon restart re-adopts them). Pooled VMMs always go.
 	KeepSandboxesOnClose bool
+	// MemoryDir, if set, holds the memory images clones map: a copy of
+	// each flat snapshot's (made on first use) and the assembled images of
+	// chain heads, by digest, instead of the data dir. On tmpfs it makes
+	// live branches possible (userfaultfd write-protection covers shmem,
+	// not private mappings of files on disk), at the price of keeping
+	// those images in RAM.
+	MemoryDir string
 }
 
 // Engine owns sandboxes, pools and the snapshot store.
@@ -128,7 +135,11 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	mem, err := newMemCache(cfg.DataDir)
+	memDir := filepath.Join(cfg.DataDir, "cache", "memory")
+	if cfg.MemoryDir != "" {
+		memDir = cfg.MemoryDir
+	}
+	mem, err := newMemCache(memDir)
 	if err != nil {
 		return nil, err
 	}

@@ -48,6 +48,7 @@ package qemu
 // guest sends cont (with a context of its own) before it returns.
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -56,7 +57,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -743,12 +743,16 @@ var liveGiveUp = 2 * time.Minute
 //
 // QEMU 7.2 leaves guest RAM write-protected when a background snapshot
 // breaks off (its stream fails, or migrate_cancel): the guest's next write
-// blocks in userfaultfd for good, and with it QEMU's main loop. A live
-// branch therefore never breaks one off itself: when the conversion fails
-// or the caller's context ends, it reads the rest of the stream into the
-// void and lets QEMU finish, then fails. Should QEMU stop answering after
-// a failed snapshot all the same, the clone is killed rather than left
-// frozen, and the error says so.
+// blocks in userfaultfd for good, and with it QEMU's main loop. So the
+// stream must never fail under QEMU: it goes to a regular file (a spool
+// next to the memory file) that QEMU holds open and writes at its own
+// pace, not to a socket this process reads. Nothing this process does, not
+// even being killed, can then break the snapshot off: a daemon that dies
+// mid-branch leaves QEMU to finish writing a spool nobody reads (removed
+// with its staging directory at the next start), and the guest runs on.
+// When QEMU is done, the spool is split into the memory file and the state
+// file and removed. A branch whose caller gives up still waits for QEMU to
+// finish (bounded by liveGiveUp) rather than cancel it.
 func (b *brancher) live(ctx context.Context) (err error) {
 	m := b.m
 	st, err := b.runState(ctx)
@@ -770,25 +774,25 @@ func (b *brancher) live(ctx context.Context) (err error) {
 		return err
 	}
 	defer stateOut.Close()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	spoolPath := b.spec.MemoryFile + liveSpoolSuffix
+	spool, err := b.create(spoolPath, os.O_RDWR|os.O_EXCL)
 	if err != nil {
-		return fmt.Errorf("qemu %s: branch: socketpair: %w", m.cfg.ID, err)
+		return err
 	}
-	// Our end non-blocking: the runtime poller then lets Close interrupt
-	// a read in progress. QEMU's end stays blocking.
-	if err := unix.SetNonblock(fds[0], true); err != nil {
-		unix.Close(fds[0])
-		unix.Close(fds[1])
+	defer func() {
+		spool.Close()
+		os.Remove(spoolPath) // whatever happened: the spool is never a result
+	}()
+	// QEMU gets a write-only descriptor of the spool (getfd matches the
+	// access mode of its use).
+	spoolW, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", spool.Fd()), os.O_WRONLY, 0)
+	if err != nil {
 		return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
 	}
-	ours, theirs := os.NewFile(uintptr(fds[0]), "branch-stream"), os.NewFile(uintptr(fds[1]), "branch-stream-qemu")
-	var closeOnce sync.Once
-	closeOurs := func() { closeOnce.Do(func() { ours.Close() }) }
-	defer closeOurs()
-	err = m.qmp.ExecuteWithFiles(ctx, "getfd", map[string]string{"fdname": branchFD}, nil, theirs)
-	theirs.Close()
+	err = m.qmp.ExecuteWithFiles(ctx, "getfd", map[string]string{"fdname": branchFD}, nil, spoolW)
+	spoolW.Close()
 	if err != nil {
-		return m.failure("hand over the stream socket", err)
+		return m.failure("hand over the stream spool", err)
 	}
 	caps := func(on bool) map[string]any {
 		return map[string]any{"capabilities": []map[string]any{{"capability": "background-snapshot", "state": on}}}
@@ -806,7 +810,7 @@ func (b *brancher) live(ctx context.Context) (err error) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resumeTimeout)
 		defer cancel()
 		if !migrating {
-			// QEMU still holds its end of the socket.
+			// QEMU still holds the spool descriptor.
 			m.qmp.Execute(cctx, "closefd", map[string]string{"fdname": branchFD}, nil)
 		}
 		cerr := m.qmp.Execute(cctx, "migrate-set-capabilities", caps(false), nil)
@@ -827,56 +831,27 @@ func (b *brancher) live(ctx context.Context) (err error) {
 		}
 	}()
 
-	type splitResult struct {
-		st  splitStats
-		err error
-	}
-	split := make(chan splitResult, 1)
-	go func() {
-		var r splitResult
-		if r.err = hook("stream"); r.err == nil {
-			r.st, r.err = splitStream(ours, memOut, stateOut, memBlockName)
-		}
-		if r.err != nil {
-			// Let QEMU finish (see above).
-			io.Copy(io.Discard, ours)
-		}
-		split <- r
-	}()
 	pt := &pauseTimes{sub: m.qmp.SubscribeNames("STOP", "RESUME")}
 	defer pt.sub.Cancel()
 	if err := hook("before-migrate"); err != nil {
-		closeOurs()
-		<-split
 		return err
 	}
 	tStart := time.Now()
 	if err := m.qmp.Execute(ctx, "migrate", map[string]string{"uri": "fd:" + branchFD}, nil); err != nil {
-		closeOurs()
-		<-split
 		return m.failure("migrate", err)
 	}
 	migrating = true
 	info, err := b.waitLive(ctx)
 	tDone := time.Now()
-	var r splitResult
-	if err == nil {
-		// QEMU closes the stream when it is done.
-		select {
-		case r = <-split:
-		case <-time.After(30 * time.Second):
-			err = fmt.Errorf("qemu %s: live branch: the stream did not end after the snapshot completed: %w", m.cfg.ID, errdefs.ErrInternal)
-		}
-	}
 	if err != nil {
-		closeOurs()
-		if r := <-split; r.err != nil {
-			err = fmt.Errorf("%w (converter: %v)", err, r.err)
-		}
 		return err
 	}
-	if r.err != nil {
-		return fmt.Errorf("qemu %s: live branch: convert the stream: %w", m.cfg.ID, r.err)
+	if err := hook("stream"); err != nil {
+		return err
+	}
+	r, err := splitStream(bufio.NewReaderSize(io.NewSectionReader(spool, 0, 1<<62), 1<<20), memOut, stateOut, memBlockName)
+	if err != nil {
+		return fmt.Errorf("qemu %s: live branch: convert the stream: %w", m.cfg.ID, err)
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("qemu %s: live branch: %w", m.cfg.ID, context.Cause(ctx))
@@ -885,13 +860,17 @@ func (b *brancher) live(ctx context.Context) (err error) {
 		return err
 	}
 	b.pause = pt.collect(100*time.Millisecond, time.Duration(info.Downtime)*time.Millisecond)
-	b.written = r.st.MemBytes + r.st.StateBytes
-	b.pages = r.st.MemPages
+	b.written = r.MemBytes + r.StateBytes
+	b.pages = r.MemPages
 	b.detail = fmt.Sprintf("snapshot %v, stream %d bytes, %d pages with data, %d zero pages, %d other pages, state %d bytes, converted %v after",
-		tDone.Sub(tStart).Round(time.Millisecond), r.st.StreamBytes, r.st.MemPages, r.st.ZeroPages, r.st.OtherPages,
-		r.st.StateBytes, time.Since(tDone).Round(time.Millisecond))
+		tDone.Sub(tStart).Round(time.Millisecond), r.StreamBytes, r.MemPages, r.ZeroPages, r.OtherPages,
+		r.StateBytes, time.Since(tDone).Round(time.Millisecond))
 	return nil
 }
+
+// liveSpoolSuffix names a live branch's stream spool, next to its memory
+// file (so in the snapshot's staging directory).
+const liveSpoolSuffix = ".live-stream"
 
 // waitLive polls query-migrate until the background snapshot ends. When
 // ctx ends first it keeps waiting, up to liveGiveUp, without cancelling

@@ -639,11 +639,14 @@ func TestBranchLive(t *testing.T) {
 		t.Logf("failure at %s: %v", point, err)
 		checkRunning(t, c, ca, "live-after")
 		assertCapOff(t, c)
-		for _, p := range []string{spec.StateFile, spec.MemoryFile} {
+		for _, p := range []string{spec.StateFile, spec.MemoryFile, spec.MemoryFile + liveSpoolSuffix} {
 			if _, err := os.Stat(p); !os.IsNotExist(err) {
 				t.Errorf("%s left behind", p)
 			}
 		}
+	}
+	if _, err := os.Stat(res2.MemoryFile + liveSpoolSuffix); !os.IsNotExist(err) {
+		t.Errorf("a successful live branch left its stream spool: %v", err)
 	}
 	// The caller gives up while the snapshot runs: the branch fails once
 	// QEMU has finished, and the clone runs on.
