@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -27,7 +28,8 @@ func packCmd(g *globals) *cobra.Command {
 		Use:   "pack TAG -o FILE",
 		Short: "Write a snapshot, with the image it boots, to one portable archive (tar + zstd)",
 		Long: "Write a snapshot, with the image it boots, to one archive that `forkd unpack` verifies and adds\n" +
-			"on another host. --sign signs it with an ed25519 key made by `forkd pack keygen`.",
+			"on another host. A layer (a diff branch) is packed with every ancestor of its chain.\n" +
+			"--sign signs it with an ed25519 key made by `forkd pack keygen`.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			tag := args[0]
@@ -69,8 +71,17 @@ func packCmd(g *globals) *cobra.Command {
 			if out == "-" {
 				return nil
 			}
+			// The archive holds the chain as it was; what the daemon says
+			// now only names it.
+			var ancestors []string
+			if info, err := c.Snapshot(cmd.Context(), tag); err == nil {
+				ancestors = info.Ancestors
+			}
 			if g.jsonOut {
 				res := map[string]any{"tag": tag, "file": out, "bytes": size, "signed": key != nil}
+				if len(ancestors) > 0 {
+					res["ancestors"] = ancestors
+				}
 				if key != nil {
 					res["key"] = pack.Fingerprint(key.Public().(ed25519.PublicKey))
 				}
@@ -80,7 +91,11 @@ func packCmd(g *globals) *cobra.Command {
 			if key != nil {
 				signed = ", signed by " + pack.Fingerprint(key.Public().(ed25519.PublicKey))
 			}
-			fmt.Printf("packed snapshot %s into %s (%s%s)\n", tag, out, human(size), signed)
+			with := ""
+			if len(ancestors) > 0 {
+				with = " with its ancestors " + strings.Join(ancestors, ", ")
+			}
+			fmt.Printf("packed snapshot %s%s into %s (%s%s)\n", tag, with, out, human(size), signed)
 			return nil
 		},
 	}
@@ -211,7 +226,9 @@ func unpackCmd(g *globals) *cobra.Command {
 		Use:   "unpack FILE",
 		Short: "Verify an archive from `forkd pack` and add its snapshot (and image) to the daemon",
 		Long: "Verify an archive from `forkd pack` (every file's SHA-256, names, sizes; - reads stdin) and add its\n" +
-			"snapshot under its tag, and its image if the daemon lacks it. Nothing appears unless all of it verifies.",
+			"snapshot under its tag, and its image if the daemon lacks it. Nothing appears unless all of it verifies.\n" +
+			"A layer's ancestors come under their own tags; one already here with the same digest is reused,\n" +
+			"one here with other content is refused unless --force (which refuses to break local layers on it).",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opts.Tag != "" {
@@ -252,13 +269,17 @@ func unpackCmd(g *globals) *cobra.Command {
 			if opts.VerifyKey != nil {
 				verified = ", signature verified"
 			}
-			fmt.Printf("unpacked snapshot %s (id %s, recipe %s, %s logical, %s on disk%s)\n", snap.Tag, snap.ID, snap.Recipe, human(snap.SizeBytes), human(snap.DiskBytes), verified)
+			on := ""
+			if len(snap.Ancestors) > 0 {
+				on = ", a layer on " + strings.Join(snap.Ancestors, ", ")
+			}
+			fmt.Printf("unpacked snapshot %s (id %s, recipe %s, %s logical, %s on disk%s%s)\n", snap.Tag, snap.ID, snap.Recipe, human(snap.SizeBytes), human(snap.DiskBytes), on, verified)
 			return nil
 		},
 	}
 	f := cmd.Flags()
-	f.BoolVar(&opts.Force, "force", false, "replace an existing snapshot with the same tag")
-	f.StringVar(&opts.Tag, "tag", "", "tag to create instead of the archive's ("+snapshot.TagRule+")")
+	f.BoolVar(&opts.Force, "force", false, "replace existing snapshots with the same tags (the head, or ancestors with other content)")
+	f.StringVar(&opts.Tag, "tag", "", "tag to create instead of the archive head's; ancestors keep theirs ("+snapshot.TagRule+")")
 	f.StringVar(&verify, "verify", "", "refuse the archive unless signed by this ed25519 public key (PEM, KEYBASE.pub)")
 	return cmd
 }

@@ -36,8 +36,9 @@ func (a *archiveWriter) Write(p []byte) (int, error) {
 	return a.w.Write(p)
 }
 
-// exportArchive streams a snapshot, with the image it boots, as a portable
-// archive (internal/pack). ?image=0 leaves the image's bytes out. The
+// exportArchive streams a snapshot, with the image it boots (and, for a
+// layer, every ancestor of its chain), as a portable archive
+// (internal/pack). ?image=0 leaves the image's bytes out. The
 // daemon does not sign: the CLI signs the stream with a key that stays on
 // the client (pack.Sign).
 func (s *Server) exportArchive(w http.ResponseWriter, r *http.Request) {
@@ -69,8 +70,9 @@ func (s *Server) exportArchive(w http.ResponseWriter, r *http.Request) {
 }
 
 // importArchive verifies an archive from the request body and adds its
-// snapshot (and image, if new) under its tag: ?tag= renames it, ?force=1
-// replaces an existing tag atomically, ?verify_key= (an ed25519 public
+// snapshot (and image, if new) under its tag, with the ancestors of a
+// layer under theirs (reusing those here with the same digest): ?tag=
+// renames the head, ?force=1 replaces existing tags atomically, ?verify_key= (an ed25519 public
 // key, base64 of its 32 bytes) refuses archives it did not sign. Answers
 // 201 with the snapshot.
 func (s *Server) importArchive(w http.ResponseWriter, r *http.Request) {
@@ -107,10 +109,13 @@ func (s *Server) importArchive(w http.ResponseWriter, r *http.Request) {
 	}
 	body := http.MaxBytesReader(w, r.Body, maxArchiveBody)
 	snap, stats, err := pack.Unpack(r.Context(), s.Engine.Config().DataDir, body, opts)
-	if err == nil && stats.ReplacedID != "" {
-		// A forced import replaced a tag: VMMs pooled for the old snapshot
-		// would restore the wrong memory image.
-		s.Engine.DropPool(r.Context(), stats.ReplacedID)
+	if err == nil {
+		// A forced import replaced tags (the head's, or an ancestor's of a
+		// chain): VMMs pooled for the old snapshots would restore the wrong
+		// memory image.
+		for _, id := range stats.ReplacedIDs {
+			s.Engine.DropPool(r.Context(), id)
+		}
 	}
 	if err != nil {
 		var mbe *http.MaxBytesError
@@ -121,6 +126,11 @@ func (s *Server) importArchive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	noteTargets(r, snap.Tag)
+	for _, tag := range append(stats.Added, stats.Replaced...) {
+		if tag != snap.Tag { // ancestors of a chain this import added or replaced
+			noteTargets(r, tag)
+		}
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	json.NewEncoder(w).Encode(s.snapshotInfo(snap))

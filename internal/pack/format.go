@@ -15,8 +15,15 @@ import (
 	"github.com/forkd-dev/forkd/internal/snapshot"
 )
 
-// FormatVersion of the archive manifest. Unpack refuses other versions.
-const FormatVersion = 1
+// FormatVersion is the newest archive manifest format: version 2 holds a
+// chain (a layer and its ancestors, root first); version 1 holds one
+// self-contained snapshot. Pack writes version 1 whenever the snapshot
+// stands alone, so that forkd releases that read only version 1 still
+// unpack it. Unpack reads both and refuses newer versions.
+const FormatVersion = 2
+
+// flatFormat is the format of an archive of one self-contained snapshot.
+const flatFormat = 1
 
 // Names of the archive's first entries.
 const (
@@ -52,9 +59,11 @@ type Manifest struct {
 	// Head is the archive ID of the snapshot the archive was made for: the
 	// last of Snapshots.
 	Head string `json:"head"`
-	// Images the snapshots boot from, by digest.
+	// Images the snapshots boot from, by digest, each once.
 	Images []Image `json:"images"`
-	// Snapshots in dependency order: a parent before its children.
+	// Snapshots form one chain, root first: the first stands alone, each
+	// later one is a layer on the one before it, and the head is last.
+	// Version 1 holds exactly one.
 	Snapshots []Snapshot `json:"snapshots"`
 	// Files in stream order.
 	Files []File `json:"files"`
@@ -76,8 +85,9 @@ type Snapshot struct {
 	// ID is the snapshot's ID where it was packed; it names the snapshot's
 	// directory in the archive. Unpack gives the snapshot a new ID.
 	ID string `json:"id"`
-	// Parent is the archive ID of the snapshot this one builds on; empty
-	// for a snapshot that stands alone (all of them, for now).
+	// Parent is the archive ID of the snapshot this one is a layer on (the
+	// one before it); empty for the root. The snapshot manifest names the
+	// same parent by tag and content digest (snapshot.ParentRef).
 	Parent string `json:"parent,omitempty"`
 	// Manifest is the snapshot's manifest.json with its image paths
 	// (Image.Kernel, Initrd, Rootfs) rewritten to archive paths.
@@ -177,8 +187,8 @@ func parseManifest(data []byte) (*Manifest, error) {
 	if err := json.Unmarshal(data, &probe); err != nil {
 		return nil, invalid("%s is not JSON: %v", ManifestName, err)
 	}
-	if probe.FormatVersion != FormatVersion {
-		return nil, invalid("format version %d, this forkd reads version %d (upgrade forkd?)", probe.FormatVersion, FormatVersion)
+	if probe.FormatVersion < flatFormat || probe.FormatVersion > FormatVersion {
+		return nil, invalid("format version %d, this forkd reads versions %d to %d (upgrade forkd?)", probe.FormatVersion, flatFormat, FormatVersion)
 	}
 	var m Manifest
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -313,7 +323,78 @@ func (m *Manifest) check() error {
 			return invalid("file %q belongs to no image or snapshot of the archive", p)
 		}
 	}
+	return m.checkChain()
+}
+
+// checkChain checks that the snapshots hold together as one chain, root
+// first: the root stands alone at depth 0, and each later snapshot is a
+// layer on the one before it that names it by tag and by the content
+// digest its manifest yields (the files' sizes and SHA-256, which Unpack
+// then checks every byte against), one level deeper, with the files a
+// layer needs and as much memory as its root. An archive that passes
+// holds every ancestor its head needs, so what Unpack writes can be
+// forked, and no layer ends up on a parent other than the one it was
+// taken from.
+func (m *Manifest) checkChain() error {
+	if m.FormatVersion == flatFormat && len(m.Snapshots) != 1 {
+		return invalid("format version %d holds one snapshot, this one %d", flatFormat, len(m.Snapshots))
+	}
+	if len(m.Snapshots) > snapshot.MaxChainDepth+1 {
+		return invalid("a chain of %d snapshots, deeper than the %d layers forkd allows", len(m.Snapshots), snapshot.MaxChainDepth)
+	}
+	root := &m.Snapshots[0].Manifest
+	tags := map[string]bool{}
+	for i := range m.Snapshots {
+		s := &m.Snapshots[i]
+		sm := &s.Manifest
+		if tags[sm.Tag] {
+			return invalid("tag %q names two snapshots of the chain", sm.Tag)
+		}
+		tags[sm.Tag] = true
+		if i == 0 {
+			if sm.Parent != nil || s.Parent != "" {
+				p := s.Parent
+				if sm.Parent != nil {
+					p = sm.Parent.Tag
+				}
+				return invalid("snapshot %q is a layer on %q, which the archive does not hold (packed by an older forkd? pack it again)", sm.Tag, p)
+			}
+			if sm.Depth != 0 {
+				return invalid("root snapshot %q has depth %d", sm.Tag, sm.Depth)
+			}
+			continue
+		}
+		prev := &m.Snapshots[i-1]
+		if s.Parent != prev.ID || sm.Parent == nil {
+			return invalid("snapshot %q is not a layer on %q, the snapshot before it in the chain", sm.Tag, prev.Manifest.Tag)
+		}
+		if sm.Parent.Tag != prev.Manifest.Tag {
+			return invalid("layer %q names its parent %q, but the snapshot before it is %q", sm.Tag, sm.Parent.Tag, prev.Manifest.Tag)
+		}
+		if d := digestOf(&prev.Manifest); sm.Parent.Digest != d {
+			return invalid("layer %q was taken on %q with digest %s, but the archive's %q has digest %s: the chain does not hold together",
+				sm.Tag, sm.Parent.Tag, sm.Parent.Digest, prev.Manifest.Tag, d)
+		}
+		if sm.Depth != prev.Manifest.Depth+1 {
+			return invalid("layer %q has depth %d on %q of depth %d", sm.Tag, sm.Depth, prev.Manifest.Tag, prev.Manifest.Depth)
+		}
+		for _, name := range []string{snapshot.MemoryFile, snapshot.LayerIndexFile} {
+			if _, ok := sm.Files[name]; !ok {
+				return invalid("layer %q has no %s", sm.Tag, name)
+			}
+		}
+		if got, want := sm.Files[snapshot.MemoryFile].Size, root.Files[snapshot.MemoryFile].Size; got != want {
+			return invalid("layer %q holds %d bytes of memory, its root %q %d", sm.Tag, got, root.Tag, want)
+		}
+	}
 	return nil
+}
+
+// digestOf is the content digest of a snapshot manifest
+// (snapshot.Snapshot.Digest): its files' names, sizes and SHA-256 and its
+// parent's digest.
+func digestOf(sm *snapshot.Manifest) string {
+	return (&snapshot.Snapshot{Manifest: *sm}).Digest()
 }
 
 var (

@@ -19,6 +19,9 @@ func FuzzUnpack(f *testing.F) {
 	f.Add(valid.Bytes()[headerSize:]) // without the skippable header frame
 	f.Add([]byte{})
 	f.Add([]byte("\x28\xb5\x2f\xfd garbage"))
+	chain := packChainSeed(f)
+	f.Add(chain)
+	f.Add(chain[:len(chain)/2])
 	f.Fuzz(func(t *testing.T, data []byte) {
 		dst := t.TempDir()
 		_, _, err := Unpack(context.Background(), dst, bytes.NewReader(data), UnpackOptions{MaxLogicalBytes: 64 * mib})
@@ -38,6 +41,7 @@ func FuzzParseManifest(f *testing.F) {
 	}
 	f.Add(decode(f, valid.Bytes())[0].data)
 	f.Add([]byte(`{"format_version":1,"snapshots":[{"id":"a","manifest":{}}]}`))
+	f.Add(decode(f, packChainSeed(f))[0].data)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := parseManifest(data)
 		if err != nil {
@@ -49,4 +53,14 @@ func FuzzParseManifest(f *testing.F) {
 			}
 		}
 	})
+}
+
+// packChainSeed is an archive of a chain of two layers on a 1 MiB base.
+func packChainSeed(f *testing.F) []byte {
+	src, _ := makeChain(f, mib)
+	var buf bytes.Buffer
+	if _, err := Pack(context.Background(), src, "l2", &buf, PackOptions{Concurrency: 1}); err != nil {
+		f.Fatal(err)
+	}
+	return buf.Bytes()
 }

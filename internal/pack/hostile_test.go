@@ -120,7 +120,7 @@ func TestHostileArchives(t *testing.T) {
 		{"data after the tar stream", garbageAfter, UnpackOptions{}, "after the end", errdefs.ErrInvalidArgument},
 		{"manifest not first", encode(t, append([]entry{valid[memIdx]}, valid...)), UnpackOptions{}, "not a forkd archive", errdefs.ErrInvalidArgument},
 		{"huge manifest", compress(append(tarHeaderBlock(ManifestName, tar.TypeReg, 1<<30), make([]byte, 512)...)), UnpackOptions{}, "at most", errdefs.ErrInvalidArgument},
-		{"newer format", encode(t, editManifest(t, valid, func(m *Manifest) { m.FormatVersion = 2 })), UnpackOptions{}, "format version 2", errdefs.ErrInvalidArgument},
+		{"newer format", encode(t, editManifest(t, valid, func(m *Manifest) { m.FormatVersion = FormatVersion + 1 })), UnpackOptions{}, fmt.Sprintf("format version %d", FormatVersion+1), errdefs.ErrInvalidArgument},
 		{"copy from a later file", editMem(func(f *File, m *Manifest) { f.Copies = []Copy{{0, pageSize, int64(len(m.Files) - 1), 0}} }), UnpackOptions{}, "not listed before it", errdefs.ErrInvalidArgument},
 		{"copy from outside its source", editMem(func(f *File, _ *Manifest) { f.Copies = []Copy{{0, pageSize, 0, 1 << 40}} }), UnpackOptions{}, "outside its source", errdefs.ErrInvalidArgument},
 		{"copy from ahead in its own file", editMem(func(f *File, m *Manifest) { f.Copies = []Copy{{0, pageSize, memIdx - 1, pageSize}} }), UnpackOptions{}, "outside its source", errdefs.ErrInvalidArgument},
@@ -139,7 +139,7 @@ func TestHostileArchives(t *testing.T) {
 		})), UnpackOptions{}, "names digest", errdefs.ErrInvalidArgument},
 		{"too many files", archive, UnpackOptions{MaxFiles: 2}, "over the limit", errdefs.ErrInvalidArgument},
 		{"over the size limit", archive, UnpackOptions{MaxLogicalBytes: mib}, "size limit", errdefs.ErrInvalidArgument},
-		{"chain", encode(t, editManifest(t, valid, func(m *Manifest) {
+		{"two snapshots in a version 1 archive", encode(t, editManifest(t, valid, func(m *Manifest) {
 			base := m.Snapshots[0]
 			base.ID = "parent"
 			base.Manifest.Files = map[string]snapshot.FileEntry{"vmstate": base.Manifest.Files["vmstate"]}
@@ -152,7 +152,11 @@ func TestHostileArchives(t *testing.T) {
 					m.Files = append(m.Files, f)
 				}
 			}
-		})), UnpackOptions{}, "chain", errdefs.ErrNotImplemented},
+		})), UnpackOptions{}, "holds one snapshot", errdefs.ErrInvalidArgument},
+		{"a layer without its parent", encode(t, editManifest(t, valid, func(m *Manifest) {
+			m.Snapshots[0].Manifest.Parent = &snapshot.ParentRef{Tag: "gone", Digest: "sha256:" + strings.Repeat("0", 64)}
+			m.Snapshots[0].Manifest.Depth = 1
+		})), UnpackOptions{}, `is a layer on "gone", which the archive does not hold`, errdefs.ErrInvalidArgument},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

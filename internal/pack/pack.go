@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -44,6 +45,9 @@ type PackStats struct {
 	StoredBytes  int64 // file bytes in the tar stream: holes and zero runs are left out
 	ArchiveBytes int64 // bytes written
 	Signed       bool
+	// Snapshots are the tags packed, root first: the snapshot asked for
+	// is last, after the ancestors a layer needs.
+	Snapshots []string
 	// CopiedBytes are pages stored as copies of other pages (of the image's
 	// root file system, mostly): not in StoredBytes.
 	CopiedBytes int64
@@ -64,28 +68,34 @@ type source struct {
 	disk     string
 	mode     int64
 	f        *os.File
-	image    bool // a file of the image, scanned before the snapshot's
+	phase    int  // scan phase: 0 for the images' files, 1+i for those of Snapshots[i]
 	external bool // listed, but not stored (ExcludeImages)
 }
 
 // Pack writes the snapshot tagged tag, with the image it boots, to w as an
-// archive. Every file is hashed against the hash recorded when it was
-// created before anything is written, so a snapshot that changed on disk
-// fails with FailedPrecondition and no output. An error after the first
-// byte leaves a partial archive, which Unpack refuses.
+// archive. A layer is packed with its whole chain: every ancestor down to
+// the root, root first, each with its files, and each image once. Every
+// file is hashed against the hash recorded when it was created before
+// anything is written, so a snapshot that changed on disk, or a chain
+// whose ancestor is gone or was replaced, fails with FailedPrecondition
+// and no output. An error after the first byte leaves a partial archive,
+// which Unpack refuses.
 func Pack(ctx context.Context, dataDir, tag string, w io.Writer, opts PackOptions) (stats PackStats, err error) {
 	start := time.Now()
 	conc := opts.Concurrency
 	if conc <= 0 {
 		conc = runtime.GOMAXPROCS(0)
 	}
-	snap, err := readSnapshot(dataDir, tag)
+	chain, err := readChain(dataDir, tag)
 	if err != nil {
 		return stats, err
 	}
-	m, srcs, err := plan(dataDir, snap, opts.ExcludeImages)
+	m, srcs, err := plan(dataDir, chain, opts.ExcludeImages)
 	if err != nil {
 		return stats, err
+	}
+	for _, s := range chain {
+		stats.Snapshots = append(stats.Snapshots, s.Tag)
 	}
 	defer func() {
 		for _, s := range srcs {
@@ -166,6 +176,39 @@ func Pack(ctx context.Context, dataDir, tag string, w io.Writer, opts PackOption
 	return stats, nil
 }
 
+// readChain reads the snapshot tagged tag and, for a layer, its
+// ancestors, and returns them root first (the head last). Each parent must
+// be the very snapshot the layer was taken on (Store.Chain's rule): a
+// missing or replaced ancestor is FailedPrecondition.
+func readChain(dataDir, tag string) ([]*snapshot.Snapshot, error) {
+	head, err := readSnapshot(dataDir, tag)
+	if err != nil {
+		return nil, err
+	}
+	chain := []*snapshot.Snapshot{head}
+	for cur := head; cur.Parent != nil; {
+		if len(chain) > snapshot.MaxChainDepth {
+			return nil, fmt.Errorf("snapshot %q: chain deeper than %d layers: %w", tag, snapshot.MaxChainDepth, errdefs.ErrFailedPrecondition)
+		}
+		p, err := readSnapshot(dataDir, cur.Parent.Tag)
+		if errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("snapshot %q is a layer on %q (%s), which is gone: its chain cannot be packed: %w",
+				cur.Tag, cur.Parent.Tag, cur.Parent.Digest, errdefs.ErrFailedPrecondition)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("snapshot %q: ancestor %q: %w", tag, cur.Parent.Tag, err)
+		}
+		if d := p.Digest(); d != cur.Parent.Digest {
+			return nil, fmt.Errorf("snapshot %q is a layer on %q with digest %s, but %q now has %s (replaced or altered): its chain cannot be packed: %w",
+				cur.Tag, cur.Parent.Tag, cur.Parent.Digest, p.Tag, d, errdefs.ErrFailedPrecondition)
+		}
+		chain = append(chain, p)
+		cur = p
+	}
+	slices.Reverse(chain)
+	return chain, nil
+}
+
 // readSnapshot reads a committed snapshot's manifest without opening the
 // store: snapshot.Open also removes staging directories, which must not
 // happen under a running daemon.
@@ -191,52 +234,23 @@ func readSnapshot(dataDir, tag string) (*snapshot.Snapshot, error) {
 	return &snapshot.Snapshot{Manifest: m, Dir: dir}, nil
 }
 
-// plan lists the files of the snapshot and its image and builds the
-// manifest around them (without the files' extents, which scanAll maps).
-func plan(dataDir string, snap *snapshot.Snapshot, excludeImages bool) (*Manifest, []*source, error) {
-	digest := snap.Image.Digest
-	if !digestPattern.MatchString(digest) {
-		return nil, nil, fmt.Errorf("snapshot %q records image digest %q: %w", snap.Tag, digest, errdefs.ErrFailedPrecondition)
-	}
-	imgDir := filepath.Join(dataDir, imagesDir, digest)
-	raw, err := os.ReadFile(filepath.Join(imgDir, imageManifestName))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, fmt.Errorf("snapshot %q boots image %s, which is no longer in %s: %w", snap.Tag, digest[:12], filepath.Join(dataDir, imagesDir), errdefs.ErrFailedPrecondition)
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	im, err := parseImageManifest(raw)
-	if err != nil || im.Digest != digest {
-		return nil, nil, fmt.Errorf("image %s: cannot pack its image.json (%v): %w", digest[:12], err, errdefs.ErrFailedPrecondition)
-	}
-	var compact bytes.Buffer
-	if err := json.Compact(&compact, raw); err != nil {
-		return nil, nil, err
-	}
-	sm := snap.Manifest
-	for _, p := range []*string{&sm.Image.Kernel, &sm.Image.Initrd, &sm.Image.Rootfs} {
-		if *p == "" {
-			continue
-		}
-		name := filepath.Base(*p)
-		if _, ok := im.Files[name]; !ok {
-			return nil, nil, fmt.Errorf("snapshot %q boots %s, which is not a file of image %s: %w", snap.Tag, *p, digest[:12], errdefs.ErrFailedPrecondition)
-		}
-		*p = imageFilePath(digest, name)
-	}
-	if !idPattern.MatchString(sm.ID) {
-		return nil, nil, fmt.Errorf("snapshot %q has id %q: %w", snap.Tag, sm.ID, errdefs.ErrFailedPrecondition)
+// plan lists the files of the chain (root first) and of its images and
+// builds the manifest around them (without the files' extents, which
+// scanAll maps): the images' files first, each image once, then each
+// snapshot's, root first.
+func plan(dataDir string, chain []*snapshot.Snapshot, excludeImages bool) (*Manifest, []*source, error) {
+	head := chain[len(chain)-1]
+	version := FormatVersion
+	if len(chain) == 1 {
+		version = flatFormat // readable by every forkd that unpacks archives
 	}
 	m := &Manifest{
-		FormatVersion: FormatVersion,
+		FormatVersion: version,
 		Created:       time.Now().UTC().Truncate(time.Second),
-		Head:          sm.ID,
-		Images:        []Image{{Digest: digest, Manifest: compact.Bytes(), External: excludeImages}},
-		Snapshots:     []Snapshot{{ID: sm.ID, Manifest: sm}},
+		Head:          head.ID,
 	}
 	var srcs []*source
-	add := func(dir string, files map[string]snapshot.FileEntry, archivePath func(string) string, mode int64, image bool) {
+	add := func(dir string, files map[string]snapshot.FileEntry, archivePath func(string) string, mode int64, phase int, external bool) {
 		names := make([]string, 0, len(files))
 		for n := range files {
 			names = append(names, n)
@@ -245,19 +259,69 @@ func plan(dataDir string, snap *snapshot.Snapshot, excludeImages bool) (*Manifes
 		for _, n := range names {
 			srcs = append(srcs, &source{
 				File: File{Path: archivePath(n), Size: files[n].Size, SHA256: files[n].SHA256},
-				disk: filepath.Join(dir, n), mode: mode, image: image, external: image && excludeImages,
+				disk: filepath.Join(dir, n), mode: mode, phase: phase, external: external,
 			})
 		}
 	}
-	add(imgDir, im.Files, func(n string) string { return imageFilePath(digest, n) }, 0o444, true)
-	for n := range sm.Files {
-		if !validName(n, snapshot.ManifestFile) {
-			return nil, nil, fmt.Errorf("snapshot %q has a file named %q: %w", snap.Tag, n, errdefs.ErrFailedPrecondition)
+	images := map[string]*imageManifest{}
+	for _, snap := range chain {
+		digest := snap.Image.Digest
+		if images[digest] != nil {
+			continue
 		}
+		if !digestPattern.MatchString(digest) {
+			return nil, nil, fmt.Errorf("snapshot %q records image digest %q: %w", snap.Tag, digest, errdefs.ErrFailedPrecondition)
+		}
+		imgDir := filepath.Join(dataDir, imagesDir, digest)
+		raw, err := os.ReadFile(filepath.Join(imgDir, imageManifestName))
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil, fmt.Errorf("snapshot %q boots image %s, which is no longer in %s: %w", snap.Tag, digest[:12], filepath.Join(dataDir, imagesDir), errdefs.ErrFailedPrecondition)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		im, err := parseImageManifest(raw)
+		if err != nil || im.Digest != digest {
+			return nil, nil, fmt.Errorf("image %s: cannot pack its image.json (%v): %w", digest[:12], err, errdefs.ErrFailedPrecondition)
+		}
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, raw); err != nil {
+			return nil, nil, err
+		}
+		images[digest] = im
+		m.Images = append(m.Images, Image{Digest: digest, Manifest: compact.Bytes(), External: excludeImages})
+		add(imgDir, im.Files, func(n string) string { return imageFilePath(digest, n) }, 0o444, 0, excludeImages)
 	}
-	add(snap.Dir, sm.Files, func(n string) string { return snapshotFilePath(sm.ID, n) }, 0o400, false)
+	for i, snap := range chain {
+		digest := snap.Image.Digest
+		sm := snap.Manifest
+		for _, p := range []*string{&sm.Image.Kernel, &sm.Image.Initrd, &sm.Image.Rootfs} {
+			if *p == "" {
+				continue
+			}
+			name := filepath.Base(*p)
+			if _, ok := images[digest].Files[name]; !ok {
+				return nil, nil, fmt.Errorf("snapshot %q boots %s, which is not a file of image %s: %w", snap.Tag, *p, digest[:12], errdefs.ErrFailedPrecondition)
+			}
+			*p = imageFilePath(digest, name)
+		}
+		if !idPattern.MatchString(sm.ID) {
+			return nil, nil, fmt.Errorf("snapshot %q has id %q: %w", snap.Tag, sm.ID, errdefs.ErrFailedPrecondition)
+		}
+		for n := range sm.Files {
+			if !validName(n, snapshot.ManifestFile) {
+				return nil, nil, fmt.Errorf("snapshot %q has a file named %q: %w", snap.Tag, n, errdefs.ErrFailedPrecondition)
+			}
+		}
+		as := Snapshot{ID: sm.ID, Manifest: sm}
+		if i > 0 {
+			as.Parent = chain[i-1].ID
+		}
+		m.Snapshots = append(m.Snapshots, as)
+		add(snap.Dir, sm.Files, func(n string) string { return snapshotFilePath(sm.ID, n) }, 0o400, 1+i, false)
+	}
 	if err := m.checkWith(srcs); err != nil {
-		return nil, nil, fmt.Errorf("snapshot %q: %v: %w", snap.Tag, err, errdefs.ErrFailedPrecondition)
+		return nil, nil, fmt.Errorf("snapshot %q: %v: %w", head.Tag, err, errdefs.ErrFailedPrecondition)
 	}
 	return m, srcs, nil
 }
@@ -274,9 +338,9 @@ func (m *Manifest) checkWith(srcs []*source) error {
 }
 
 // scanAll opens, maps and hashes the files, and fails if one no longer
-// matches its recorded size and hash. The image's files come first, conc
-// at a time, biggest first; then the snapshot's, deduplicated against the
-// image's pages.
+// matches its recorded size and hash. The images' files come first, conc
+// at a time, biggest first; then each snapshot's, root first, each
+// deduplicated against the pages of every file scanned before it.
 func scanAll(ctx context.Context, srcs []*source, conc int) error {
 	files := make([]*os.File, len(srcs))
 	for i, s := range srcs {
@@ -286,16 +350,15 @@ func scanAll(ctx context.Context, srcs []*source, conc int) error {
 		files[i] = s.f
 	}
 	sc := newScanner(files)
-	var images, rest []int
+	var phases [][]int
 	for i, s := range srcs {
-		if s.image {
-			images = append(images, i)
-		} else {
-			rest = append(rest, i)
+		for len(phases) <= s.phase {
+			phases = append(phases, nil)
 		}
+		phases[s.phase] = append(phases[s.phase], i)
 	}
 	maps := make([]*mapping, len(srcs))
-	for _, phase := range [][]int{images, rest} {
+	for _, phase := range phases {
 		if err := parallel(ctx, phase, conc, func(ctx context.Context, i int) error {
 			s := srcs[i]
 			m, err := sc.scan(ctx, i, s.Size)

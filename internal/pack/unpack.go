@@ -13,6 +13,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -42,12 +43,16 @@ const (
 
 // UnpackOptions tunes Unpack.
 type UnpackOptions struct {
-	// Force replaces an existing snapshot with the same tag, atomically.
+	// Force replaces an existing snapshot with the same tag, atomically,
+	// and an ancestor of the archive's chain that exists here under its
+	// tag with other content. A snapshot with local layers on it is
+	// replaced only if this unpack replaces those layers too; see Unpack.
 	Force bool
 	// VerifyKey, if set, makes Unpack refuse an archive that is not signed
 	// by this key.
 	VerifyKey ed25519.PublicKey
-	// Tag, if set, is the tag to create instead of the archive's.
+	// Tag, if set, is the tag to create instead of the archive's head's;
+	// ancestors keep their tags.
 	Tag string
 	// MaxLogicalBytes bounds the sum of the files' sizes (holes included);
 	// 0 means DefaultMaxLogicalBytes.
@@ -68,9 +73,50 @@ type UnpackStats struct {
 	// ImagesAdded and ImagesReused are image digests; a reused image was
 	// already here with the same files, so its bytes were only verified.
 	ImagesAdded, ImagesReused []string
-	// ReplacedID is the ID of the snapshot a forced unpack replaced.
-	ReplacedID string
-	Duration   time.Duration
+	// Added are the tags of the snapshots this unpack created, Reused
+	// those of the ancestors that were here already with the same content
+	// digest (verified against the archive, not written), Replaced those
+	// a forced unpack replaced; each root first.
+	Added, Reused, Replaced []string
+	// ReplacedID is the ID of the head snapshot a forced unpack replaced;
+	// ReplacedIDs are the IDs of every snapshot it replaced (the head's
+	// included), whose pooled VMMs are stale.
+	ReplacedID  string
+	ReplacedIDs []string
+	Duration    time.Duration
+}
+
+// testHookCommit, if set, runs before each snapshot of the chain is
+// committed; an error fails the unpack there (tests of rollback).
+var testHookCommit func(tag string) error
+
+// Actions on each snapshot of an archive.
+const (
+	actAdd     = iota // the tag is free: create it
+	actReuse          // an ancestor that is here with the same digest: verify only
+	actReplace        // the tag is taken and Force is set: replace it
+)
+
+// unpackSnap is one snapshot of the archive and what Unpack does with it.
+type unpackSnap struct {
+	s      *Snapshot
+	tag    string // on this host: the archive's, or UnpackOptions.Tag for the head
+	digest string // content digest (the same here as where it was packed)
+	head   bool
+	action int
+	// old is the snapshot here under tag (actReuse, actReplace), nil if
+	// its manifest is unreadable; oldDigest is its digest.
+	old       *snapshot.Snapshot
+	oldDigest string
+	// moveFirst: the old snapshot is a layer on another snapshot this
+	// unpack replaces, so it is moved away before anything is committed.
+	moveFirst bool
+	stage     string // staging directory of the new snapshot
+	// moved is where the old snapshot went (a .trash- or .staging-
+	// directory), kept until the whole unpack succeeds, for rollback.
+	moved     string
+	committed bool // the new snapshot is under tag
+	result    *snapshot.Snapshot
 }
 
 type unpacker struct {
@@ -80,26 +126,39 @@ type unpacker struct {
 	snapRoot string
 	imgRoot  string
 
-	m    *Manifest
-	head *Snapshot
-	tag  string
+	m     *Manifest
+	snaps []*unpackSnap // root first, the head last
+	tag   string        // the head's tag here
 
-	snapStage string
 	imgStages map[string]string // digest → staging dir, for images not here yet
 	dest      map[string]string // archive path → file to write; absent: verify only
+	local     map[string]string // archive path → file of a reused snapshot here, for copies
 	modes     map[string]os.FileMode
 	external  map[string]bool  // files of images packed without their bytes
 	sources   map[int]*os.File // copy sources opened so far, by file index
 	published []string         // image directories this call created
-	committed bool
+	// commitStarted: commit has begun changing tags; rollback undoes it.
+	commitStarted bool
 }
 
 // Unpack reads an archive from r into dataDir and publishes its snapshot
-// under its tag (or opts.Tag). It reads r as hostile: see the package
-// documentation. Everything is verified in staging directories before the
-// tag appears; on any error nothing is left. A tag that exists is
-// AlreadyExists unless opts.Force; a malformed, altered or unsigned-but-
-// required archive is InvalidArgument.
+// under its tag (or opts.Tag), with the ancestors a layer needs under
+// theirs. It reads r as hostile: see the package documentation.
+// Everything is verified in staging directories before any tag appears;
+// on any error nothing this call added is left, and what it replaced is
+// put back.
+//
+// The head's tag must be free unless opts.Force (AlreadyExists). An
+// ancestor whose tag is here with the same content digest is reused: its
+// bytes in the archive are verified but not written. An ancestor whose
+// tag is here with another digest is AlreadyExists, naming both digests,
+// unless opts.Force replaces it. Force never breaks a chain: replacing a
+// snapshot (with other content) that local layers are built on is
+// FailedPrecondition, unless this unpack replaces those layers too.
+// Snapshots are committed root first, so a crash leaves complete
+// ancestors at most, never a layer without its parent. A malformed,
+// altered, broken-chain or unsigned-but-required archive is
+// InvalidArgument.
 func Unpack(ctx context.Context, dataDir string, r io.Reader, opts UnpackOptions) (snap *snapshot.Snapshot, stats UnpackStats, err error) {
 	start := time.Now()
 	if opts.MaxLogicalBytes <= 0 {
@@ -121,7 +180,7 @@ func Unpack(ctx context.Context, dataDir string, r io.Reader, opts UnpackOptions
 		ctx: ctx, opts: opts,
 		snapRoot:  filepath.Join(abs, snapshotsDir),
 		imgRoot:   filepath.Join(abs, imagesDir),
-		imgStages: map[string]string{}, dest: map[string]string{}, modes: map[string]os.FileMode{},
+		imgStages: map[string]string{}, dest: map[string]string{}, local: map[string]string{}, modes: map[string]os.FileMode{},
 		external: map[string]bool{}, sources: map[int]*os.File{},
 	}
 	defer u.closeSources()
@@ -171,6 +230,9 @@ func Unpack(ctx context.Context, dataDir string, r io.Reader, opts UnpackOptions
 		}
 	}
 	if err := finish(st, zr); err != nil {
+		return nil, stats, err
+	}
+	if err := u.checkLayers(); err != nil {
 		return nil, stats, err
 	}
 	if err := u.publishImages(); err != nil {
@@ -235,18 +297,11 @@ func (u *unpacker) readManifest(st *stream) error {
 	return nil
 }
 
-// prepare checks the manifest against the limits and this host (tag,
-// images, disk space) and creates the staging directories.
+// prepare checks the manifest against the limits and this host (tags,
+// images, disk space), decides what happens to each snapshot of the chain
+// and creates the staging directories.
 func (u *unpacker) prepare() error {
 	m := u.m
-	if len(m.Snapshots) != 1 {
-		return fmt.Errorf("archive holds a chain of %d snapshots; this forkd unpacks single snapshots: %w", len(m.Snapshots), errdefs.ErrNotImplemented)
-	}
-	u.head = &m.Snapshots[len(m.Snapshots)-1]
-	u.tag = u.head.Manifest.Tag
-	if u.opts.Tag != "" {
-		u.tag = u.opts.Tag
-	}
 	if int64(len(m.Files)) > u.opts.MaxFiles {
 		return invalid("%d files, over the limit of %d", len(m.Files), u.opts.MaxFiles)
 	}
@@ -259,9 +314,27 @@ func (u *unpacker) prepare() error {
 		}
 		logical += f.Size
 	}
-	final := filepath.Join(u.snapRoot, u.tag)
-	if _, err := os.Lstat(final); err == nil && !u.opts.Force {
-		return u.exists()
+	for i := range m.Snapshots {
+		s := &m.Snapshots[i]
+		us := &unpackSnap{s: s, tag: s.Manifest.Tag, digest: digestOf(&s.Manifest), head: i == len(m.Snapshots)-1}
+		if us.head && u.opts.Tag != "" {
+			for _, a := range m.Snapshots[:i] {
+				if a.Manifest.Tag == u.opts.Tag {
+					return fmt.Errorf("tag %q is the tag of an ancestor the archive's chain holds; choose another: %w", u.opts.Tag, errdefs.ErrInvalidArgument)
+				}
+			}
+			us.tag = u.opts.Tag
+		}
+		u.snaps = append(u.snaps, us)
+	}
+	u.tag = u.snaps[len(u.snaps)-1].tag
+	for _, us := range u.snaps {
+		if err := u.classify(us); err != nil {
+			return err
+		}
+	}
+	if err := u.checkDependents(); err != nil {
+		return err
 	}
 	for _, d := range []struct {
 		dir  string
@@ -303,15 +376,25 @@ func (u *unpacker) prepare() error {
 			u.modes[p] = 0o444
 		}
 	}
-	dir, err := os.MkdirTemp(u.snapRoot, ".staging-"+u.tag+"-")
-	if err != nil {
-		return err
-	}
-	u.snapStage = dir
-	for name := range u.head.Manifest.Files {
-		p := snapshotFilePath(u.head.ID, name)
-		u.dest[p] = filepath.Join(dir, name)
-		u.modes[p] = 0o400
+	for _, us := range u.snaps {
+		if us.action == actReuse {
+			// Verified from the archive, not written; later files may copy
+			// pages from the copy here, which has the same hashes.
+			for name := range us.s.Manifest.Files {
+				u.local[snapshotFilePath(us.s.ID, name)] = filepath.Join(u.snapRoot, us.tag, name)
+			}
+			continue
+		}
+		dir, err := os.MkdirTemp(u.snapRoot, ".staging-"+us.tag+"-")
+		if err != nil {
+			return err
+		}
+		us.stage = dir
+		for name := range us.s.Manifest.Files {
+			p := snapshotFilePath(us.s.ID, name)
+			u.dest[p] = filepath.Join(dir, name)
+			u.modes[p] = 0o400
+		}
 	}
 	for _, f := range m.Files {
 		if _, ok := u.dest[f.Path]; ok {
@@ -328,6 +411,115 @@ func (u *unpacker) prepare() error {
 		}
 	}
 	return nil
+}
+
+// classify decides what happens to one snapshot of the chain given what
+// is under its tag here: add it (free tag), reuse the one here (an
+// ancestor with the same digest), or replace it (Force); otherwise the
+// tag is AlreadyExists.
+func (u *unpacker) classify(us *unpackSnap) error {
+	us.action, us.old, us.oldDigest = actAdd, nil, ""
+	final := filepath.Join(u.snapRoot, us.tag)
+	if _, err := os.Lstat(final); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	old, err := readSnapshot(filepath.Dir(u.snapRoot), us.tag)
+	if err == nil {
+		us.old, us.oldDigest = old, old.Digest()
+	}
+	if !us.head && us.oldDigest == us.digest {
+		us.action = actReuse
+		return nil
+	}
+	if !u.opts.Force {
+		if us.head {
+			return u.exists()
+		}
+		here := us.oldDigest
+		if here == "" {
+			here = fmt.Sprintf("unknown (%v)", err)
+		}
+		return fmt.Errorf("snapshot %q, an ancestor of %q in the archive, exists here with other content (digest %s here, %s in the archive): unpack with force to replace it, or remove it first: %w",
+			us.tag, u.tag, here, us.digest, errdefs.ErrAlreadyExists)
+	}
+	us.action = actReplace
+	return nil
+}
+
+// checkDependents refuses to replace a snapshot that local layers are
+// built on (they would name a parent digest that is gone) unless this
+// unpack replaces those layers as well; it marks such replaced layers to
+// be moved away before their parent is replaced. Replacing a snapshot
+// with one of the same digest (a forced head) breaks nothing.
+func (u *unpacker) checkDependents() error {
+	replaced := map[string]*unpackSnap{} // tag → snapshot replaced with other content
+	for _, us := range u.snaps {
+		if us.action == actReplace && us.oldDigest != us.digest {
+			replaced[us.tag] = us
+		}
+	}
+	if len(replaced) == 0 {
+		return nil
+	}
+	local, err := localSnapshots(u.snapRoot)
+	if err != nil {
+		return err
+	}
+	for _, tag := range sortedKeys(replaced) {
+		us := replaced[tag]
+		if us.oldDigest == "" {
+			continue // unreadable here: nothing can name its digest
+		}
+		var blocked []string
+		for _, l := range local {
+			if l.Parent == nil || l.Parent.Tag != tag || l.Parent.Digest != us.oldDigest {
+				continue
+			}
+			if r := replaced[l.Tag]; r != nil && r.oldDigest == digestOf(&l.Manifest) {
+				r.moveFirst = true
+				continue
+			}
+			blocked = append(blocked, l.Tag)
+		}
+		if len(blocked) > 0 {
+			return fmt.Errorf("snapshot %q here has layers built on it (%s) that this archive does not replace; replacing %q would break their chains: remove them first (forkd rmi --cascade %s), or unpack without force: %w",
+				tag, strings.Join(blocked, ", "), tag, tag, errdefs.ErrFailedPrecondition)
+		}
+	}
+	return nil
+}
+
+// localSnapshots reads the manifests of the snapshots in snapRoot,
+// skipping staging directories and unreadable ones.
+func localSnapshots(snapRoot string) ([]*snapshot.Snapshot, error) {
+	ents, err := os.ReadDir(snapRoot)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var out []*snapshot.Snapshot
+	for _, e := range ents {
+		if !e.IsDir() || snapshot.ValidateTag(e.Name()) != nil {
+			continue
+		}
+		if s, err := readSnapshot(filepath.Dir(snapRoot), e.Name()); err == nil {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 func (u *unpacker) exists() error {
@@ -440,7 +632,10 @@ func (u *unpacker) extract(r io.Reader, idx int, buf []byte) (err error) {
 
 // source opens the file copies of file cur read from: cur itself (out,
 // when it is being written), an earlier file of the archive in its staging
-// directory, or a file of an image already on this host.
+// directory, or a file of an image or of a reused snapshot already on this
+// host (whose manifest records the hash the archive's bytes were just
+// verified against; what is copied from it is hashed as part of the file
+// being written in any case).
 func (u *unpacker) source(i, cur int, out *os.File) (*os.File, error) {
 	if i == cur && out != nil {
 		return out, nil
@@ -450,6 +645,9 @@ func (u *unpacker) source(i, cur int, out *os.File) (*os.File, error) {
 	}
 	p := u.m.Files[i].Path
 	disk, ok := u.dest[p]
+	if !ok {
+		disk, ok = u.local[p]
+	}
 	if !ok {
 		// Not written by this unpack: a file of a local image (the
 		// manifest check allows copies only from listed files).
