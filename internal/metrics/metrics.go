@@ -75,6 +75,7 @@ type Metrics struct {
 	forkReady      *prometheus.HistogramVec
 	vmmPhase       *prometheus.HistogramVec
 	branchPause    *prometheus.HistogramVec
+	branchBytes    *prometheus.CounterVec
 	agentRPC       *prometheus.HistogramVec
 	agentRPCErrors *prometheus.CounterVec
 	requests       *prometheus.HistogramVec
@@ -129,6 +130,10 @@ func New(version string) *Metrics {
 			"Duration of VMM start-up phases (prepare, restore, boot, snapshot_save).", "phase"),
 		branchPause: latency("forkd_branch_pause_seconds",
 			"How long a running sandbox was paused to branch it.", "mode"),
+		branchBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "forkd_branch_written_bytes_total",
+			Help: "Bytes branches wrote (memory pages and device state), by mode.",
+		}, []string{"mode"}),
 		agentRPC: latency("forkd_agent_rpc_duration_seconds",
 			"Latency of host-to-agent calls, to the response header for streaming calls.", "op"),
 		agentRPCErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -148,7 +153,7 @@ func New(version string) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo,
-		m.forkReady, m.vmmPhase, m.branchPause, m.agentRPC, m.agentRPCErrors, m.requests,
+		m.forkReady, m.vmmPhase, m.branchPause, m.branchBytes, m.agentRPC, m.agentRPCErrors, m.requests,
 		stateCollector{m},
 	)
 	return m
@@ -192,13 +197,14 @@ func (m *Metrics) ObserveVMMStart(phase string, d time.Duration) {
 	m.vmmPhase.WithLabelValues(phase).Observe(d.Seconds())
 }
 
-// ObserveBranchPause records how long a sandbox was paused to branch it;
-// mode names the branch strategy (a small fixed set).
-func (m *Metrics) ObserveBranchPause(mode string, d time.Duration) {
+// ObserveBranch records how long a sandbox was paused to branch it and
+// what the branch wrote; mode names the branch strategy (a small fixed set).
+func (m *Metrics) ObserveBranch(mode string, paused time.Duration, written int64) {
 	if m == nil {
 		return
 	}
-	m.branchPause.WithLabelValues(mode).Observe(d.Seconds())
+	m.branchPause.WithLabelValues(mode).Observe(paused.Seconds())
+	m.branchBytes.WithLabelValues(mode).Add(float64(written))
 }
 
 // ObserveAgentRPC records one host-to-agent call; a non-nil err also counts

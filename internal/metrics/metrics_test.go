@@ -63,7 +63,7 @@ func TestHistograms(t *testing.T) {
 	m.ObserveForkReady("py", false, 2*time.Second)
 	m.ObserveVMMStart(PhaseRestore, 40*time.Millisecond)
 	m.ObserveVMMStart(PhasePrepare, 150*time.Millisecond)
-	m.ObserveBranchPause("live", 3*time.Millisecond)
+	m.ObserveBranch("live", 3*time.Millisecond, 4096)
 	m.ObserveAgentRPC("stat", 2*time.Millisecond, nil)
 	m.ObserveAgentRPC("stat", 4*time.Millisecond, fmt.Errorf("agent: stat: %w", errdefs.ErrNotFound))
 	m.ObserveAgentRPC("exec", 4*time.Millisecond, errors.New("boom"))
@@ -82,6 +82,7 @@ func TestHistograms(t *testing.T) {
 		`forkd_vmm_phase_seconds_count{phase="restore"} 1`,
 		`forkd_vmm_phase_seconds_count{phase="prepare"} 1`,
 		`forkd_branch_pause_seconds_bucket{mode="live",le="0.005"} 1`,
+		`forkd_branch_written_bytes_total{mode="live"} 4096`,
 		`forkd_agent_rpc_duration_seconds_count{op="stat"} 2`,
 		`forkd_agent_rpc_errors_total{code="not_found",op="stat"} 1`,
 		`forkd_agent_rpc_errors_total{code="internal",op="exec"} 1`,
@@ -221,7 +222,7 @@ func TestNilMetricsIsANoOp(t *testing.T) {
 	var m *Metrics
 	m.ObserveForkReady("t", true, time.Millisecond)
 	m.ObserveVMMStart(PhaseBoot, time.Second)
-	m.ObserveBranchPause("x", time.Millisecond)
+	m.ObserveBranch("x", time.Millisecond, 1)
 	m.ObserveAgentRPC("exec", time.Millisecond, errors.New("x"))
 	m.ObserveRequest("/", "GET", 200, time.Millisecond)
 	m.SetStateFunc(func() State { return State{} })

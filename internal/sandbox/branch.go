@@ -123,7 +123,7 @@ func (e *Engine) branch(ctx context.Context, id string, opts BranchOptions) (_ *
 	if err != nil {
 		return nil, fmt.Errorf("branch %s of sandbox %s: %w", opts.Mode, id, err)
 	}
-	e.cfg.Metrics.ObserveBranchPause(opts.Mode, res.Paused)
+	e.cfg.Metrics.ObserveBranch(opts.Mode, res.Paused, res.BytesWritten)
 	m := parent.Manifest
 	m.ID, m.Created, m.Files = "", time.Time{}, nil
 	m.Parent, m.Depth, m.CompactedFrom = nil, 0, ""
