@@ -27,8 +27,20 @@ import (
 	"github.com/forkd-dev/forkd/internal/fsutil"
 )
 
-// FormatVersion of manifest.json. Readers refuse newer versions.
-const FormatVersion = 1
+// FormatVersion is the newest manifest.json format this forkd reads;
+// readers refuse newer ones. Flat snapshots are written as version 1 (any
+// forkd reads them); layers as version 2, so that a forkd from before
+// chains refuses them instead of restoring a layer's partial memory as if
+// it were complete.
+const FormatVersion = 2
+
+// formatFor is the manifest version a snapshot is written with.
+func formatFor(m *Manifest) int {
+	if m.Parent != nil {
+		return 2
+	}
+	return 1
+}
 
 // File names inside a snapshot directory.
 const (
@@ -202,7 +214,7 @@ func (st *Staging) Commit(m Manifest) (*Snapshot, error) {
 	if st.done {
 		return nil, fmt.Errorf("staging for %q already finished: %w", st.tag, errdefs.ErrFailedPrecondition)
 	}
-	m.FormatVersion = FormatVersion
+	m.FormatVersion = formatFor(&m)
 	m.Tag = st.tag
 	if m.ID == "" {
 		m.ID = NewID()
