@@ -1,0 +1,267 @@
+package qemu
+
+// Live branches: QEMU's background-snapshot, spooled to a file QEMU owns
+// and split into a memory file and a state file (see branch.go for the
+// three modes).
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/qmp"
+)
+
+// LiveBranchSupport says whether Snapshot with vmm.SnapshotLive can work
+// on this machine: nil, or an errdefs.ErrFailedPrecondition-class error
+// saying what is missing (see liveSupport). Only a restored clone
+// branches.
+func (m *Machine) LiveBranchSupport() error {
+	if !m.incoming || m.cfg.MemoryFile == "" {
+		return fmt.Errorf("qemu %s: not a clone with a memory file: %w", m.cfg.ID, errdefs.ErrFailedPrecondition)
+	}
+	return liveSupport(m.PID(), m.cfg.MemoryFile)
+}
+
+// liveSupport checks what QEMU 7.2's background-snapshot needs: a
+// userfaultfd with write-protection on guest RAM. The kernel offers it for
+// anonymous, shmem and hugetlb memory only (not for a private mapping of a
+// file on a disk file system), and lets a process without CAP_SYS_PTRACE
+// create a userfaultfd only with vm.unprivileged_userfaultfd=1 (QEMU 7.2
+// neither uses /dev/userfaultfd nor asks for user-mode-only faults).
+func liveSupport(pid int, memFile string) error {
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(memFile, &sfs); err != nil {
+		return fmt.Errorf("memory file: %w", err)
+	}
+	if sfs.Type != unix.TMPFS_MAGIC && sfs.Type != unix.HUGETLBFS_MAGIC {
+		return fmt.Errorf("the clone's memory file %s is not on tmpfs or hugetlbfs (file system magic %#x): QEMU's background-snapshot write-protects guest RAM with userfaultfd, which Linux supports for shmem and hugetlb mappings, not for private mappings of files on disk; use a diff branch: %w",
+			memFile, sfs.Type, errdefs.ErrFailedPrecondition)
+	}
+	uid, err := procUID(pid)
+	if err != nil {
+		return err
+	}
+	if uid == 0 {
+		return nil
+	}
+	v, err := os.ReadFile("/proc/sys/vm/unprivileged_userfaultfd")
+	if err == nil && strings.TrimSpace(string(v)) == "1" {
+		return nil
+	}
+	return fmt.Errorf("QEMU runs as uid %d and vm.unprivileged_userfaultfd is not 1: it cannot create the userfaultfd that background-snapshot needs (run QEMU as root, Config.RunAs empty, or set the sysctl); use a diff branch: %w",
+		uid, errdefs.ErrFailedPrecondition)
+}
+
+// procUID is the effective uid of a process.
+func procUID(pid int) (int, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(l, "Uid:"); ok {
+			f := strings.Fields(v)
+			if len(f) >= 2 {
+				return strconv.Atoi(f[1])
+			}
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/status: no Uid", pid)
+}
+
+// liveGiveUp bounds how long a live branch waits for QEMU to finish a
+// background snapshot after its context has ended (see live).
+var liveGiveUp = 2 * time.Minute
+
+// live takes a live branch with QEMU's background-snapshot.
+//
+// QEMU 7.2 leaves guest RAM write-protected when a background snapshot
+// breaks off (its stream fails, or migrate_cancel): the guest's next write
+// blocks in userfaultfd for good, and with it QEMU's main loop. So the
+// stream must never fail under QEMU: it goes to a regular file (a spool
+// next to the memory file) that QEMU holds open and writes at its own
+// pace, not to a socket this process reads. Nothing this process does, not
+// even being killed, can then break the snapshot off: a daemon that dies
+// mid-branch leaves QEMU to finish writing a spool nobody reads (removed
+// with its staging directory at the next start), and the guest runs on.
+// When QEMU is done, the spool is split into the memory file and the state
+// file and removed. A branch whose caller gives up still waits for QEMU to
+// finish (bounded by liveGiveUp) rather than cancel it.
+func (b *brancher) live(ctx context.Context) (err error) {
+	m := b.m
+	st, err := b.runState(ctx)
+	if err != nil {
+		return err
+	}
+	if st != "running" {
+		// background-snapshot restarts the guest when it has saved the
+		// device state, whatever state it was in.
+		return fmt.Errorf("qemu %s: live branch of a guest that is %s: %w", m.cfg.ID, st, errdefs.ErrFailedPrecondition)
+	}
+	memOut, err := b.create(b.spec.MemoryFile, os.O_RDWR|os.O_EXCL)
+	if err != nil {
+		return err
+	}
+	defer memOut.Close()
+	stateOut, err := b.create(b.spec.StateFile, os.O_WRONLY|os.O_TRUNC)
+	if err != nil {
+		return err
+	}
+	defer stateOut.Close()
+	spoolPath := b.spec.MemoryFile + liveSpoolSuffix
+	spool, err := b.create(spoolPath, os.O_RDWR|os.O_EXCL)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		spool.Close()
+		os.Remove(spoolPath) // whatever happened: the spool is never a result
+	}()
+	// QEMU gets a write-only descriptor of the spool (getfd matches the
+	// access mode of its use).
+	spoolW, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", spool.Fd()), os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
+	}
+	err = m.qmp.ExecuteWithFiles(ctx, "getfd", map[string]string{"fdname": branchFD}, nil, spoolW)
+	spoolW.Close()
+	if err != nil {
+		return m.failure("hand over the stream spool", err)
+	}
+	caps := func(on bool) map[string]any {
+		return map[string]any{"capabilities": []map[string]any{{"capability": "background-snapshot", "state": on}}}
+	}
+	if err := m.qmp.Execute(ctx, "migrate-set-capabilities", caps(true), nil); err != nil {
+		m.qmp.Execute(ctx, "closefd", map[string]string{"fdname": branchFD}, nil)
+		var qe *qmp.Error
+		if errors.As(err, &qe) {
+			return fmt.Errorf("qemu %s: live branch: %s: %w", m.cfg.ID, qe.Desc, errdefs.ErrFailedPrecondition)
+		}
+		return m.failure("enable background-snapshot", err)
+	}
+	migrating := false
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resumeTimeout)
+		defer cancel()
+		if !migrating {
+			// QEMU still holds the spool descriptor.
+			m.qmp.Execute(cctx, "closefd", map[string]string{"fdname": branchFD}, nil)
+		}
+		cerr := m.qmp.Execute(cctx, "migrate-set-capabilities", caps(false), nil)
+		if cerr != nil && migrating && errors.Is(cerr, context.DeadlineExceeded) {
+			m.Kill()
+			err = errors.Join(err, fmt.Errorf("qemu %s: QEMU stopped answering after a failed background snapshot (QEMU 7.2 can leave guest RAM write-protected); killed it: %w",
+				m.cfg.ID, errdefs.ErrUnavailable))
+			return
+		}
+		if cerr != nil && err == nil {
+			err = m.failure("disable background-snapshot", cerr)
+		}
+		// The guest runs again after any failure too.
+		if st, serr := b.runState(cctx); serr == nil && st != "running" {
+			if rerr := b.resume(cctx); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
+	}()
+
+	pt := &pauseTimes{sub: m.qmp.SubscribeNames("STOP", "RESUME")}
+	defer pt.sub.Cancel()
+	if err := hook("before-migrate"); err != nil {
+		return err
+	}
+	tStart := time.Now()
+	if err := m.qmp.Execute(ctx, "migrate", map[string]string{"uri": "fd:" + branchFD}, nil); err != nil {
+		return m.failure("migrate", err)
+	}
+	migrating = true
+	info, err := b.waitLive(ctx)
+	tDone := time.Now()
+	if err != nil {
+		return err
+	}
+	if err := hook("stream"); err != nil {
+		return err
+	}
+	r, err := splitStream(bufio.NewReaderSize(io.NewSectionReader(spool, 0, 1<<62), 1<<20), memOut, stateOut, memBlockName)
+	if err != nil {
+		return fmt.Errorf("qemu %s: live branch: convert the stream: %w", m.cfg.ID, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("qemu %s: live branch: %w", m.cfg.ID, context.Cause(ctx))
+	}
+	if err := hook("converted"); err != nil {
+		return err
+	}
+	b.pause = pt.collect(100*time.Millisecond, time.Duration(info.Downtime)*time.Millisecond)
+	b.written = r.MemBytes + r.StateBytes
+	b.pages = r.MemPages
+	b.detail = fmt.Sprintf("snapshot %v, stream %d bytes, %d pages with data, %d zero pages, %d other pages, state %d bytes, converted %v after",
+		tDone.Sub(tStart).Round(time.Millisecond), r.StreamBytes, r.MemPages, r.ZeroPages, r.OtherPages,
+		r.StateBytes, time.Since(tDone).Round(time.Millisecond))
+	return nil
+}
+
+// liveSpoolSuffix names a live branch's stream spool, next to its memory
+// file (so in the snapshot's staging directory).
+const liveSpoolSuffix = ".live-stream"
+
+// waitLive polls query-migrate until the background snapshot ends. When
+// ctx ends first it keeps waiting, up to liveGiveUp, without cancelling
+// (see live), and then fails with ctx's error.
+func (b *brancher) waitLive(ctx context.Context) (migrationInfo, error) {
+	m := b.m
+	sub := m.qmp.SubscribeNames("MIGRATION")
+	defer sub.Cancel()
+	t := time.NewTicker(pollInterval)
+	defer t.Stop()
+	qctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	var giveUp <-chan time.Time
+	done := ctx.Done()
+	for {
+		var info migrationInfo
+		if err := m.qmp.Execute(qctx, "query-migrate", nil, &info); err != nil {
+			return info, m.failure("query-migrate", err)
+		}
+		switch info.Status {
+		case "completed":
+			if err := ctx.Err(); err != nil {
+				return info, fmt.Errorf("qemu %s: live branch: %w", m.cfg.ID, context.Cause(ctx))
+			}
+			return info, nil
+		case "failed", "cancelled":
+			desc := info.ErrorDesc
+			if desc == "" {
+				desc = "no reason given"
+			}
+			return info, fmt.Errorf("qemu %s: background snapshot %s: %s: %w", m.cfg.ID, info.Status, desc, errdefs.ErrInternal)
+		}
+		select {
+		case <-sub.C():
+		case <-t.C:
+		case <-m.done:
+			return info, m.failure("background snapshot", m.exitDetail())
+		case <-done:
+			// Let it finish: cancelling would freeze the guest.
+			done = nil
+			timer := time.NewTimer(liveGiveUp)
+			defer timer.Stop()
+			giveUp = timer.C
+		case <-giveUp:
+			m.d.log.Warn("background snapshot still running long after the branch was cancelled; cancelling it", "id", m.cfg.ID)
+			m.qmp.Execute(qctx, "migrate_cancel", nil, nil)
+			return info, fmt.Errorf("qemu %s: live branch: %w", m.cfg.ID, context.Cause(ctx))
+		}
+	}
+}
