@@ -18,7 +18,7 @@ import (
 // removal respects dependents and that a missing or replaced ancestor is a
 // clear FailedPrecondition (409), never a broken guest.
 func TestChain(t *testing.T) {
-	e := newEngine(t, 0)
+	e := newEngine(t, 1)
 	base := newTemplate(t, e, "minimal")
 	ctx := context.Background()
 	id := snapshot.NewID()
@@ -117,8 +117,10 @@ func TestChain(t *testing.T) {
 	if _, err := e.RemoveSnapshotWith(ctx, tags[1], sandbox.RemoveOptions{Force: true}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Fork(ctx, tags[2], 1); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), tags[1]) {
-		t.Errorf("fork with a missing ancestor: %v", err)
+	for i := 0; i < 3; i++ { // not even from VMMs pooled while the chain was whole
+		if _, err := e.Fork(ctx, tags[2], 1); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), tags[1]) {
+			t.Errorf("fork with a missing ancestor: %v", err)
+		}
 	}
 	kids, err := e.Fork(ctx, flatTag, 1)
 	if err != nil {

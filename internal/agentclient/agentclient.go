@@ -190,6 +190,14 @@ func (c *Client) SetIdentity(ctx context.Context, id agentapi.Identity) (agentap
 // errdefs.ErrNotFound for a missing executable), or the stream was cut
 // (errdefs.ErrUnavailable) — output written so far may be partial.
 func (c *Client) Exec(ctx context.Context, req agentapi.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (agentapi.ExecEvent, error) {
+	return c.ExecStarted(ctx, req, stdin, nil, stdout, stderr)
+}
+
+// ExecStarted is Exec that calls started (if not nil) once the process
+// runs, before any output: an error returned before that means the
+// process never started (a missing executable, a bad cwd), and a proxy
+// can still answer it with a plain error instead of an event stream.
+func (c *Client) ExecStarted(ctx context.Context, req agentapi.ExecRequest, stdin io.Reader, started func(), stdout, stderr io.Writer) (agentapi.ExecEvent, error) {
 	req.Stdin = stdin != nil
 	h, err := json.Marshal(req)
 	if err != nil {
@@ -209,6 +217,9 @@ func (c *Client) Exec(ctx context.Context, req agentapi.ExecRequest, stdin io.Re
 		return agentapi.ExecEvent{}, err
 	}
 	defer resp.Body.Close()
+	if started != nil {
+		started()
+	}
 	dec := json.NewDecoder(resp.Body)
 	for {
 		var ev agentapi.ExecEvent

@@ -180,13 +180,26 @@ func TestMCPHTTPTokenAuthAndAudit(t *testing.T) {
 		t.Fatalf("run_command in a missing sandbox: %v %q", res.IsError, resultText(res))
 	}
 
-	recs := auditRecords(t, auditDir)
+	// The record of a POST /mcp is written when its handler returns,
+	// which can be just after the client has read the answer: wait for
+	// the one carrying the last tool call.
+	var recs map[string][]audit.Record
 	mcpIDs := map[string]bool{}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		recs = auditRecords(t, auditDir)
+		mcpIDs = map[string]bool{}
+		for _, r := range recs["POST /mcp"] {
+			mcpIDs[r.RequestID] = true
+		}
+		ex := recs["POST /v1/sandboxes/{id}/exec"]
+		if (len(ex) > 0 && mcpIDs[ex[0].RequestID]) || time.Now().After(deadline) {
+			break
+		}
+	}
 	for _, r := range recs["POST /mcp"] {
 		if r.Token != "agent-ci" {
 			t.Errorf("POST /mcp audited with token %q", r.Token)
 		}
-		mcpIDs[r.RequestID] = true
 	}
 	for action, outcome := range map[string]string{
 		"POST /v1/sandboxes":           "invalid_argument",

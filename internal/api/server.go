@@ -643,17 +643,32 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		})
 		return
 	}
-	ev := startEvents(w, r, rc)
+	// The 200 goes out once the agent has started the process, so a
+	// process that cannot start (no such executable) is a problem
+	// response, not a stream with a failed exit.
+	var ev *eventWriter
+	started := func() { ev = startEvents(w, r, rc) }
 	out := func(typ string) io.Writer {
-		return ev.stream(typ, func(p []byte) any { return apiv1.ExecEvent{Type: typ, Data: append([]byte(nil), p...)} })
+		return writerFunc(func(p []byte) (int, error) {
+			return ev.stream(typ, func(p []byte) any { return apiv1.ExecEvent{Type: typ, Data: append([]byte(nil), p...)} }).Write(p)
+		})
 	}
-	exit, err := agent.Exec(r.Context(), req, stdin, out(agentapi.EventStdout), out(agentapi.EventStderr))
+	exit, err := agent.ExecStarted(r.Context(), req, stdin, started, out(agentapi.EventStdout), out(agentapi.EventStderr))
+	if err != nil && ev == nil {
+		writeProblem(w, r, err)
+		return
+	}
 	if err != nil {
 		exit = apiv1.ExecEvent{ExitCode: -1, Error: err.Error()}
 	}
 	exit.Type = agentapi.EventExit
 	ev.send(exit.Type, exit)
 }
+
+// writerFunc is an io.Writer made of a function.
+type writerFunc func(p []byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 // boundedBuffer keeps the first max bytes written and notes truncation.
 type boundedBuffer struct {

@@ -18,6 +18,11 @@ func (s *Server) chainInfo(snap *snapshot.Snapshot, out *apiv1.Snapshot) {
 	if snap.Parent != nil {
 		out.Parent = &apiv1.ParentRef{Tag: snap.Parent.Tag, Digest: snap.Parent.Digest}
 		out.Ancestors = s.Engine.Store().Ancestors(snap)
+		// A layer whose chain broke (an ancestor removed with --force, or
+		// replaced) cannot be forked: say so where clients look.
+		if _, err := s.Engine.Store().Chain(snap); err != nil {
+			out.State, out.Error = apiv1.SnapshotFailed, err.Error()
+		}
 	}
 	if deps, err := s.Engine.Store().Dependents(snap.Tag); err == nil && len(deps) > 0 {
 		out.Dependents = deps

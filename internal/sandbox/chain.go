@@ -228,6 +228,15 @@ func (e *Engine) RemoveSnapshotWith(ctx context.Context, tag string, opts Remove
 				tag, len(deps), strings.Join(deps, ", "), tag, errdefs.ErrFailedPrecondition)
 		}
 	}
+	if opts.Force {
+		// The layers left behind must not fork from VMMs pooled while
+		// their chain was whole.
+		for _, d := range deps {
+			if snap, err := e.store.Get(d); err == nil {
+				e.DropPool(ctx, snap.ID)
+			}
+		}
+	}
 	var removed []string
 	for _, t := range targets {
 		if err := e.RemoveSnapshot(ctx, t); err != nil && !errdefs.IsNotFound(err) {

@@ -133,6 +133,15 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) ([]*Sandbox, er
 	if err != nil {
 		return nil, err
 	}
+	if snap.IsLayer() {
+		// Pooled VMMs of a layer were prepared while its chain was whole;
+		// a chain broken since (an ancestor removed or replaced) refuses
+		// the fork, and those VMMs go.
+		if _, err := e.store.Chain(snap); err != nil {
+			e.DropPool(ctx, snap.ID)
+			return nil, err
+		}
+	}
 	if snap.VMM.Kind != e.cfg.Driver.Name() {
 		return nil, fmt.Errorf("snapshot %q was made by VMM %q, this daemon runs %q: %w", tag, snap.VMM.Kind, e.cfg.Driver.Name(), errdefs.ErrFailedPrecondition)
 	}
