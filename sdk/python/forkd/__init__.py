@@ -1,0 +1,84 @@
+"""forkd: Python SDK for the forkd microVM sandbox daemon.
+
+Fork sandboxes from a warmed snapshot in milliseconds, run commands and
+Python code in them, move files, and branch a running sandbox into a new
+snapshot to fork from::
+
+    from forkd import Sandbox
+
+    with Sandbox.create("py") as sb:
+        print(sb.commands.run("echo hello").stdout)
+        print(sb.run_code("21 * 2").text)
+
+Standard library only; Python >= 3.9. See README.md for the full guide.
+"""
+
+from ._http import DEFAULT_REQUEST_TIMEOUT
+from .client import Branch, Client, Sandboxes, Snapshots
+from .errors import (
+    AuthenticationError,
+    CommandExitError,
+    Conflict,
+    ForkdError,
+    InvalidArgument,
+    NotFound,
+    RateLimited,
+    StreamInterrupted,
+    Timeout,
+    Unavailable,
+)
+from .models import (
+    CommandResult,
+    Execution,
+    ExecutionError,
+    FileInfo,
+    Logs,
+    ParentRef,
+    Result,
+    SandboxInfo,
+    SnapshotFile,
+    SnapshotInfo,
+    VersionInfo,
+)
+from .sandbox import CommandHandle, Commands, Files, FileStream, Sandbox
+
+__version__ = "0.1.0"
+
+#: E2B's name for CommandExitError, for code ported from E2B.
+CommandExitException = CommandExitError
+
+__all__ = [
+    "__version__",
+    "DEFAULT_REQUEST_TIMEOUT",
+    "Client",
+    "Snapshots",
+    "Sandboxes",
+    "Branch",
+    "Sandbox",
+    "Commands",
+    "CommandHandle",
+    "Files",
+    "FileStream",
+    "CommandResult",
+    "Execution",
+    "ExecutionError",
+    "Result",
+    "Logs",
+    "FileInfo",
+    "SandboxInfo",
+    "SnapshotInfo",
+    "SnapshotFile",
+    "ParentRef",
+    "VersionInfo",
+    "ForkdError",
+    "InvalidArgument",
+    "AuthenticationError",
+    "NotFound",
+    "Conflict",
+    "RateLimited",
+    "Unavailable",
+    "Timeout",
+    "StreamInterrupted",
+    "CommandExitError",
+    "CommandExitException",
+]

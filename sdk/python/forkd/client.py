@@ -1,0 +1,574 @@
+"""The forkd API client: daemon, snapshots and sandboxes.
+
+:class:`Client` holds the connection settings and a pool of keep-alive
+connections; :class:`~forkd.Sandbox` uses one under the hood. Clients are
+thread-safe: share one between threads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat as _stat
+import threading
+import time
+import urllib.parse
+from typing import (
+    IO,
+    TYPE_CHECKING,
+    Any,
+    BinaryIO,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Tuple,
+    Union,
+)
+
+from ._http import DEFAULT, DEFAULT_REQUEST_TIMEOUT, Endpoint, Transport, _BLOCK
+from .errors import ForkdError, InvalidArgument, NotFound, StreamInterrupted, Timeout, error_from_problem
+from .models import SandboxInfo, SnapshotInfo, VersionInfo
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .sandbox import Sandbox
+
+__all__ = ["Client", "Snapshots", "Sandboxes", "Branch"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _q(segment: str, what: str) -> str:
+    """A path segment, refusing empty ones (the daemon would redirect)."""
+    if not segment or not isinstance(segment, str):
+        raise InvalidArgument("%s must be a non-empty string, not %r" % (what, segment))
+    return urllib.parse.quote(segment, safe="")
+
+
+class Client:
+    """A connection to one forkd daemon.
+
+    Args:
+        host: The daemon's URL: ``https://HOST:PORT``, ``http://127.0.0.1:PORT``
+            or ``unix:///path/to/forkd.sock``. Default: ``$FORKD_HOST``, else
+            the local Unix socket.
+        token: Bearer token for a TCP daemon (``forkd token create``).
+            Default: ``$FORKD_TOKEN``. The Unix socket needs none.
+        ca_cert: PEM file of the CA that signed the daemon's certificate
+            (https only). Default: ``$FORKD_CA_CERT``, else the system roots.
+        socket: Path of the daemon's Unix socket. Default: ``$FORKD_SOCKET``,
+            else ``$FORKD_RUN_DIR/forkd.sock`` (``/run/forkd/forkd.sock``).
+        request_timeout: Seconds a plain request may wait for the daemon
+            (None: forever). Streams (exec, run_code, snapshot create,
+            archives) are bounded by their own ``timeout`` instead.
+        pool_size: Idle keep-alive connections kept for reuse.
+
+    Arguments given here override the environment. A client is
+    thread-safe; close it (or use it as a context manager) to drop its idle
+    connections.
+    """
+
+    def __init__(
+        self,
+        host: Optional[str] = None,
+        *,
+        token: Optional[str] = None,
+        ca_cert: Optional[str] = None,
+        socket: Optional[str] = None,
+        request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT,
+        pool_size: int = 16,
+    ) -> None:
+        self._endpoint = Endpoint(host=host, token=token, ca_cert=ca_cert, socket_path=socket)
+        self._transport = Transport(self._endpoint, request_timeout=request_timeout, pool_size=pool_size)
+        self.snapshots = Snapshots(self)
+        """Snapshot operations (:class:`Snapshots`)."""
+        self.sandboxes = Sandboxes(self)
+        """Sandbox operations (:class:`Sandboxes`)."""
+
+    # -- shared default clients -------------------------------------------
+
+    _shared: Dict[Tuple[Any, ...], "Client"] = {}
+    _shared_lock = threading.Lock()
+
+    @classmethod
+    def shared(
+        cls,
+        host: Optional[str] = None,
+        *,
+        token: Optional[str] = None,
+        ca_cert: Optional[str] = None,
+        socket: Optional[str] = None,
+        request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT,
+    ) -> "Client":
+        """A process-wide client for these settings (resolved against the
+        environment now), created on first use. ``Sandbox.create`` and
+        friends use it when given no ``client``, so their connections are
+        pooled together."""
+        ep = Endpoint(host=host, token=token, ca_cert=ca_cert, socket_path=socket)
+        key = ep.key() + (request_timeout,)
+        with cls._shared_lock:
+            c = cls._shared.get(key)
+            if c is None or c._transport._closed:
+                c = cls(host, token=token, ca_cert=ca_cert, socket=socket, request_timeout=request_timeout)
+                cls._shared[key] = c
+            return c
+
+    # -- daemon -----------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        """Where this client talks: ``unix:///run/forkd/forkd.sock`` or the URL."""
+        return self._endpoint.url
+
+    def health(self) -> bool:
+        """True when the daemon answers ``GET /v1/healthz``; raises
+        :class:`~forkd.Unavailable` (with how to start one) when none does."""
+        data = self._transport.request("GET", "/v1/healthz", what="health check").json()
+        return isinstance(data, dict) and data.get("status") == "ok"
+
+    def version(self) -> VersionInfo:
+        """The daemon's version, its Go and VMM versions, and its data dir."""
+        return VersionInfo.from_json(self._transport.request("GET", "/v1/version").json())
+
+    def close(self) -> None:
+        """Close idle connections. Requests in flight finish; new ones fail."""
+        self._transport.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return "Client(%r)" % self.endpoint
+
+    # -- internals used by Sandbox -----------------------------------------
+
+    def _json(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Optional[Mapping[str, Any]] = None,
+        body: Any = None,
+        timeout: Any = DEFAULT,
+        what: str = "",
+    ) -> Any:
+        return self._transport.request(method, path, query=query, json_body=body, timeout=timeout, what=what).json()
+
+
+class Branch:
+    """The result of :meth:`Sandbox.branch`: a new snapshot of a running
+    sandbox, and what taking it cost the source.
+
+    With ``wait=False`` the snapshot may still be ``writing``: call
+    :meth:`wait` (or ``client.snapshots.get(tag)``) until it is ``ready``.
+
+    Attributes:
+        snapshot: The snapshot as last seen (:meth:`wait` and
+            :meth:`refresh` update it).
+        pause_ms: How long the source sandbox was paused.
+        bytes_written: Bytes the branch wrote.
+        total_ms: How long the branch request took.
+    """
+
+    def __init__(self, client: Client, data: Mapping[str, Any]) -> None:
+        self._client = client
+        self.snapshot = SnapshotInfo.from_json(data.get("snapshot") or {})
+        self.pause_ms = float(data.get("pause_ms") or 0)
+        self.bytes_written = int(data.get("bytes_written") or 0)
+        self.total_ms = float(data.get("total_ms") or 0)
+        self.raw: Dict[str, Any] = dict(data)
+
+    @property
+    def tag(self) -> str:
+        """The new snapshot's tag: fork children from it."""
+        return self.snapshot.tag
+
+    @property
+    def state(self) -> str:
+        """``ready``, ``writing`` or ``failed`` (as last seen)."""
+        return self.snapshot.state
+
+    @property
+    def ready(self) -> bool:
+        """True when the snapshot can be forked (as last seen)."""
+        return self.snapshot.state == "ready"
+
+    def refresh(self) -> SnapshotInfo:
+        """Fetch the snapshot's current state."""
+        self.snapshot = self._client.snapshots.get(self.tag)
+        return self.snapshot
+
+    def wait(self, timeout: Optional[float] = None, poll_interval: float = 0.1) -> SnapshotInfo:
+        """Wait until the snapshot is ready and return it.
+
+        Raises:
+            ForkdError: the snapshot failed (``code`` is ``snapshot_failed``,
+                the message has the daemon's reason).
+            Timeout: it was still being written after ``timeout`` seconds.
+        """
+        if self.snapshot.state != "ready":
+            self.snapshot = self._client.snapshots.wait(self.tag, timeout=timeout, poll_interval=poll_interval)
+        return self.snapshot
+
+    def __repr__(self) -> str:
+        return "Branch(tag=%r, state=%r, pause_ms=%.1f, bytes_written=%d)" % (
+            self.tag, self.state, self.pause_ms, self.bytes_written,
+        )
+
+
+class Snapshots:
+    """Snapshot operations: ``client.snapshots``."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def create(
+        self,
+        tag: str,
+        *,
+        recipe: Optional[str] = None,
+        recipe_toml: Optional[str] = None,
+        warm: Optional[str] = None,
+        memory_mib: Optional[int] = None,
+        vcpus: Optional[int] = None,
+        on_progress: Optional[Callable[[str], None]] = None,
+        timeout: Optional[float] = None,
+    ) -> SnapshotInfo:
+        """Boot a recipe, warm it and save it as a snapshot to fork from.
+
+        Args:
+            tag: The new snapshot's tag (``[a-z0-9][a-z0-9._-]{0,63}``).
+            recipe: A recipe the daemon knows (``recipes/NAME.toml``).
+            recipe_toml: A recipe file's contents (instead of ``recipe``).
+            warm: Python warm-up code replacing the recipe's.
+            memory_mib, vcpus: Override the recipe's.
+            on_progress: Called with each progress message as it happens.
+            timeout: Seconds to wait without any progress line (None: no limit;
+                building an image can take minutes).
+
+        Raises:
+            Conflict: the tag exists. InvalidArgument, NotFound: a bad tag or
+            an unknown recipe. ForkdError: the build or boot failed.
+        """
+        if (recipe is None) == (recipe_toml is None):
+            raise InvalidArgument("give exactly one of recipe and recipe_toml")
+        body: Dict[str, Any] = {"tag": tag}
+        if recipe is not None:
+            body["recipe"] = recipe
+        if recipe_toml is not None:
+            body["recipe_toml"] = recipe_toml
+        if warm:
+            body["warm"] = warm
+        if memory_mib:
+            body["memory_mib"] = int(memory_mib)
+        if vcpus:
+            body["vcpus"] = int(vcpus)
+        what = "create snapshot %s" % tag
+        resp = self._c._transport.request("POST", "/v1/snapshots", json_body=body, timeout=timeout, what=what)
+        final: Optional[Dict[str, Any]] = None
+        # Read to the end (the final line is the last): the connection is reused.
+        for line in resp.lines():
+            try:
+                p = json.loads(line)
+            except ValueError:
+                resp.close()
+                raise StreamInterrupted("%s: undecodable progress line %r" % (what, line[:200]), request_id=resp.request_id)
+            if p.get("error") or p.get("snapshot"):
+                final = p
+            elif p.get("message") and on_progress is not None:
+                on_progress(p["message"])
+        if final is None:
+            raise StreamInterrupted(
+                "%s: the progress stream ended without a result (did the daemon restart?)" % what,
+                request_id=resp.request_id,
+            )
+        if final.get("error"):
+            raise error_from_problem(final["error"], request_id=resp.request_id)
+        return SnapshotInfo.from_json(final["snapshot"])
+
+    def list(self) -> List[SnapshotInfo]:
+        """Every snapshot tag."""
+        return [SnapshotInfo.from_json(d) for d in (self._c._json("GET", "/v1/snapshots") or [])]
+
+    def get(self, tag: str) -> SnapshotInfo:
+        """One snapshot. Raises NotFound."""
+        return SnapshotInfo.from_json(self._c._json("GET", "/v1/snapshots/" + _q(tag, "tag")))
+
+    info = get
+
+    def exists(self, tag: str) -> bool:
+        """True when the tag exists (in any state)."""
+        try:
+            self.get(tag)
+            return True
+        except NotFound:
+            return False
+
+    def wait(self, tag: str, *, timeout: Optional[float] = None, poll_interval: float = 0.1) -> SnapshotInfo:
+        """Poll a snapshot until it is ``ready`` (a branch made with
+        ``wait=False`` is ``writing`` first).
+
+        Raises:
+            ForkdError: the snapshot failed (``code`` ``snapshot_failed``).
+            Timeout: not ready after ``timeout`` seconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            s = self.get(tag)
+            if s.state == "ready":
+                return s
+            if s.state == "failed":
+                raise ForkdError("snapshot %s failed: %s" % (tag, s.error or "no reason given"), code="snapshot_failed")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise Timeout("snapshot %s still %s after %ss" % (tag, s.state, timeout))
+            time.sleep(poll_interval)
+
+    def delete(self, tag: str, *, cascade: bool = False, force: bool = False) -> None:
+        """Remove a snapshot tag. Sandboxes forked from it keep running.
+
+        Args:
+            cascade: Also delete the snapshots that depend on this one
+                (branches layered on it).
+            force: Delete it even though others depend on it.
+
+        Raises:
+            NotFound: no such tag. Conflict: other snapshots depend on it
+            (the message names them) and neither cascade nor force was given.
+        """
+        q: Dict[str, str] = {}
+        if cascade:
+            q["cascade"] = "true"
+        if force:
+            q["force"] = "true"
+        self._c._transport.request("DELETE", "/v1/snapshots/" + _q(tag, "tag"), query=q, what="delete snapshot %s" % tag).read()
+
+    def compact(self, tag: str, to: str, *, timeout: Any = DEFAULT) -> SnapshotInfo:
+        """Write a flat copy (no parent, depth 0) of the chain head ``tag``
+        under the new tag ``to``; ``tag`` is left as it is. Forking a flat
+        snapshot reads no layers, and it no longer depends on its ancestors.
+
+        Raises:
+            NotFound: no such tag. Conflict: ``to`` exists.
+        """
+        data = self._c._json(
+            "POST", "/v1/snapshots/%s/compact" % _q(tag, "tag"), body={"to": to}, timeout=timeout,
+            what="compact snapshot %s" % tag,
+        )
+        return SnapshotInfo.from_json(data)
+
+    def pack(
+        self,
+        tag: str,
+        dest: Union[PathLike, BinaryIO],
+        *,
+        include_image: bool = True,
+        timeout: Optional[float] = None,
+    ) -> int:
+        """Export a snapshot (with the image it boots, unless
+        ``include_image=False``) as a portable archive, streamed to ``dest``:
+        a file path (written atomically) or a binary file object. Returns the
+        bytes written. ``timeout`` bounds each wait for data (None: none)."""
+        what = "pack snapshot %s" % tag
+        resp = self._c._transport.request(
+            "GET",
+            "/v1/snapshots/%s/archive" % _q(tag, "tag"),
+            query={"image": "1" if include_image else "0"},
+            timeout=timeout,
+            what=what,
+        )
+        if hasattr(dest, "write"):
+            n = 0
+            for chunk in resp.chunks(_BLOCK):
+                dest.write(chunk)
+                n += len(chunk)
+            return n
+        path = os.fspath(dest)
+        part = path + ".part"
+        n = 0
+        try:
+            with open(part, "wb") as f:
+                for chunk in resp.chunks(_BLOCK):
+                    f.write(chunk)
+                    n += len(chunk)
+            os.replace(part, path)
+        except BaseException:
+            resp.close()
+            try:
+                os.unlink(part)
+            except OSError:
+                pass
+            raise
+        return n
+
+    def unpack(
+        self,
+        src: Union[PathLike, BinaryIO],
+        *,
+        tag: Optional[str] = None,
+        force: bool = False,
+        verify_key: Optional[str] = None,
+        timeout: Optional[float] = None,
+    ) -> SnapshotInfo:
+        """Import an archive from :meth:`pack` (a path or a binary file
+        object), streamed to the daemon, which verifies it before the tag
+        appears.
+
+        Args:
+            tag: Create this tag instead of the archive's.
+            force: Replace an existing snapshot with the same tag.
+            verify_key: An ed25519 public key (base64url of its 32 bytes);
+                archives not signed by it are refused.
+            timeout: Bounds each wait on the daemon (None: none; verifying a
+                big archive takes a while after the upload).
+        """
+        q: Dict[str, str] = {}
+        if tag:
+            q["tag"] = tag
+        if force:
+            q["force"] = "1"
+        if verify_key:
+            q["verify_key"] = verify_key
+        headers = {"Content-Type": "application/zstd"}
+        f: Any
+        own = False
+        if hasattr(src, "read"):
+            f = src
+        else:
+            f = open(os.fspath(src), "rb")
+            own = True
+        try:
+            size = _remaining_size(f)
+            if size is not None:
+                headers["Content-Length"] = str(size)
+            body = _iter_file(f)
+            data = self._c._transport.request(
+                "POST", "/v1/snapshots/import", query=q, body=body, headers=headers, timeout=timeout, what="unpack archive"
+            ).json()
+        finally:
+            if own:
+                f.close()
+        return SnapshotInfo.from_json(data)
+
+
+def _remaining_size(f: Any) -> Optional[int]:
+    """Bytes left in a regular binary file, or None when unknown."""
+    try:
+        if "b" not in getattr(f, "mode", "b"):
+            return None
+        st = os.fstat(f.fileno())
+        if not _stat.S_ISREG(st.st_mode):
+            return None
+        return max(0, int(st.st_size) - int(f.tell()))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _iter_file(f: Any, block: int = _BLOCK) -> Iterator[bytes]:
+    """A file object's content as bytes blocks (text is sent as UTF-8)."""
+    while True:
+        b = f.read(block)
+        if not b:
+            return
+        if isinstance(b, str):
+            b = b.encode("utf-8")
+        yield b
+
+
+class Sandboxes:
+    """Sandbox operations: ``client.sandboxes``."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def list(
+        self,
+        *,
+        tag: Optional[str] = None,
+        state: Optional[str] = None,
+        labels: Optional[Mapping[str, str]] = None,
+    ) -> List[SandboxInfo]:
+        """Sandboxes, optionally only children of ``tag``, in ``state``
+        (``running``, ``dead``, ``stopped``) or carrying every one of the
+        ``labels`` (metadata given at fork)."""
+        q: Dict[str, Any] = {}
+        if tag:
+            q["tag"] = tag
+        if state:
+            q["state"] = state
+        if labels:
+            q["label"] = ["%s=%s" % (k, v) for k, v in labels.items()]
+        return [SandboxInfo.from_json(d) for d in (self._c._json("GET", "/v1/sandboxes", query=q) or [])]
+
+    def get(self, sandbox_id: str) -> SandboxInfo:
+        """One sandbox. Raises NotFound (a killed sandbox is forgotten)."""
+        return SandboxInfo.from_json(self._c._json("GET", "/v1/sandboxes/" + _q(sandbox_id, "sandbox id")))
+
+    def fork(
+        self,
+        tag: str,
+        n: int = 1,
+        *,
+        timeout: Optional[float] = None,
+        idle_timeout: Optional[float] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+        request_timeout: Any = DEFAULT,
+    ) -> List["Sandbox"]:
+        """Fork ``n`` sandboxes from a snapshot; returns when every one
+        answers (all or nothing: if one fails, none is left running).
+
+        Args:
+            timeout: Seconds after which the daemon kills each sandbox
+                (None: no limit).
+            idle_timeout: Kill a sandbox after this many seconds without a
+                request (None: no limit).
+            metadata: Labels for every sandbox; ``list(labels=...)`` filters on them.
+            request_timeout: Seconds to wait for the daemon's answer.
+        """
+        from .sandbox import Sandbox
+
+        if not isinstance(n, int) or n < 1:
+            raise InvalidArgument("n must be an int >= 1, not %r" % (n,))
+        body: Dict[str, Any] = {"tag": tag, "count": n}
+        if timeout:
+            body["timeout_s"] = max(1, int(round(timeout)))
+        if idle_timeout:
+            body["idle_timeout_s"] = max(1, int(round(idle_timeout)))
+        if metadata:
+            body["metadata"] = {str(k): str(v) for k, v in metadata.items()}
+        data = self._c._json("POST", "/v1/sandboxes", body=body, timeout=request_timeout, what="fork %d from %s" % (n, tag))
+        return [Sandbox._from_info(self._c, SandboxInfo.from_json(d)) for d in (data.get("sandboxes") or [])]
+
+    def create(self, tag: str, **kw: Any) -> "Sandbox":
+        """Fork one sandbox (see :meth:`fork` for the options)."""
+        return self.fork(tag, 1, **kw)[0]
+
+    def connect(self, sandbox_id: str) -> "Sandbox":
+        """A handle on an existing sandbox. Raises NotFound."""
+        from .sandbox import Sandbox
+
+        return Sandbox._from_info(self._c, self.get(sandbox_id))
+
+    def kill(self, *sandbox_ids: Union[str, Iterable[str]]) -> List[str]:
+        """Kill sandboxes by id; returns the ids killed. Raises NotFound when
+        one does not exist."""
+        ids: List[str] = []
+        for s in sandbox_ids:
+            if isinstance(s, str):
+                ids.append(s)
+            else:
+                ids.extend(s)
+        if not ids:
+            return []
+        data = self._c._json("POST", "/v1/sandboxes/kill", body={"ids": ids})
+        return list(data.get("killed") or [])
+
+    def kill_all(self) -> List[str]:
+        """Kill every sandbox of the daemon; returns the ids killed."""
+        data = self._c._json("POST", "/v1/sandboxes/kill", body={"all": True})
+        return list(data.get("killed") or [])

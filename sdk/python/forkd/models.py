@@ -1,0 +1,468 @@
+"""Data types returned by the forkd SDK.
+
+Every model keeps the daemon's JSON object in ``raw``, so fields a newer
+daemon adds are reachable before the SDK names them.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Mapping, Optional
+
+__all__ = [
+    "SandboxInfo",
+    "SnapshotInfo",
+    "ParentRef",
+    "SnapshotFile",
+    "FileInfo",
+    "CommandResult",
+    "Result",
+    "Logs",
+    "ExecutionError",
+    "Execution",
+    "VersionInfo",
+    "parse_time",
+]
+
+_TIME_RE = re.compile(
+    r"^(\d{4}-\d{2}-\d{2})[T ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?(Z|[+-]\d{2}:?\d{2})?$"
+)
+
+
+def parse_time(value: Optional[str]) -> Optional[_dt.datetime]:
+    """Parse an RFC 3339 time as the daemon writes it (nanoseconds, ``Z``)
+    into an aware datetime; None for a missing or zero time."""
+    if not value:
+        return None
+    m = _TIME_RE.match(value)
+    if not m:
+        return None
+    date, clock, frac, tz = m.groups()
+    frac = ((frac or "") + "000000")[:6]
+    if not tz or tz == "Z":
+        tz = "+00:00"
+    elif ":" not in tz:
+        tz = tz[:3] + ":" + tz[3:]
+    try:
+        t = _dt.datetime.fromisoformat("%sT%s.%s%s" % (date, clock, frac, tz))
+    except ValueError:
+        return None
+    if t.year <= 1:
+        return None  # Go's zero time
+    return t
+
+
+def _str_map(v: Any) -> Dict[str, str]:
+    return {str(k): str(x) for k, x in (v or {}).items()}
+
+
+@dataclass
+class SandboxInfo:
+    """A sandbox as the daemon describes it (``GET /v1/sandboxes/{id}``)."""
+
+    id: str
+    tag: str
+    state: str
+    """``running``, ``dead`` (the VMM exited on its own; see dead_reason) or ``stopped``."""
+    created: Optional[_dt.datetime]
+    ready_ms: float
+    """Fork-to-ready: from taking a VMM to the agent answering."""
+    pooled: bool
+    pid: Optional[int] = None
+    netns: Optional[str] = None
+    guest_ip: Optional[str] = None
+    dead_reason: Optional[str] = None
+    metadata: Dict[str, str] = field(default_factory=dict)
+    expires_at: Optional[_dt.datetime] = None
+    idle_timeout_s: Optional[int] = None
+    last_activity: Optional[_dt.datetime] = None
+    console_tail: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "SandboxInfo":
+        return cls(
+            id=d.get("id", ""),
+            tag=d.get("tag", ""),
+            state=d.get("state", ""),
+            created=parse_time(d.get("created")),
+            ready_ms=float(d.get("ready_ms") or 0),
+            pooled=bool(d.get("pooled")),
+            pid=d.get("pid"),
+            netns=d.get("netns"),
+            guest_ip=d.get("guest_ip"),
+            dead_reason=d.get("dead_reason"),
+            metadata=_str_map(d.get("metadata")),
+            expires_at=parse_time(d.get("expires_at")),
+            idle_timeout_s=d.get("idle_timeout_s"),
+            last_activity=parse_time(d.get("last_activity")),
+            console_tail=d.get("console_tail"),
+            raw=dict(d),
+        )
+
+    @property
+    def running(self) -> bool:
+        """True while the sandbox runs."""
+        return self.state == "running"
+
+
+@dataclass
+class ParentRef:
+    """A diff layer's parent snapshot, by tag and manifest digest."""
+
+    tag: str
+    digest: str
+
+
+@dataclass
+class SnapshotFile:
+    """One file of a snapshot."""
+
+    size: int
+    sha256: str
+
+
+@dataclass
+class SnapshotInfo:
+    """A snapshot tag (``GET /v1/snapshots/{tag}``).
+
+    ``state`` is ``ready`` (can be forked), ``writing`` (a branch made with
+    ``wait=False`` is still being saved) or ``failed`` (``error`` says why).
+    """
+
+    tag: str
+    id: str
+    state: str
+    created: Optional[_dt.datetime]
+    recipe: str
+    image_digest: str
+    vmm: str
+    vmm_version: str
+    accel: str
+    memory_mib: int
+    vcpus: int
+    python: bool
+    size_bytes: int
+    disk_bytes: int
+    create_ms: int
+    pooled_vmms: int
+    depth: int = 0
+    """Layers above a self-contained snapshot (0: flat)."""
+    parent: Optional[ParentRef] = None
+    ancestors: List[str] = field(default_factory=list)
+    """Parent first, then its parent, up to the root."""
+    dependents: List[str] = field(default_factory=list)
+    """Tags whose chains need this snapshot."""
+    error: Optional[str] = None
+    files: Dict[str, SnapshotFile] = field(default_factory=dict, repr=False)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "SnapshotInfo":
+        parent = d.get("parent")
+        return cls(
+            tag=d.get("tag", ""),
+            id=d.get("id", ""),
+            # A daemon older than the state field only lists ready snapshots.
+            state=d.get("state") or "ready",
+            created=parse_time(d.get("created")),
+            recipe=d.get("recipe", ""),
+            image_digest=d.get("image_digest", ""),
+            vmm=d.get("vmm", ""),
+            vmm_version=d.get("vmm_version", ""),
+            accel=d.get("accel", ""),
+            memory_mib=int(d.get("memory_mib") or 0),
+            vcpus=int(d.get("vcpus") or 0),
+            python=bool(d.get("python")),
+            size_bytes=int(d.get("size_bytes") or 0),
+            disk_bytes=int(d.get("disk_bytes") or 0),
+            create_ms=int(d.get("create_ms") or 0),
+            pooled_vmms=int(d.get("pooled_vmms") or 0),
+            depth=int(d.get("depth") or 0),
+            parent=ParentRef(parent.get("tag", ""), parent.get("digest", "")) if parent else None,
+            ancestors=list(d.get("ancestors") or []),
+            dependents=list(d.get("dependents") or []),
+            error=d.get("error") or None,
+            files={
+                k: SnapshotFile(int(v.get("size") or 0), v.get("sha256", "")) for k, v in (d.get("files") or {}).items()
+            },
+            raw=dict(d),
+        )
+
+    @property
+    def ready(self) -> bool:
+        """True when the snapshot can be forked."""
+        return self.state == "ready"
+
+
+@dataclass
+class FileInfo:
+    """A file or directory inside a sandbox."""
+
+    name: str
+    path: str
+    size: int
+    mode: int
+    """Permission bits."""
+    is_dir: bool
+    is_link: bool
+    mod_time: Optional[_dt.datetime]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "FileInfo":
+        return cls(
+            name=d.get("name", ""),
+            path=d.get("path", ""),
+            size=int(d.get("size") or 0),
+            mode=int(d.get("mode") or 0),
+            is_dir=bool(d.get("is_dir")),
+            is_link=bool(d.get("is_link")),
+            mod_time=parse_time(d.get("mod_time")),
+            raw=dict(d),
+        )
+
+    @property
+    def type(self) -> str:
+        """``dir``, ``link`` or ``file`` (E2B's EntryInfo.type)."""
+        return "dir" if self.is_dir else ("link" if self.is_link else "file")
+
+
+@dataclass
+class CommandResult:
+    """What a finished command produced.
+
+    ``stdout`` and ``stderr`` are decoded as UTF-8 (invalid bytes become
+    U+FFFD); ``stdout_bytes`` and ``stderr_bytes`` hold the exact bytes.
+    """
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    signal: Optional[str] = None
+    """The signal that ended the process (``SIGKILL``), if one did;
+    exit_code is then 128 + its number, as shells report it."""
+    timed_out: bool = False
+    """True when the command's timeout killed it."""
+    duration_ms: float = 0.0
+    error: Optional[str] = None
+    stdout_bytes: bytes = field(default=b"", repr=False)
+    stderr_bytes: bytes = field(default=b"", repr=False)
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited 0."""
+        return self.exit_code == 0
+
+
+_MIME_FIELDS = (
+    ("text/plain", "text"),
+    ("text/html", "html"),
+    ("text/markdown", "markdown"),
+    ("image/svg+xml", "svg"),
+    ("image/png", "png"),
+    ("image/jpeg", "jpeg"),
+    ("application/pdf", "pdf"),
+    ("text/latex", "latex"),
+    ("application/json", "json"),
+    ("application/javascript", "javascript"),
+)
+_FIELD_OF = dict(_MIME_FIELDS)
+
+
+class Result:
+    """One rich output of :meth:`Sandbox.run_code`, like E2B's ``Result``:
+    the value of the last expression (``is_main_result``) or something the
+    code displayed (a matplotlib figure, a ``display()`` call).
+
+    Attributes:
+        text: ``text/plain`` (the repr).
+        html: ``text/html`` (DataFrames, objects with ``_repr_html_``).
+        markdown, svg, latex, javascript: the matching MIME types.
+        png, jpeg, pdf: base64-encoded data (see :meth:`png_bytes`).
+        json: ``application/json``, parsed.
+        extra: MIME types the fields above do not cover.
+        is_main_result: True for the value of the last expression.
+        raw: The MIME type -> string map as received.
+    """
+
+    __slots__ = (
+        "text", "html", "markdown", "svg", "png", "jpeg", "pdf", "latex", "json", "javascript",
+        "extra", "is_main_result", "raw",
+    )
+
+    def __init__(self, data: Mapping[str, str], is_main_result: bool = False) -> None:
+        self.raw: Dict[str, str] = dict(data)
+        self.is_main_result = is_main_result
+        self.extra: Dict[str, str] = {}
+        for _, name in _MIME_FIELDS:
+            setattr(self, name, None)
+        for mime, value in data.items():
+            attr = _FIELD_OF.get(mime)
+            if attr is None:
+                self.extra[mime] = value
+            elif attr == "json":
+                try:
+                    self.json = json.loads(value) if isinstance(value, str) else value
+                except ValueError:
+                    self.json = value
+            else:
+                setattr(self, attr, value)
+
+    text: Optional[str]
+    html: Optional[str]
+    markdown: Optional[str]
+    svg: Optional[str]
+    png: Optional[str]
+    jpeg: Optional[str]
+    pdf: Optional[str]
+    latex: Optional[str]
+    json: Any
+    javascript: Optional[str]
+
+    def formats(self) -> List[str]:
+        """The formats this result has: ``text``, ``html``, ``png``, ...
+        then any extra MIME types."""
+        out = [name for mime, name in _MIME_FIELDS if mime in self.raw]
+        out.extend(self.extra)
+        return out
+
+    def png_bytes(self) -> Optional[bytes]:
+        """The PNG image, decoded from base64."""
+        return base64.b64decode(self.png) if self.png else None
+
+    def jpeg_bytes(self) -> Optional[bytes]:
+        """The JPEG image, decoded from base64."""
+        return base64.b64decode(self.jpeg) if self.jpeg else None
+
+    def __getitem__(self, mime: str) -> str:
+        return self.raw[mime]
+
+    def __str__(self) -> str:
+        return self.text if self.text is not None else ""
+
+    def __repr__(self) -> str:
+        return "Result(%s%s)" % (
+            ", ".join(self.formats()),
+            ", main" if self.is_main_result else "",
+        )
+
+    # Jupyter display hooks, so a Result shows richly in a notebook.
+    def _repr_html_(self) -> Optional[str]:
+        return self.html
+
+    def _repr_png_(self) -> Optional[bytes]:
+        return self.png_bytes()
+
+    def _repr_markdown_(self) -> Optional[str]:
+        return self.markdown
+
+    def _repr_svg_(self) -> Optional[str]:
+        return self.svg
+
+
+@dataclass
+class Logs:
+    """Output of a code run: the stdout and stderr chunks, in order."""
+
+    stdout: List[str] = field(default_factory=list)
+    stderr: List[str] = field(default_factory=list)
+
+    @property
+    def stdout_text(self) -> str:
+        """All of stdout as one string."""
+        return "".join(self.stdout)
+
+    @property
+    def stderr_text(self) -> str:
+        """All of stderr as one string."""
+        return "".join(self.stderr)
+
+
+@dataclass
+class ExecutionError:
+    """A Python exception raised by the code (``run_code`` returns it in
+    ``Execution.error`` rather than raising)."""
+
+    name: str
+    value: str
+    traceback: str
+
+
+@dataclass
+class Execution:
+    """The outcome of :meth:`Sandbox.run_code` (E2B's ``Execution``)."""
+
+    results: List[Result] = field(default_factory=list)
+    logs: Logs = field(default_factory=Logs)
+    error: Optional[ExecutionError] = None
+    timed_out: bool = False
+    duration_ms: float = 0.0
+
+    @property
+    def text(self) -> Optional[str]:
+        """The ``text/plain`` of the main result (the last expression)."""
+        for r in self.results:
+            if r.is_main_result:
+                return r.text
+        return None
+
+    @property
+    def main_result(self) -> Optional[Result]:
+        """The value of the last expression, if it had one."""
+        for r in self.results:
+            if r.is_main_result:
+                return r
+        return None
+
+    def __iter__(self) -> Iterator[Result]:
+        return iter(self.results)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], logs: Optional[Logs] = None) -> "Execution":
+        if logs is None:
+            logs = Logs()
+            if d.get("stdout"):
+                logs.stdout.append(d["stdout"])
+            if d.get("stderr"):
+                logs.stderr.append(d["stderr"])
+        results = [Result(x) for x in (d.get("display") or []) if x]
+        if d.get("result"):
+            results.append(Result(d["result"], is_main_result=True))
+        err = d.get("error")
+        return cls(
+            results=results,
+            logs=logs,
+            error=ExecutionError(err.get("name", ""), err.get("value", ""), err.get("traceback", "")) if err else None,
+            timed_out=bool(d.get("timed_out")),
+            duration_ms=float(d.get("duration_us") or 0) / 1000.0,
+        )
+
+
+@dataclass
+class VersionInfo:
+    """The daemon's versions (``GET /v1/version``)."""
+
+    version: str
+    go_version: str
+    vmm: str
+    vmm_version: str
+    accel: str
+    data_dir: str
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "VersionInfo":
+        return cls(
+            version=d.get("version", ""),
+            go_version=d.get("go_version", ""),
+            vmm=d.get("vmm", ""),
+            vmm_version=d.get("vmm_version", ""),
+            accel=d.get("accel", ""),
+            data_dir=d.get("data_dir", ""),
+            raw=dict(d),
+        )

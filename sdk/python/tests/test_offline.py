@@ -1,0 +1,316 @@
+"""Transport and error handling against a fake daemon in this process.
+
+These need no forkd daemon: they cover what a real one rarely does on
+demand (429 with Retry-After, a non-JSON error, a connection dropped
+between requests, streams cut at exact points, a hung daemon).
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import os
+import socketserver
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Dict, Iterator, List
+
+import pytest
+
+import forkd
+from forkd import Client, Sandbox
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "_Server"
+
+    def log_message(self, *a: Any) -> None:  # quiet
+        pass
+
+    def address_string(self) -> str:
+        return "fake"
+
+    def _route(self) -> None:
+        self.server.requests.append((self.command, self.path, dict(self.headers)))
+        n = int(self.headers.get("Content-Length") or 0)
+        self.body = self.rfile.read(n) if n else b""
+        fn = self.server.routes.get((self.command, self.path.split("?")[0]))
+        if fn is None:
+            self.send_json(404, {"title": "Not Found", "status": 404, "detail": "no route", "code": "not_found"})
+            return
+        fn(self)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _route
+
+    def send_json(self, status: int, obj: Any, headers: Dict[str, str] = {}) -> None:  # noqa: B006
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        ctype = "application/problem+json" if status >= 400 else "application/json"
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("X-Request-Id", "req-%d" % len(self.server.requests))
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def start_chunked(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("X-Request-Id", "stream-1")
+        self.end_headers()
+
+    def chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def end_chunks(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, path: str) -> None:
+        self.routes: Dict[Any, Callable[[_Handler], None]] = {}
+        self.requests: List[Any] = []
+        self.connections = 0
+        super().__init__(path, _Handler)
+
+    def get_request(self) -> Any:
+        self.connections += 1
+        return super().get_request()
+
+
+@pytest.fixture
+def fake() -> Iterator[_Server]:
+    d = tempfile.mkdtemp(prefix="forkd-fake-")
+    path = os.path.join(d, "fake.sock")
+    srv = _Server(path)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    srv.sock_path = path  # type: ignore[attr-defined]
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    os.unlink(path)
+    os.rmdir(d)
+
+
+def _client(srv: _Server, **kw: Any) -> Client:
+    return Client(socket=srv.sock_path, **kw)  # type: ignore[attr-defined]
+
+
+def _ev(typ: str, **kw: Any) -> bytes:
+    d: Dict[str, Any] = {"type": typ}
+    if "data" in kw:
+        kw["data"] = base64.b64encode(kw["data"]).decode()
+    d.update(kw)
+    return json.dumps(d).encode() + b"\n"
+
+
+def test_keep_alive_reuses_one_connection(fake: _Server) -> None:
+    fake.routes[("GET", "/v1/healthz")] = lambda h: h.send_json(200, {"status": "ok"})
+    c = _client(fake)
+    for _ in range(20):
+        assert c.health()
+    assert fake.connections == 1
+    c.close()
+
+
+def test_rate_limited_retry_after(fake: _Server) -> None:
+    problem = {"type": "https://forkd.dev/problems/resource_exhausted", "title": "Too Many Requests", "status": 429,
+               "detail": "64 sandboxes running: resource exhausted", "code": "resource_exhausted", "request_id": "abc"}
+    fake.routes[("POST", "/v1/sandboxes")] = lambda h: h.send_json(429, problem, {"Retry-After": "2"})
+    with pytest.raises(forkd.RateLimited) as ei:
+        Sandbox.create("t", client=_client(fake))
+    e = ei.value
+    assert e.retry_after == 2 and e.status == 429 and e.request_id == "abc" and "64 sandboxes" in str(e)
+    assert e.problem == problem
+
+
+def test_unavailable_and_non_json_error(fake: _Server) -> None:
+    def h(r: _Handler) -> None:
+        data = b"upstream exploded"
+        r.send_response(503)
+        r.send_header("Content-Length", str(len(data)))
+        r.send_header("Retry-After", "5")
+        r.end_headers()
+        r.wfile.write(data)
+
+    fake.routes[("GET", "/v1/version")] = h
+    with pytest.raises(forkd.Unavailable) as ei:
+        _client(fake).version()
+    assert ei.value.status == 503 and ei.value.retry_after == 5 and "upstream exploded" in str(ei.value)
+
+
+def test_unauthenticated_hint(fake: _Server) -> None:
+    fake.routes[("GET", "/v1/version")] = lambda h: h.send_json(
+        401, {"title": "Unauthorized", "status": 401, "detail": "missing bearer token", "code": "unauthenticated"})
+    with pytest.raises(forkd.AuthenticationError) as ei:
+        _client(fake).version()
+    assert "FORKD_TOKEN" in str(ei.value)
+
+
+def test_token_is_sent(fake: _Server) -> None:
+    fake.routes[("GET", "/v1/version")] = lambda h: h.send_json(200, {"version": "x"})
+    _client(fake, token="forkd_secret").version()
+    assert fake.requests[-1][2].get("Authorization") == "Bearer forkd_secret"
+
+
+def test_stale_keep_alive_connection_is_retried(fake: _Server) -> None:
+    def close_after(h: _Handler) -> None:
+        h.send_json(200, {"status": "ok"})
+        h.close_connection = True  # no Connection: close header: the client believes it can reuse it
+
+    fake.routes[("GET", "/v1/healthz")] = close_after
+    c = _client(fake)
+    assert c.health()
+    time.sleep(0.1)
+    assert c.health()  # the pooled connection is dead; retried on a new one
+    assert fake.connections == 2
+
+
+def test_exec_stream_cut_before_exit(fake: _Server) -> None:
+    def h(r: _Handler) -> None:
+        r.start_chunked()
+        r.chunk(_ev("stdout", data=b"partial out\n"))
+        r.close_connection = True
+        r.wfile.flush()
+        r.connection.shutdown(2)  # no exit event, no final chunk
+
+    fake.routes[("POST", "/v1/sandboxes/sb-1/exec")] = h
+    sb = Sandbox("sb-1", client=_client(fake))
+    with pytest.raises(forkd.StreamInterrupted) as ei:
+        sb.commands.run("x")
+    assert ei.value.partial.stdout == "partial out\n"
+
+
+def test_exec_stream_ends_cleanly_without_exit(fake: _Server) -> None:
+    def h(r: _Handler) -> None:
+        r.start_chunked()
+        r.chunk(_ev("stdout", data=b"x"))
+        r.end_chunks()
+
+    fake.routes[("POST", "/v1/sandboxes/sb-1/exec")] = h
+    with pytest.raises(forkd.StreamInterrupted) as ei:
+        Sandbox("sb-1", client=_client(fake)).commands.run("x")
+    assert "before the process exited" in str(ei.value)
+
+
+def test_exec_exit_event_with_error(fake: _Server) -> None:
+    def h(r: _Handler) -> None:
+        r.start_chunked()
+        r.chunk(_ev("exit", exit_code=-1, error="agent: exec: unexpected EOF: unavailable"))
+        r.end_chunks()
+
+    fake.routes[("POST", "/v1/sandboxes/sb-1/exec")] = h
+    with pytest.raises(forkd.StreamInterrupted) as ei:
+        Sandbox("sb-1", client=_client(fake)).commands.run("x")
+    assert ei.value.code == "unavailable" and "unexpected EOF" in str(ei.value)
+
+
+def test_exec_request_wire_format(fake: _Server) -> None:
+    def h(r: _Handler) -> None:
+        r.start_chunked()
+        r.chunk(_ev("stdout", data=b"o") + _ev("stderr", data=b"e"))
+        r.chunk(_ev("exit", exit_code=0, duration_us=1500))
+        r.end_chunks()
+
+    fake.routes[("POST", "/v1/sandboxes/sb-1/exec")] = h
+    c = _client(fake)
+    sb = Sandbox("sb-1", client=c)
+    r = sb.commands.run(["ls", "-l"], envs={"A": "é"}, cwd="/w", timeout=2.5)
+    assert (r.stdout, r.stderr, r.exit_code, r.duration_ms) == ("o", "e", 0, 1.5)
+    hdr = json.loads(fake.requests[-1][2]["X-Forkd-Exec"])
+    assert hdr == {"argv": ["ls", "-l"], "env": {"A": "é"}, "cwd": "/w", "timeout_ms": 2500}
+    sb.commands.run("echo hi")
+    assert json.loads(fake.requests[-1][2]["X-Forkd-Exec"]) == {"shell": "echo hi"}
+    assert fake.connections == 1  # streams read to the end are reused
+
+
+def test_file_read_cut_midway(fake: _Server) -> None:
+    def h(r: _Handler) -> None:
+        r.send_response(200)
+        r.send_header("Content-Length", "1000")
+        r.end_headers()
+        r.wfile.write(b"x" * 400)
+        r.wfile.flush()
+        r.close_connection = True
+        r.connection.shutdown(2)
+
+    fake.routes[("GET", "/v1/sandboxes/sb-1/files")] = h
+    sb = Sandbox("sb-1", client=_client(fake))
+    with pytest.raises(forkd.StreamInterrupted):
+        sb.files.read("/f", "bytes")
+    with pytest.raises(forkd.StreamInterrupted):
+        with sb.files.read("/f", "stream") as st:
+            for _ in st:
+                pass
+
+
+def test_request_timeout(fake: _Server) -> None:
+    def hang(r: _Handler) -> None:
+        time.sleep(2)
+        r.send_json(200, {})
+
+    fake.routes[("GET", "/v1/version")] = hang
+    t0 = time.monotonic()
+    with pytest.raises(forkd.Timeout) as ei:
+        _client(fake, request_timeout=0.3).version()
+    assert time.monotonic() - t0 < 1.5 and isinstance(ei.value, TimeoutError)
+
+
+def test_run_code_stream_error_event(fake: _Server) -> None:
+    def h(r: _Handler) -> None:
+        r.start_chunked()
+        r.chunk(json.dumps({"type": "stdout", "data": "so far\n"}).encode() + b"\n")
+        r.chunk(json.dumps({"type": "error", "error": {
+            "title": "Service Unavailable", "status": 503, "code": "unavailable",
+            "detail": "agent: the Python session died: unavailable", "request_id": "rq"}}).encode() + b"\n")
+        r.end_chunks()
+
+    fake.routes[("POST", "/v1/sandboxes/sb-1/run_code/stream")] = h
+    with pytest.raises(forkd.StreamInterrupted) as ei:
+        Sandbox("sb-1", client=_client(fake)).run_code("x", on_stdout=lambda s: None)
+    assert "session died" in str(ei.value) and ei.value.partial.logs.stdout == ["so far\n"]
+
+
+def test_run_code_result_mapping(fake: _Server) -> None:
+    fake.routes[("POST", "/v1/sandboxes/sb-1/run_code")] = lambda h: h.send_json(200, {
+        "stdout": "out", "stderr": "", "duration_us": 2000,
+        "display": [{"image/png": base64.b64encode(b"\x89PNG..").decode(), "text/plain": "<Figure>"},
+                    {"text/html": "<b>d</b>", "application/json": "{\"a\": 1}", "application/x-custom": "c"}],
+        "result": {"text/plain": "3", "text/html": "<p>3</p>"},
+    })
+    ex = Sandbox("sb-1", client=_client(fake)).run_code("x")
+    assert [r.is_main_result for r in ex.results] == [False, False, True]
+    fig, d, main = ex.results
+    assert fig.png_bytes() == b"\x89PNG.." and fig.formats() == ["text", "png"]
+    assert d.html == "<b>d</b>" and d.json == {"a": 1} and d.extra == {"application/x-custom": "c"}
+    assert d.formats() == ["html", "json", "application/x-custom"]
+    assert ex.text == "3" and main.html == "<p>3</p>" and ex.logs.stdout == ["out"] and ex.duration_ms == 2.0
+
+
+def test_snapshot_failed_while_waiting(fake: _Server) -> None:
+    states = iter(["writing", "failed"])
+
+    def get(h: _Handler) -> None:
+        st = next(states)
+        h.send_json(200, {"tag": "b", "id": "1", "state": st, "error": "disk full" if st == "failed" else ""})
+
+    fake.routes[("GET", "/v1/snapshots/b")] = get
+    with pytest.raises(forkd.ForkdError) as ei:
+        _client(fake).snapshots.wait("b", poll_interval=0.01)
+    assert ei.value.code == "snapshot_failed" and "disk full" in str(ei.value)
+
+
+def test_empty_ids_refused() -> None:
+    with pytest.raises(forkd.InvalidArgument):
+        Sandbox("", client=Client(socket="/nonexistent.sock"))
