@@ -44,3 +44,5 @@ echo "   ^ cold import took $(ms "$t") ms"
 $forkd ls
 $forkd kill $ids >/dev/null
 echo "== done: sandboxes killed. Try: $forkd fork --tag py-pandas -n 3; $forkd exec ID -- uname -a"
+echo "   or an agent recipe: python3 recipes/agents/code_interpreter_fanout.py   (20 sandboxes analysing slices with pandas)"
+echo "   SDKs: sdk/python, sdk/typescript; MCP: $forkd mcp"
