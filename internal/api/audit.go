@@ -72,7 +72,7 @@ func (s *Server) auditRequests(mux *http.ServeMux, next http.Handler) http.Handl
 		start := time.Now()
 		next.ServeHTTP(sw, r)
 		note.mu.Lock()
-		targets := append(pathTargets(pattern, r.URL.Path), note.targets...)
+		targets := uniq(append(pathTargets(pattern, r.URL.Path), note.targets...))
 		err := note.err
 		note.mu.Unlock()
 		outcome, msg := audit.OutcomeOf(err)
@@ -131,4 +131,18 @@ func peerOf(r *http.Request) string {
 		return p
 	}
 	return r.RemoteAddr
+}
+
+// uniq drops repeated ids (a handler may note an id the path already
+// names), keeping the first order.
+func uniq(ids []string) []string {
+	seen := make(map[string]bool, len(ids))
+	out := ids[:0]
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+	return out
 }
