@@ -1,0 +1,432 @@
+import { createReadStream, createWriteStream, promises as fsp } from "node:fs";
+import { randomBytes } from "node:crypto";
+import { pipeline } from "node:stream/promises";
+import { Readable, type Writable } from "node:stream";
+import {
+  Transport,
+  ndjson,
+  resolveConnection,
+  type BodySource,
+  type ConnectionOptions,
+} from "./connection.js";
+import { ForkdError, InvalidArgumentError, NotFoundError, SnapshotFailedError, StreamCutError, TimeoutError, errorFromProblem, type Problem } from "./errors.js";
+import {
+  imageFromWire,
+  sandboxFromWire,
+  snapshotFromWire,
+  versionFromWire,
+  type DoctorCheck,
+  type HealthInfo,
+  type ImageInfo,
+  type SandboxInfo,
+  type SandboxState,
+  type SnapshotInfo,
+  type VersionInfo,
+} from "./types.js";
+
+export interface CallOptions {
+  signal?: AbortSignal;
+}
+
+export interface CreateSnapshotOptions extends CallOptions {
+  /** The new tag: lowercase letters, digits, ".", "_", "-"; up to 64 characters. */
+  tag: string;
+  /** A recipe the daemon knows (recipes/NAME.toml). Exactly one of recipe and recipeToml. */
+  recipe?: string;
+  /** A recipe file's contents. */
+  recipeToml?: string;
+  /** Python warm-up code, replacing the recipe's. */
+  warm?: string;
+  /** Memory in MiB (default: the recipe's). */
+  memoryMib?: number;
+  /** vCPUs (default: the recipe's). */
+  vcpus?: number;
+  /** Called with each progress line as the daemon builds and warms. */
+  onProgress?: (message: string) => void;
+}
+
+export interface DeleteSnapshotOptions extends CallOptions {
+  /** Also delete the snapshots whose chains need this one (its dependents). */
+  cascade?: boolean;
+  /** Delete it even though other snapshots depend on it. */
+  force?: boolean;
+}
+
+export interface WaitReadyOptions extends CallOptions {
+  /** Give up after this many ms with TimeoutError. Default 600000; 0: no limit. */
+  timeoutMs?: number;
+  /** Poll interval in ms. Default 200. */
+  intervalMs?: number;
+}
+
+export interface PackOptions extends CallOptions {
+  /** Include the image's bytes (default true); without, the receiving host needs the image. */
+  image?: boolean;
+}
+
+export interface PackResult {
+  tag: string;
+  /** Size of the archive in bytes. */
+  bytes: number;
+}
+
+/** An archive: a file path, bytes, or a stream. */
+export type ArchiveSource = string | Uint8Array | Readable | AsyncIterable<Uint8Array>;
+
+export interface UnpackOptions extends CallOptions {
+  /** Tag to create instead of the archive's. */
+  tag?: string;
+  /** Replace an existing snapshot with the same tag, atomically. */
+  force?: boolean;
+  /** Refuse archives not signed by this ed25519 public key (32 bytes, or their base64url). */
+  verifyKey?: Uint8Array | string;
+}
+
+export interface ListSandboxesOptions extends CallOptions {
+  /** Only children of this snapshot tag. */
+  tag?: string;
+  /** Only sandboxes in this state. */
+  state?: SandboxState;
+  /** Only sandboxes whose metadata has all these key/value pairs. */
+  metadata?: Record<string, string>;
+}
+
+export interface ForkOptions extends CallOptions {
+  /** End each sandbox this many seconds after it was created (0 or unset: no limit). */
+  timeoutS?: number;
+  /** End a sandbox that received no request for this many seconds (0 or unset: no limit). */
+  idleTimeoutS?: number;
+  /** Labels for the sandboxes; list() filters on them. */
+  metadata?: Record<string, string>;
+}
+
+export interface ForkResult {
+  sandboxes: SandboxInfo[];
+  totalMs: number;
+}
+
+function tagPath(tag: string): string {
+  return `/v1/snapshots/${encodeURIComponent(tag)}`;
+}
+
+const sleep = (ms: number, signal?: AbortSignal) =>
+  new Promise<void>((resolve, reject) => {
+    if (signal?.aborted) {
+      reject(signal.reason);
+      return;
+    }
+    const t = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    const onAbort = () => {
+      clearTimeout(t);
+      reject(signal!.reason);
+    };
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+
+/** Snapshot tags: `client.snapshots`. */
+export class Snapshots {
+  /** @internal */
+  constructor(private readonly t: Transport) {}
+
+  /**
+   * Boots a recipe, warms it and saves it as a snapshot to fork from,
+   * reporting progress. Resolves with the ready snapshot.
+   */
+  async create(opts: CreateSnapshotOptions): Promise<SnapshotInfo> {
+    const req: Record<string, unknown> = { tag: opts.tag };
+    if (opts.recipe !== undefined) req.recipe = opts.recipe;
+    if (opts.recipeToml !== undefined) req.recipe_toml = opts.recipeToml;
+    if (opts.warm !== undefined) req.warm = opts.warm;
+    if (opts.memoryMib !== undefined) req.memory_mib = opts.memoryMib;
+    if (opts.vcpus !== undefined) req.vcpus = opts.vcpus;
+    const a = await this.t.request({ method: "POST", path: "/v1/snapshots", json: req, signal: opts.signal, what: `create snapshot ${opts.tag}` });
+    let final = false;
+    try {
+      for await (const line of ndjson<{ message?: string; error?: Problem; snapshot?: Record<string, unknown> }>(a)) {
+        if (line.error) {
+          final = true;
+          throw errorFromProblem(line.error, a.requestId ? { requestId: a.requestId } : {});
+        }
+        if (line.snapshot) {
+          final = true;
+          return snapshotFromWire(line.snapshot);
+        }
+        if (line.message !== undefined) opts.onProgress?.(line.message);
+      }
+    } catch (err) {
+      if (!final) a.abort(err instanceof Error ? err : new Error(String(err)));
+      throw err;
+    } finally {
+      a.finish();
+    }
+    throw new StreamCutError(`create snapshot ${opts.tag}: the progress stream ended without a result (did the daemon at ${this.t.where} stop?)`, a.requestId ? { requestId: a.requestId } : {});
+  }
+
+  /** All snapshot tags. */
+  async list(opts: CallOptions = {}): Promise<SnapshotInfo[]> {
+    const out = await this.t.json<Record<string, unknown>[] | null>({ method: "GET", path: "/v1/snapshots", signal: opts.signal, what: "list snapshots" });
+    return (out ?? []).map(snapshotFromWire);
+  }
+
+  /** One snapshot; NotFoundError when there is no such tag. */
+  async get(tag: string, opts: CallOptions = {}): Promise<SnapshotInfo> {
+    return snapshotFromWire(await this.t.json({ method: "GET", path: tagPath(tag), signal: opts.signal, what: `get snapshot ${tag}` }));
+  }
+
+  /** Whether a tag exists (in any state). */
+  async exists(tag: string, opts: CallOptions = {}): Promise<boolean> {
+    try {
+      await this.get(tag, opts);
+      return true;
+    } catch (err) {
+      if (err instanceof NotFoundError) return false;
+      throw err;
+    }
+  }
+
+  /**
+   * Writes a flat copy (depth 0, no parent) of a snapshot, typically the
+   * head of a deep chain of branches, under a new tag.
+   */
+  async compact(tag: string, to: string, opts: CallOptions = {}): Promise<SnapshotInfo> {
+    return snapshotFromWire(
+      await this.t.json({ method: "POST", path: tagPath(tag) + "/compact", json: { to }, signal: opts.signal, timeoutMs: 0, what: `compact snapshot ${tag}` }),
+    );
+  }
+
+  /**
+   * Deletes a tag; running sandboxes forked from it keep working. A snapshot
+   * other snapshots depend on (branches) is refused with ConflictError naming
+   * them, unless `cascade` (delete them too) or `force`.
+   */
+  async delete(tag: string, opts: DeleteSnapshotOptions = {}): Promise<void> {
+    await this.t.json({
+      method: "DELETE",
+      path: tagPath(tag),
+      query: { cascade: opts.cascade ? "true" : undefined, force: opts.force ? "true" : undefined },
+      signal: opts.signal,
+      what: `delete snapshot ${tag}`,
+    });
+  }
+
+  /**
+   * Polls a snapshot until it is ready (resolves with it) or failed
+   * (rejects with SnapshotFailedError): for branches made with `wait: false`.
+   */
+  async waitReady(tag: string, opts: WaitReadyOptions = {}): Promise<SnapshotInfo> {
+    const timeoutMs = opts.timeoutMs ?? 600_000;
+    const interval = opts.intervalMs ?? 200;
+    const deadline = timeoutMs > 0 ? Date.now() + timeoutMs : Infinity;
+    for (;;) {
+      const snap = await this.get(tag, opts);
+      if (snap.state === "ready") return snap;
+      if (snap.state === "failed") throw new SnapshotFailedError(tag, snap.error ?? "");
+      if (Date.now() + interval > deadline) {
+        throw new TimeoutError(`snapshot ${JSON.stringify(tag)} is still ${snap.state} after ${timeoutMs} ms`, { code: "deadline_exceeded" });
+      }
+      await sleep(interval, opts.signal);
+    }
+  }
+
+  /**
+   * Exports a snapshot, with the image it boots, as a portable archive
+   * (zstd-compressed tar): to a file path (written to a temporary name and
+   * renamed when complete) or to a Writable (ended when complete, destroyed
+   * on failure). A cut stream rejects; it never leaves a short archive at
+   * the path.
+   */
+  async pack(tag: string, dest: string | Writable, opts: PackOptions = {}): Promise<PackResult> {
+    const a = await this.t.request({
+      method: "GET",
+      path: tagPath(tag) + "/archive",
+      query: { image: opts.image === false ? "0" : undefined },
+      signal: opts.signal,
+      what: `pack snapshot ${tag}`,
+    });
+    let bytes = 0;
+    a.res.on("data", (c: Buffer) => {
+      bytes += c.length;
+    });
+    const complete = () => {
+      if (!a.res.complete) throw new Error("connection closed before the end of the archive");
+    };
+    try {
+      if (typeof dest === "string") {
+        const tmp = `${dest}.partial-${randomBytes(4).toString("hex")}`;
+        try {
+          await pipeline(a.res, createWriteStream(tmp));
+          complete();
+          await fsp.rename(tmp, dest);
+        } catch (err) {
+          await fsp.rm(tmp, { force: true });
+          throw err;
+        }
+      } else {
+        await pipeline(a.res, dest);
+        complete();
+      }
+    } catch (err) {
+      // A local write error (the destination) is the caller's: as it is.
+      const sys = (err as NodeJS.ErrnoException).syscall;
+      if (sys !== undefined && sys !== "read" && !(err instanceof ForkdError)) throw err;
+      throw a.readError(err, `the archive of ${tag} was cut after ${bytes} bytes`);
+    } finally {
+      a.finish();
+    }
+    return { tag, bytes };
+  }
+
+  /**
+   * Imports an archive made by pack() (or `forkd pack`): the daemon verifies
+   * every byte before the tag appears. Resolves with the new snapshot.
+   */
+  async unpack(src: ArchiveSource, opts: UnpackOptions = {}): Promise<SnapshotInfo> {
+    let body: BodySource;
+    if (typeof src === "string") {
+      try {
+        await fsp.access(src);
+      } catch (err) {
+        throw new InvalidArgumentError(`archive ${src}: ${(err as Error).message}`, { code: "invalid_argument", cause: err });
+      }
+      body = createReadStream(src);
+    } else {
+      body = src as BodySource;
+    }
+    let verifyKey: string | undefined;
+    if (opts.verifyKey !== undefined) {
+      if (typeof opts.verifyKey === "string") verifyKey = opts.verifyKey;
+      else if (opts.verifyKey.byteLength !== 32) {
+        throw new InvalidArgumentError(`verify key has ${opts.verifyKey.byteLength} bytes, want 32 (an ed25519 public key)`, { code: "invalid_argument" });
+      } else verifyKey = Buffer.from(opts.verifyKey).toString("base64url");
+    }
+    const out = await this.t.json<Record<string, unknown>>({
+      method: "POST",
+      path: "/v1/snapshots/import",
+      query: { tag: opts.tag, force: opts.force ? "1" : undefined, verify_key: verifyKey },
+      headers: { "content-type": "application/zstd" },
+      body,
+      signal: opts.signal,
+      timeoutMs: 0,
+      what: "unpack archive",
+    });
+    return snapshotFromWire(out);
+  }
+}
+
+/** Sandboxes as data (`client.sandboxes`); see {@link Sandbox} to work inside one. */
+export class Sandboxes {
+  /** @internal */
+  constructor(private readonly t: Transport) {}
+
+  /** Sandboxes, optionally filtered by tag, state and metadata labels. */
+  async list(opts: ListSandboxesOptions = {}): Promise<SandboxInfo[]> {
+    const labels = Object.entries(opts.metadata ?? {}).map(([k, v]) => `${k}=${v}`);
+    const out = await this.t.json<Record<string, unknown>[] | null>({
+      method: "GET",
+      path: "/v1/sandboxes",
+      query: { tag: opts.tag, state: opts.state, label: labels.length ? labels : undefined },
+      signal: opts.signal,
+      what: "list sandboxes",
+    });
+    return (out ?? []).map(sandboxFromWire);
+  }
+
+  /** One sandbox; NotFoundError when there is no such id. */
+  async get(id: string, opts: CallOptions = {}): Promise<SandboxInfo> {
+    return sandboxFromWire(await this.t.json({ method: "GET", path: `/v1/sandboxes/${encodeURIComponent(id)}`, signal: opts.signal, what: `get sandbox ${id}` }));
+  }
+
+  /** Forks `count` sandboxes from a snapshot tag; resolves when every one answers (all or nothing). */
+  async fork(tag: string, count: number, opts: ForkOptions = {}): Promise<ForkResult> {
+    if (!Number.isInteger(count) || count < 1) throw new InvalidArgumentError(`fork count ${count}: want an integer >= 1`, { code: "invalid_argument" });
+    const req: Record<string, unknown> = { tag, count };
+    if (opts.timeoutS) req.timeout_s = Math.ceil(opts.timeoutS);
+    if (opts.idleTimeoutS) req.idle_timeout_s = Math.ceil(opts.idleTimeoutS);
+    if (opts.metadata && Object.keys(opts.metadata).length) req.metadata = opts.metadata;
+    const out = await this.t.json<{ sandboxes: Record<string, unknown>[]; total_ms: number }>({
+      method: "POST",
+      path: "/v1/sandboxes",
+      json: req,
+      signal: opts.signal,
+      what: `fork ${count} from ${tag}`,
+    });
+    return { sandboxes: (out.sandboxes ?? []).map(sandboxFromWire), totalMs: out.total_ms };
+  }
+
+  /** Kills sandboxes by id; resolves with the ids killed. An unknown id rejects with NotFoundError. */
+  async kill(ids: string | readonly string[], opts: CallOptions = {}): Promise<string[]> {
+    const list = typeof ids === "string" ? [ids] : [...ids];
+    if (list.length === 0) return [];
+    const out = await this.t.json<{ killed: string[] }>({ method: "POST", path: "/v1/sandboxes/kill", json: { ids: list }, signal: opts.signal, what: "kill sandboxes" });
+    return out.killed ?? [];
+  }
+
+  /** Kills every sandbox of the daemon; resolves with the ids killed. */
+  async killAll(opts: CallOptions = {}): Promise<string[]> {
+    const out = await this.t.json<{ killed: string[] }>({ method: "POST", path: "/v1/sandboxes/kill", json: { all: true }, signal: opts.signal, what: "kill all sandboxes" });
+    return out.killed ?? [];
+  }
+}
+
+/** Built guest images: `client.images`. */
+export class Images {
+  /** @internal */
+  constructor(private readonly t: Transport) {}
+
+  /** Built images, newest first. */
+  async list(opts: CallOptions = {}): Promise<ImageInfo[]> {
+    const out = await this.t.json<Record<string, unknown>[] | null>({ method: "GET", path: "/v1/images", signal: opts.signal, what: "list images" });
+    return (out ?? []).map(imageFromWire);
+  }
+}
+
+export type ClientOptions = ConnectionOptions;
+
+/**
+ * A connection to one forkd daemon (keep-alive; safe to share). Settings
+ * come from the options, then FORKD_HOST / FORKD_SOCKET / FORKD_RUN_DIR /
+ * FORKD_TOKEN / FORKD_CA_CERT, then the local socket /run/forkd/forkd.sock.
+ */
+export class Client {
+  readonly snapshots: Snapshots;
+  readonly sandboxes: Sandboxes;
+  readonly images: Images;
+  /** @internal */
+  readonly transport: Transport;
+
+  constructor(opts: ClientOptions = {}) {
+    this.transport = new Transport(resolveConnection(opts));
+    this.snapshots = new Snapshots(this.transport);
+    this.sandboxes = new Sandboxes(this.transport);
+    this.images = new Images(this.transport);
+  }
+
+  /** Where the daemon is: its socket path or URL. */
+  get where(): string {
+    return this.transport.where;
+  }
+
+  /** Liveness: resolves `{status: "ok"}` when the daemon serves. */
+  async health(opts: CallOptions = {}): Promise<HealthInfo> {
+    return this.transport.json<HealthInfo>({ method: "GET", path: "/v1/healthz", signal: opts.signal, what: "health check" });
+  }
+
+  /** The daemon's, Go's and the VMM's versions. */
+  async version(opts: CallOptions = {}): Promise<VersionInfo> {
+    return versionFromWire(await this.transport.json({ method: "GET", path: "/v1/version", signal: opts.signal, what: "version" }));
+  }
+
+  /** The daemon host's checks (`forkd doctor`). */
+  async doctor(opts: CallOptions = {}): Promise<DoctorCheck[]> {
+    const out = await this.transport.json<DoctorCheck[] | null>({ method: "GET", path: "/v1/doctor", signal: opts.signal, what: "doctor" });
+    return out ?? [];
+  }
+
+  /** Closes idle connections (the process can exit without it: idle sockets do not hold it). */
+  close(): void {
+    this.transport.close();
+  }
+}

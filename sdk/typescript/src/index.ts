@@ -1,0 +1,57 @@
+/**
+ * forkd TypeScript SDK: fork microVM sandboxes from warmed snapshots, run
+ * commands and Python in them, move files, branch them into new snapshots.
+ *
+ * @packageDocumentation
+ */
+export { Sandbox } from "./sandbox.js";
+export type { SandboxOptions, ConnectOptions, BranchOptions, BranchResult, BranchMode } from "./sandbox.js";
+export { Client, Snapshots, Sandboxes, Images } from "./client.js";
+export type {
+  ClientOptions,
+  CallOptions,
+  CreateSnapshotOptions,
+  DeleteSnapshotOptions,
+  WaitReadyOptions,
+  PackOptions,
+  PackResult,
+  ArchiveSource,
+  UnpackOptions,
+  ListSandboxesOptions,
+  ForkOptions,
+  ForkResult,
+} from "./client.js";
+export { Commands, CommandHandle } from "./commands.js";
+export type { CommandOptions, RunOptions, BackgroundOptions, CommandResult, CommandEvent, StdinSource } from "./commands.js";
+export { Files } from "./files.js";
+export type { WriteData, WriteOptions, WriteEntry, ReadOptions, RemoveOptions, MakeDirOptions } from "./files.js";
+export { Execution, Result, ExecutionError } from "./code.js";
+export type { RunCodeOptions } from "./code.js";
+export type { ConnectionOptions } from "./connection.js";
+export type {
+  SandboxInfo,
+  SandboxState,
+  SnapshotInfo,
+  SnapshotState,
+  SnapshotFile,
+  ImageInfo,
+  EntryInfo,
+  VersionInfo,
+  HealthInfo,
+  DoctorCheck,
+} from "./types.js";
+export {
+  ForkdError,
+  InvalidArgumentError,
+  AuthenticationError,
+  NotFoundError,
+  ConflictError,
+  TimeoutError,
+  RateLimitedError,
+  UnavailableError,
+  StreamCutError,
+  CommandExitError,
+  SnapshotFailedError,
+} from "./errors.js";
+export type { Problem } from "./errors.js";
+export { VERSION } from "./version.js";

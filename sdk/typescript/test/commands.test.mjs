@@ -1,0 +1,243 @@
+// sb.commands against the real daemon.
+import { test, describe, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { Readable } from "node:stream";
+import {
+  CommandExitError,
+  CommandHandle,
+  NotFoundError,
+  StreamCutError,
+  TimeoutError,
+  ForkdError,
+} from "forkd";
+import { TAG, needsDaemon, Tracker, sleep } from "./helpers/env.mjs";
+
+describe("commands", needsDaemon, () => {
+  const t = new Tracker();
+  let sb;
+  before(async () => {
+    sb = await t.create(TAG);
+  });
+  after(() => t.cleanup());
+
+  test("run a shell string: stdout, stderr, exitCode", async () => {
+    const r = await sb.commands.run("echo hello; echo oops >&2");
+    assert.equal(r.stdout, "hello\n");
+    assert.equal(r.stderr, "oops\n");
+    assert.equal(r.exitCode, 0);
+    assert.equal(typeof r.durationMs, "number");
+  });
+
+  test("argv is never run through a shell", async () => {
+    const r = await sb.commands.run(["echo", "$HOME", "a;b", "`id`", "it's"]);
+    assert.equal(r.stdout, "$HOME a;b `id` it's\n");
+  });
+
+  test("envs and cwd", async () => {
+    const r = await sb.commands.run("echo $GREETING; pwd", { envs: { GREETING: "hi there" }, cwd: "/tmp" });
+    assert.equal(r.stdout, "hi there\n/tmp\n");
+  });
+
+  test("non-ASCII in the command survives the trip", async () => {
+    const r = await sb.commands.run(["echo", "héllo wörld ✓ 🚀"]);
+    assert.equal(r.stdout, "héllo wörld ✓ 🚀\n");
+  });
+
+  test("a non-zero exit rejects with CommandExitError carrying the output", async () => {
+    await assert.rejects(sb.commands.run("echo out; echo bad >&2; exit 7"), (err) => {
+      assert.ok(err instanceof CommandExitError);
+      assert.ok(err instanceof ForkdError);
+      assert.equal(err.exitCode, 7);
+      assert.equal(err.stdout, "out\n");
+      assert.equal(err.stderr, "bad\n");
+      assert.match(err.message, /exited with code 7: bad/);
+      assert.deepEqual(err.result, { stdout: "out\n", stderr: "bad\n", exitCode: 7 });
+      return true;
+    });
+  });
+
+  test("a missing executable or cwd is a NotFoundError with the agent's message", async () => {
+    await assert.rejects(sb.commands.run(["no-such-binary"]), (err) => {
+      assert.ok(err instanceof NotFoundError, `${err.name}: ${err.message}`);
+      assert.match(err.message, /no-such-binary/);
+      return true;
+    });
+    await assert.rejects(sb.commands.run("pwd", { cwd: "/no/such/dir" }), NotFoundError);
+    // Through a shell it is the shell's exit code 127, as in a terminal.
+    await assert.rejects(sb.commands.run("no-such-binary"), (err) => err instanceof CommandExitError && err.exitCode === 127);
+  });
+
+  test("timeoutMs kills the process group and rejects with TimeoutError", async () => {
+    const t0 = Date.now();
+    await assert.rejects(sb.commands.run("sleep 30", { timeoutMs: 300 }), (err) => {
+      assert.ok(err instanceof TimeoutError, `${err.name}: ${err.message}`);
+      assert.match(err.message, /timed out after 300 ms/);
+      return true;
+    });
+    assert.ok(Date.now() - t0 < 10_000, "took too long");
+    // The sandbox is still fine.
+    assert.equal((await sb.commands.run("echo ok")).stdout, "ok\n");
+  });
+
+  test("onStdout and onStderr see output as it happens", async () => {
+    const events = [];
+    const t0 = Date.now();
+    const r = await sb.commands.run("echo one; sleep 0.5; echo two >&2; sleep 0.5; echo three", {
+      onStdout: (s) => events.push(["out", s, Date.now() - t0]),
+      onStderr: (s) => events.push(["err", s, Date.now() - t0]),
+    });
+    assert.deepEqual(events.map(([k, s]) => [k, s]), [["out", "one\n"], ["err", "two\n"], ["out", "three\n"]]);
+    // The first line arrived well before the end.
+    assert.ok(events[2][2] - events[0][2] >= 700, `events came together: ${JSON.stringify(events)}`);
+    assert.equal(r.stdout, "one\nthree\n");
+  });
+
+  test("stdin: string, bytes, Readable and async iterable", async () => {
+    assert.equal((await sb.commands.run("cat", { stdin: "from a string\n" })).stdout, "from a string\n");
+    assert.equal((await sb.commands.run("wc -c", { stdin: new Uint8Array(1000) })).stdout.trim(), "1000");
+    assert.equal((await sb.commands.run(["tr", "a-z", "A-Z"], { stdin: Readable.from(["abc", "def\n"]) })).stdout, "ABCDEF\n");
+    async function* gen() {
+      for (let i = 0; i < 3; i++) {
+        yield Buffer.from(`line ${i}\n`);
+        await sleep(20);
+      }
+    }
+    assert.equal((await sb.commands.run("cat -n", { stdin: gen() })).stdout.replace(/[ \t]+/g, " "), " 1 line 0\n 2 line 1\n 3 line 2\n");
+  });
+
+  test("a process that exits before reading its stdin does not hang", async () => {
+    const big = Readable.from((function* () {
+      for (let i = 0; i < 200; i++) yield Buffer.alloc(64 * 1024, 120);
+    })());
+    const r = await sb.commands.run("echo done", { stdin: big, timeoutMs: 20_000 });
+    assert.equal(r.stdout, "done\n");
+    // The connection pool is still healthy afterwards.
+    assert.equal((await sb.commands.run("echo next")).stdout, "next\n");
+  });
+
+  test("stream() yields stdout/stderr then the exit event, whatever the code", async () => {
+    const seen = [];
+    for await (const ev of sb.commands.stream("printf a; sleep 0.2; printf b >&2; exit 3")) {
+      seen.push(ev.type === "exit" ? ["exit", ev.exitCode, ev.timedOut] : [ev.type, ev.data.toString()]);
+    }
+    assert.deepEqual(seen, [["stdout", "a"], ["stderr", "b"], ["exit", 3, false]]);
+  });
+
+  test("stream() reports a timeout on the exit event", async () => {
+    let last;
+    for await (const ev of sb.commands.stream("sleep 30", { timeoutMs: 300 })) last = ev;
+    assert.equal(last.type, "exit");
+    assert.equal(last.timedOut, true);
+    assert.equal(last.signal, "SIGKILL");
+  });
+
+  test("breaking out of stream() kills the command", async () => {
+    await sb.files.remove("/tmp/stream-marker").catch(() => {});
+    for await (const ev of sb.commands.stream("echo started; sleep 1; touch /tmp/stream-marker")) {
+      assert.equal(ev.type, "stdout");
+      break;
+    }
+    await sleep(1500);
+    assert.equal(await sb.files.exists("/tmp/stream-marker"), false);
+  });
+
+  test("background: handle with output so far, wait(), exit codes", async () => {
+    const h = await sb.commands.run("echo first; sleep 0.6; echo second", { background: true });
+    assert.ok(h instanceof CommandHandle);
+    assert.equal(h.exitCode, undefined);
+    await sleep(300);
+    assert.equal(h.stdout, "first\n");
+    const r = await h.wait();
+    assert.equal(r.stdout, "first\nsecond\n");
+    assert.equal(h.exitCode, 0);
+
+    const bad = await sb.commands.run("exit 4", { background: true });
+    await assert.rejects(bad.wait(), (err) => err instanceof CommandExitError && err.exitCode === 4);
+  });
+
+  test("background: kill() stops the process group", async () => {
+    const h = await sb.commands.run("sh -c 'sleep 2; touch /tmp/bg-marker' & sleep 30", { background: true });
+    await sleep(200);
+    assert.equal(await h.kill(), true);
+    await assert.rejects(h.wait(), (err) => err instanceof CommandExitError && err.exitCode === 137 && err.signal === "SIGKILL");
+    assert.equal(await h.kill(), false);
+    await sleep(2500);
+    assert.equal(await sb.files.exists("/tmp/bg-marker"), false, "a child of the killed command survived");
+  });
+
+  test("background: interactive stdin with sendStdin/closeStdin", async () => {
+    const lines = [];
+    const h = await sb.commands.run("while read l; do echo got:$l; done; echo eof", {
+      background: true,
+      stdin: true,
+      onStdout: (s) => lines.push(s),
+    });
+    await h.sendStdin("one\n");
+    // The answer comes while stdin is still open: full duplex.
+    for (let i = 0; i < 100 && !h.stdout.includes("got:one"); i++) await sleep(50);
+    assert.equal(h.stdout, "got:one\n");
+    await h.sendStdin(new TextEncoder().encode("two\n"));
+    await h.closeStdin();
+    const r = await h.wait();
+    assert.equal(r.stdout, "got:one\ngot:two\neof\n");
+  });
+
+  test("concurrency: many commands at once on two sandboxes", async () => {
+    const other = await t.create(TAG);
+    const jobs = [];
+    for (let i = 0; i < 24; i++) {
+      const box = i % 2 ? sb : other;
+      jobs.push(box.commands.run(["sh", "-c", `echo ${i}; hostname`]).then((r) => [i, r.stdout]));
+    }
+    const results = await Promise.all(jobs);
+    for (const [i, out] of results) {
+      assert.equal(out.split("\n")[0], String(i));
+    }
+    const hosts = new Set(results.map(([, out]) => out.split("\n")[1]));
+    assert.equal(hosts.size, 2, "both sandboxes answered, each with its own hostname");
+    await other.kill();
+  });
+
+  test("large output is complete", async () => {
+    const r = await sb.commands.run("head -c 3000000 /dev/zero | tr '\\0' x");
+    assert.equal(r.stdout.length, 3_000_000);
+  });
+
+  test("an AbortSignal kills the command", async () => {
+    const ac = new AbortController();
+    setTimeout(() => ac.abort(), 300);
+    await assert.rejects(sb.commands.run("sleep 30", { signal: ac.signal }), (err) => err.name === "AbortError");
+    assert.equal((await sb.commands.run("echo alive")).stdout, "alive\n");
+  });
+
+  test("sandbox killed during a streamed exec: StreamCutError, never success", async () => {
+    const victim = await t.create(TAG);
+    // Settle-catch at once: these reject while the test awaits the kill.
+    const run = victim.commands.run("echo started; sleep 30; echo never", { timeoutMs: 60_000 }).then(
+      (r) => ({ ok: r }),
+      (err) => ({ err }),
+    );
+    const streamed = (async () => {
+      const seen = [];
+      for await (const ev of victim.commands.stream("echo s; sleep 30")) seen.push(ev.type);
+      return seen;
+    })().then(
+      (r) => ({ ok: r }),
+      (err) => ({ err }),
+    );
+    const bg = await victim.commands.run("sleep 30", { background: true });
+    await sleep(800);
+    await victim.kill();
+    const t0 = Date.now();
+    const check = ({ ok, err }) => {
+      assert.equal(ok, undefined, "a cut command resolved");
+      assert.ok(err instanceof StreamCutError, `${err?.name}: ${err?.message}`);
+      assert.match(err.message, new RegExp(victim.id));
+      assert.match(err.message, /killed|gone/);
+    };
+    check(await run);
+    check(await streamed);
+    check(await bg.wait().then((r) => ({ ok: r }), (err) => ({ err })));
+    assert.ok(Date.now() - t0 < 10_000);
+  });
+});
