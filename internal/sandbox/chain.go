@@ -224,7 +224,7 @@ func (e *Engine) RemoveSnapshotWith(ctx context.Context, tag string, opts Remove
 			targets = append(deps, tag)
 		case opts.Force:
 		default:
-			return nil, fmt.Errorf("snapshot %q is the base of %d layer(s): %s; remove them first, or use --cascade to remove them with it (--force removes %q alone and leaves them unusable): %w",
+			return nil, fmt.Errorf("snapshot %q is the base of %d layer(s): %s; remove them first, or remove them with it (cascade: `forkd rmi --cascade`, API ?cascade=true); force (`--force`, ?force=true) removes %q alone and leaves them unusable: %w",
 				tag, len(deps), strings.Join(deps, ", "), tag, errdefs.ErrFailedPrecondition)
 		}
 	}
