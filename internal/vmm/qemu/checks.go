@@ -83,6 +83,9 @@ func userfaultfdCheck() vmm.Check {
 	if len(notes) == 0 {
 		notes = append(notes, "no /dev/userfaultfd and no vm.unprivileged_userfaultfd sysctl")
 	}
+	// QEMU runs unprivileged and QEMU 7.2 creates its userfaultfd with the
+	// syscall, so live branches need the sysctl whatever the daemon's uid.
+	notes = append(notes, "live branches: `forkd serve --live-branch` (clone memory on tmpfs, sysctl set to 1)")
 	c.Detail = strings.Join(notes, ", ")
 	return c
 }
