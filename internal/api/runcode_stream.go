@@ -24,9 +24,8 @@ func (s *Server) runCodeStream(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	agent, err := s.Engine.Agent(r.PathValue("id"))
-	if err != nil {
-		writeProblem(w, r, err)
+	agent := s.agentOf(w, r)
+	if agent == nil {
 		return
 	}
 	proxyRunCodeStream(w, r, agent, agentRunCode(req))

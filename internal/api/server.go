@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/agentclient"
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/audit"
 	"github.com/forkd-dev/forkd/internal/auth"
@@ -129,6 +130,17 @@ func (s *Server) Handler() http.Handler {
 			s.Log.Debug("request", "method", r.Method, "path", r.URL.Path, "request_id", id, "duration", time.Since(start))
 		}
 	})
+}
+
+// agentOf returns the agent of the sandbox the path's {id} names, or
+// answers the problem (no such sandbox, not running) and returns nil.
+func (s *Server) agentOf(w http.ResponseWriter, r *http.Request) *agentclient.Client {
+	agent, err := s.Engine.Agent(r.PathValue("id"))
+	if err != nil {
+		writeProblem(w, r, err)
+		return nil
+	}
+	return agent
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
@@ -417,9 +429,8 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	agent, err := s.Engine.Agent(r.PathValue("id"))
-	if err != nil {
-		writeProblem(w, r, err)
+	agent := s.agentOf(w, r)
+	if agent == nil {
 		return
 	}
 	res, err := agent.RunCode(r.Context(), agentRunCode(req))
@@ -471,9 +482,8 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	agent, err := s.Engine.Agent(r.PathValue("id"))
-	if err != nil {
-		writeProblem(w, r, err)
+	agent := s.agentOf(w, r)
+	if agent == nil {
 		return
 	}
 	lw := &lazyWriter{w: w}
@@ -502,9 +512,8 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	agent, err := s.Engine.Agent(r.PathValue("id"))
-	if err != nil {
-		writeProblem(w, r, err)
+	agent := s.agentOf(w, r)
+	if agent == nil {
 		return
 	}
 	fi, err := agent.WriteFile(r.Context(), path, fs.FileMode(mode), r.Body)
@@ -521,9 +530,8 @@ func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	agent, err := s.Engine.Agent(r.PathValue("id"))
-	if err != nil {
-		writeProblem(w, r, err)
+	agent := s.agentOf(w, r)
+	if agent == nil {
 		return
 	}
 	if err := agent.Remove(r.Context(), path, r.URL.Query().Get("recursive") == "1" || r.URL.Query().Get("recursive") == "true"); err != nil {
@@ -539,9 +547,8 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	agent, err := s.Engine.Agent(r.PathValue("id"))
-	if err != nil {
-		writeProblem(w, r, err)
+	agent := s.agentOf(w, r)
+	if agent == nil {
 		return
 	}
 	list, err := agent.ListFiles(r.Context(), path)
@@ -558,9 +565,8 @@ func (s *Server) statFile(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	agent, err := s.Engine.Agent(r.PathValue("id"))
-	if err != nil {
-		writeProblem(w, r, err)
+	agent := s.agentOf(w, r)
+	if agent == nil {
 		return
 	}
 	fi, err := agent.Stat(r.Context(), path)
@@ -581,9 +587,8 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	agent, err := s.Engine.Agent(r.PathValue("id"))
-	if err != nil {
-		writeProblem(w, r, err)
+	agent := s.agentOf(w, r)
+	if agent == nil {
 		return
 	}
 	fi, err := agent.Mkdir(r.Context(), req)
@@ -617,9 +622,8 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, fmt.Errorf("exec needs exactly one of argv or shell: %w", errdefs.ErrInvalidArgument))
 		return
 	}
-	agent, err := s.Engine.Agent(r.PathValue("id"))
-	if err != nil {
-		writeProblem(w, r, err)
+	agent := s.agentOf(w, r)
+	if agent == nil {
 		return
 	}
 	var stdin io.Reader
