@@ -234,18 +234,11 @@ func (b *brancher) waitLive(ctx context.Context) (migrationInfo, error) {
 		if err := m.qmp.Execute(qctx, "query-migrate", nil, &info); err != nil {
 			return info, m.failure("query-migrate", err)
 		}
-		switch info.Status {
-		case "completed":
-			if err := ctx.Err(); err != nil {
-				return info, fmt.Errorf("qemu %s: live branch: %w", m.cfg.ID, context.Cause(ctx))
+		if ended, err := m.migrationEnded(info, "background snapshot"); ended {
+			if err == nil && ctx.Err() != nil {
+				err = fmt.Errorf("qemu %s: live branch: %w", m.cfg.ID, context.Cause(ctx))
 			}
-			return info, nil
-		case "failed", "cancelled":
-			desc := info.ErrorDesc
-			if desc == "" {
-				desc = "no reason given"
-			}
-			return info, fmt.Errorf("qemu %s: background snapshot %s: %s: %w", m.cfg.ID, info.Status, desc, errdefs.ErrInternal)
+			return info, err
 		}
 		select {
 		case <-sub.C():

@@ -178,15 +178,8 @@ func (m *Machine) waitMigration(ctx context.Context) (migrationInfo, error) {
 		if err := m.qmp.Execute(ctx, "query-migrate", nil, &info); err != nil {
 			return info, m.failure("query-migrate", err)
 		}
-		switch info.Status {
-		case "completed":
-			return info, nil
-		case "failed", "cancelled":
-			desc := info.ErrorDesc
-			if desc == "" {
-				desc = "no reason given"
-			}
-			return info, fmt.Errorf("qemu %s: migration %s: %s: %w", m.cfg.ID, info.Status, desc, errdefs.ErrInternal)
+		if ended, err := m.migrationEnded(info, "migration"); ended {
+			return info, err
 		}
 		select {
 		case <-sub.C():
@@ -200,4 +193,21 @@ func (m *Machine) waitMigration(ctx context.Context) (migrationInfo, error) {
 			return info, m.failure("migrate", context.Cause(ctx))
 		}
 	}
+}
+
+// migrationEnded says whether the migration query-migrate described has
+// ended (what names it in the error): completed (nil), or failed or
+// cancelled (an error with QEMU's reason).
+func (m *Machine) migrationEnded(info migrationInfo, what string) (bool, error) {
+	switch info.Status {
+	case "completed":
+		return true, nil
+	case "failed", "cancelled":
+		desc := info.ErrorDesc
+		if desc == "" {
+			desc = "no reason given"
+		}
+		return true, fmt.Errorf("qemu %s: %s %s: %s: %w", m.cfg.ID, what, info.Status, desc, errdefs.ErrInternal)
+	}
+	return false, nil
 }
