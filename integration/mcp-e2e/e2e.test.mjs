@@ -133,6 +133,18 @@ test("forkd mcp over stdio with the TypeScript SDK", { timeout: 300_000 }, async
     assert.deepEqual(res.structuredContent.entries.map((e) => e.name), ["note.txt"]);
   });
 
+  await t.test("paths with shell metacharacters are taken literally", async () => {
+    const odd = "/tmp/e2e-odd/$(touch pwned); x `id` *.txt";
+    await callOK(client, "write_file", { sandbox_id: id, path: odd, content: "odd\n" });
+    let res = await callOK(client, "read_file", { sandbox_id: id, path: odd });
+    assert.equal(textOf(res), "odd\n");
+    res = await callOK(client, "list_files", { sandbox_id: id, path: "/tmp/e2e-odd" });
+    assert.deepEqual(res.structuredContent.entries.map((e) => e.name), ["$(touch pwned); x `id` *.txt"]);
+    // Nothing was run: no file named pwned appeared anywhere it could have.
+    res = await callOK(client, "run_command", { sandbox_id: id, argv: ["ls", "-a", "/", "/tmp", "/root"] });
+    assert.doesNotMatch(res.structuredContent.stdout, /pwned/);
+  });
+
   await t.test("errors are tool results", async () => {
     let res = await call(client, "run_command", { sandbox_id: "sb-doesnotexist", argv: ["true"] });
     assert.equal(res.isError, true);
