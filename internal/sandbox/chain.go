@@ -66,7 +66,9 @@ func (c *memCache) lock(digest string) func() {
 	return l.Unlock
 }
 
-// prune removes temporary files and the images of digests not in keep.
+// prune removes everything but the images of digests in keep, temporary
+// files of interrupted assemblies included: only at start-up, when no
+// assembly is in flight.
 func (c *memCache) prune(keep map[string]bool, log func(msg string, args ...any)) {
 	entries, err := os.ReadDir(c.dir)
 	if err != nil {
@@ -178,7 +180,8 @@ func assemble(chain []*snapshot.Snapshot, path string) (written int64, err error
 	return written, fsutil.SyncDir(filepath.Dir(path))
 }
 
-// pruneMemoryCache drops assembled images whose snapshot is gone.
+// pruneMemoryCache drops, at start-up, the images whose snapshot is gone
+// and what an interrupted assembly left.
 func (e *Engine) pruneMemoryCache() {
 	snaps, err := e.store.List()
 	if err != nil && len(snaps) == 0 {
@@ -237,15 +240,40 @@ func (e *Engine) RemoveSnapshotWith(ctx context.Context, tag string, opts Remove
 			}
 		}
 	}
-	var removed []string
+	var removed, digests []string
+	defer func() { e.dropMemoryImages(digests) }()
 	for _, t := range targets {
+		if snap, err := e.store.Get(t); err == nil {
+			digests = append(digests, snap.Digest())
+		}
 		if err := e.RemoveSnapshot(ctx, t); err != nil && !errdefs.IsNotFound(err) {
 			return removed, err
 		}
 		removed = append(removed, t)
 	}
-	e.pruneMemoryCache()
 	return removed, nil
+}
+
+// dropMemoryImages removes the memory images of removed snapshots, unless
+// a snapshot that remains has the same content (and so the same digest).
+// VMMs mapping one keep their pages.
+func (e *Engine) dropMemoryImages(digests []string) {
+	if len(digests) == 0 {
+		return
+	}
+	snaps, err := e.store.List()
+	if err != nil && len(snaps) == 0 {
+		return
+	}
+	inUse := map[string]bool{}
+	for _, s := range snaps {
+		inUse[s.Digest()] = true
+	}
+	for _, d := range digests {
+		if !inUse[d] {
+			os.Remove(e.mem.path(d))
+		}
+	}
 }
 
 // Compact writes a flat (parentless) copy of a snapshot under a new tag:
