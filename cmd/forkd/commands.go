@@ -194,7 +194,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 			if g.jsonOut {
 				return printJSON(s)
 			}
-			if s.State != apiv1.SnapshotReady {
+			if s.ID == "" { // a background branch: only its tag and state exist so far
 				fmt.Printf("tag:        %s\nstate:      %s (branch started %s)\n", s.Tag, s.State, s.Created.Local().Format(time.DateTime))
 				if s.Error != "" {
 					fmt.Printf("error:      %s\n", s.Error)
@@ -202,7 +202,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 				return nil
 			}
 			fmt.Printf("tag:        %s (id %s)\nstate:      %s\ncreated:    %s in %.1fs\nrecipe:     %s (image %s)\nvmm:        %s %s (%s)\nshape:      %d MiB, %d vCPU, python session: %v\nsize:       %s logical, %s on disk (physical)\npooled:     %d VMMs ready\n",
-				s.Tag, s.ID, s.State, s.Created.Local().Format(time.DateTime), float64(s.CreateMillis)/1000, s.Recipe, s.ImageDigest[:12], s.VMM, s.VMMVersion, s.Accel, s.MemoryMiB, s.VCPUs, s.Python, human(s.SizeBytes), human(s.DiskBytes), s.Pooled)
+				s.Tag, s.ID, s.State, s.Created.Local().Format(time.DateTime), float64(s.CreateMillis)/1000, s.Recipe, s.ImageDigest[:min(12, len(s.ImageDigest))], s.VMM, s.VMMVersion, s.Accel, s.MemoryMiB, s.VCPUs, s.Python, human(s.SizeBytes), human(s.DiskBytes), s.Pooled)
 			if s.Error != "" {
 				fmt.Printf("error:      %s\n", s.Error)
 			}
