@@ -121,7 +121,8 @@ def test_binary_and_big_output(sandbox: Sandbox) -> None:
 
 def test_background_wait_and_output_so_far(sandbox: Sandbox) -> None:
     got: List[str] = []
-    h = sandbox.commands.run("echo first; sleep 1; echo second", background=True, on_stdout=got.append)
+    # sleep 3: room for a loaded host between seeing "first" and the checks.
+    h = sandbox.commands.run("echo first; sleep 3; echo second", background=True, on_stdout=got.append)
     assert isinstance(h, forkd.CommandHandle)
     deadline = time.monotonic() + 5
     while "first" not in h.stdout and time.monotonic() < deadline:
@@ -137,7 +138,8 @@ def test_background_wait_and_output_so_far(sandbox: Sandbox) -> None:
 
 def test_background_kill(sandbox: Sandbox) -> None:
     h = sandbox.commands.run("echo up; sleep 60", background=True)
-    while "up" not in h.stdout:
+    deadline = time.monotonic() + 10
+    while "up" not in h.stdout and time.monotonic() < deadline:
         time.sleep(0.02)
     t0 = time.monotonic()
     assert h.kill() is True

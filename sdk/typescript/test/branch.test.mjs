@@ -16,7 +16,7 @@ describe("branch and snapshots", needsDaemon, () => {
     sb = await t.create(TAG);
     await sb.files.write("/root/state.txt", "before the branch");
     // A process that keeps running: a branch captures it too.
-    await sb.commands.run("sh -c 'while :; do date +%s%N > /tmp/tick; sleep 0.2; done' >/dev/null 2>&1 &", { timeoutMs: 5000 });
+    await sb.commands.run("sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/tick; sleep 0.2; done' >/dev/null 2>&1 &", { timeoutMs: 5000 });
   });
   after(async () => {
     await t.cleanup();
