@@ -37,7 +37,7 @@ describe("runCode", needsPython, () => {
   test("stdout and stderr as logs, streamed to callbacks as printed", async () => {
     const seen = [];
     const t0 = Date.now();
-    const ex = await sb.runCode("import sys, time\nprint('one')\nsys.stdout.flush()\ntime.sleep(0.6)\nprint('two', file=sys.stderr)\n'done'", {
+    const ex = await sb.runCode("import sys, time\nprint('one')\nsys.stdout.flush()\ntime.sleep(1.2)\nprint('two', file=sys.stderr)\n'done'", {
       onStdout: (s) => seen.push(["out", s, Date.now() - t0]),
       onStderr: (s) => seen.push(["err", s, Date.now() - t0]),
     });

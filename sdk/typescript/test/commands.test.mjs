@@ -142,10 +142,11 @@ describe("commands", needsDaemon, () => {
   });
 
   test("background: handle with output so far, wait(), exit codes", async () => {
-    const h = await sb.commands.run("echo first; sleep 0.6; echo second", { background: true });
+    // sleep 3: room for a loaded host between "first" arriving and the checks.
+    const h = await sb.commands.run("echo first; sleep 3; echo second", { background: true });
     assert.ok(h instanceof CommandHandle);
     assert.equal(h.exitCode, undefined);
-    await sleep(300);
+    for (let i = 0; i < 200 && !h.stdout.includes("first"); i++) await sleep(50);
     assert.equal(h.stdout, "first\n");
     const r = await h.wait();
     assert.equal(r.stdout, "first\nsecond\n");
