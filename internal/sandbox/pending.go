@@ -90,13 +90,19 @@ func (e *Engine) BranchAsync(id string, opts BranchOptions) (PendingSnapshot, er
 	}
 	p := &PendingSnapshot{Tag: opts.Tag, Mode: opts.Mode, SandboxID: id, Started: time.Now(), State: PendingWriting}
 	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return PendingSnapshot{}, fmt.Errorf("the engine is shutting down: %w", errdefs.ErrUnavailable)
+	}
 	if _, ok := e.pending[opts.Tag]; ok {
 		e.mu.Unlock()
 		return PendingSnapshot{}, fmt.Errorf("snapshot %q already exists (pending): %w", opts.Tag, errdefs.ErrAlreadyExists)
 	}
 	e.pending[opts.Tag] = p
-	e.mu.Unlock()
+	// Added under mu, where Close sets closed before it waits: no Add
+	// can race that Wait.
 	e.bg.Add(1)
+	e.mu.Unlock()
 	go func() {
 		defer e.bg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), asyncBranchTimeout)
