@@ -50,7 +50,9 @@ func TestInVM(t *testing.T) {
 	if accel == "" {
 		accel = "tcg"
 	}
-	cmdline := "console=ttyS0 panic=-1 forkd.hostname=vm-boot forkd.ip=10.0.2.15/24 forkd.gw=10.0.2.2 forkd.dns=10.0.2.3"
+	// reboot=t as the QEMU driver has it (kernelArgs in internal/vmm/qemu):
+	// other reboot methods can leave a microvm guest looping, never exiting.
+	cmdline := "console=ttyS0 panic=-1 reboot=t forkd.hostname=vm-boot forkd.ip=10.0.2.15/24 forkd.gw=10.0.2.2 forkd.dns=10.0.2.3"
 	cpu := "host"
 	if accel == "tcg" {
 		cpu = "max"

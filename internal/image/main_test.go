@@ -171,7 +171,11 @@ func bootImage(t *testing.T, img *Image) string {
 		"-smp", "1", "-m", fmt.Sprintf("%dM", img.MemoryMiB),
 		"-nodefaults", "-no-user-config", "-nographic", "-display", "none", "-no-reboot",
 		"-kernel", img.Kernel, "-initrd", img.Initrd,
-		"-append", fmt.Sprintf("console=ttyS0 panic=-1 quiet tsc_early_khz=%d tsc=reliable no_timer_check", hostKHz(t)),
+		// reboot=t as the QEMU driver has it: the kernel's default reboot
+		// methods can leave a microvm guest in a reboot loop QEMU never
+		// sees (see kernelArgs in internal/vmm/qemu), and then this boot
+		// never ends.
+		"-append", fmt.Sprintf("console=ttyS0 panic=-1 reboot=t quiet tsc_early_khz=%d tsc=reliable no_timer_check", hostKHz(t)),
 		"-serial", "stdio",
 		"-drive", "file=" + img.Rootfs + ",format=raw,if=none,id=d0,readonly=on",
 		"-device", "virtio-blk-device,drive=d0",
