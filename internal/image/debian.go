@@ -69,8 +69,19 @@ func (b *Builder) debianTree(ctx context.Context, r *recipe.Recipe, release, sta
 	if err := os.Chmod(stage, 0o755); err != nil {
 		return nil, err
 	}
+	sourcesText := deb822Text(sources)
+	if len(r.Omit) > 0 {
+		// The placeholders are served from a local flat repository in the
+		// staging directory; mmdebstrap's own hook bind-mounts file://
+		// repositories into the tree, where dpkg runs.
+		repo := filepath.Join(stage, "placeholders")
+		if err := placeholderRepo(ctx, r, repo); err != nil {
+			return nil, err
+		}
+		sourcesText += fmt.Sprintf("\nTypes: deb\nURIs: file://%s\nSuites: ./\nTrusted: yes\n", repo)
+	}
 	sourcesFile := filepath.Join(stage, "debian.sources")
-	if err := os.WriteFile(sourcesFile, []byte(deb822Text(sources)), 0o644); err != nil {
+	if err := os.WriteFile(sourcesFile, []byte(sourcesText), 0o644); err != nil {
 		return nil, err
 	}
 
@@ -85,6 +96,11 @@ func (b *Builder) debianTree(ctx context.Context, r *recipe.Recipe, release, sta
 	if len(r.Packages) > 0 {
 		args = append(args, "--include="+strings.Join(r.Packages, ","))
 	}
+	if len(r.Omit) > 0 {
+		// Named explicitly: each placeholder's version sorts above the
+		// archive's, so it is the candidate apt installs.
+		args = append(args, "--hook-dir="+fileMirrorHook, "--include="+strings.Join(r.Omit, ","))
+	}
 	for _, e := range debianExcludes {
 		args = append(args, "--dpkgopt="+e)
 	}
@@ -92,6 +108,9 @@ func (b *Builder) debianTree(ctx context.Context, r *recipe.Recipe, release, sta
 
 	start := time.Now()
 	say("rootfs: mmdebstrap %s (essential + %s)", release, strings.Join(r.Packages, ", "))
+	if len(r.Omit) > 0 {
+		say("rootfs: omitted (empty placeholders): %s", strings.Join(r.Omit, ", "))
+	}
 	_, err = run(ctx, command{
 		name:        "unshare",
 		args:        args,
@@ -181,4 +200,64 @@ func dpkgInstalled(statusFile string) (map[string]string, error) {
 	}
 	flush()
 	return out, sc.Err()
+}
+
+// fileMirrorHook is shipped with mmdebstrap (1.1 and later).
+const fileMirrorHook = "/usr/share/mmdebstrap/hooks/file-mirror-automount"
+
+// placeholderSuffix marks the version of a placeholder package, so dpkg -l
+// in the guest says what it is, and it sorts above the archive's version
+// (apt then never prefers the real package over it).
+const placeholderSuffix = "+forkd.omitted"
+
+// placeholderRepo writes a flat apt repository to dir with one empty
+// package per omitted package of r, named like it and versioned just above
+// its candidate in the host's lists, so that versioned dependencies on it
+// (">= X", "<< next upstream") still hold.
+func placeholderRepo(ctx context.Context, r *recipe.Recipe, dir string) error {
+	if err := requireTools("dpkg-deb"); err != nil {
+		return err
+	}
+	if _, err := os.Stat(fileMirrorHook); err != nil {
+		return fmt.Errorf("omit needs mmdebstrap's hook %s (mmdebstrap 1.1 or later; Debian 12 has it): %w",
+			fileMirrorHook, errdefs.ErrFailedPrecondition)
+	}
+	cands, err := aptCandidates(ctx, r.Omit...)
+	if err != nil {
+		return err
+	}
+	var missing []string
+	for _, p := range r.Omit {
+		if _, ok := cands[p]; !ok {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("omit: packages not available in Debian: %s (omit names packages that something in packages depends on; check the names with `apt-cache policy`): %w",
+			strings.Join(missing, ", "), errdefs.ErrInvalidArgument)
+	}
+	var index strings.Builder
+	for _, p := range r.Omit {
+		control := fmt.Sprintf("Package: %s\nVersion: %s%s\nArchitecture: all\nMulti-Arch: foreign\n"+
+			"Maintainer: forkd <forkd@localhost>\nSection: misc\nPriority: optional\n"+
+			"Description: empty placeholder for %s\n forkd recipe %q omits %s: this package only satisfies\n dependencies on it and installs no files.\n",
+			p, cands[p], placeholderSuffix, p, r.Name, p)
+		root := filepath.Join(dir, "src", p)
+		if err := os.MkdirAll(filepath.Join(root, "DEBIAN"), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(root, "DEBIAN", "control"), []byte(control), 0o644); err != nil {
+			return err
+		}
+		deb := p + ".deb"
+		if _, err := run(ctx, command{name: "dpkg-deb", args: []string{"--root-owner-group", "--build", root, filepath.Join(dir, deb)}}); err != nil {
+			return fmt.Errorf("placeholder package for %s: %w", p, err)
+		}
+		fi, err := fileDigest(filepath.Join(dir, deb))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&index, "%sFilename: ./%s\nSize: %d\nSHA256: %s\n\n", control, deb, fi.Size, fi.SHA256)
+	}
+	return os.WriteFile(filepath.Join(dir, "Packages"), []byte(index.String()), 0o644)
 }

@@ -27,7 +27,7 @@
 //	DataDir/cache/rootfs/<key>/           rootfs.ext4, rootfs.json
 //	DataDir/images/<digest>/              vmlinuz, initrd.img, rootfs.ext4, image.json
 //
-// The rootfs key is recipe.RootfsKey (base and packages) plus the Debian
+// The rootfs key is recipe.RootfsKey (base, packages, omit) plus the Debian
 // release and architecture, so editing warm-up code, memory size or the agent
 // produces a new image in about a second without rebuilding the root file
 // system. Image files are hard links to the cached kernel and root file
@@ -43,7 +43,9 @@
 // # Host requirements
 //
 // A Debian host with apt package lists (apt-get update), dpkg, e2fsprogs
-// (mkfs.ext4 -d), and for base = "debian" mmdebstrap and root. Missing tools
+// (mkfs.ext4 -d), and for base = "debian" mmdebstrap and root (a recipe's
+// omit list also needs dpkg-deb and mmdebstrap's file-mirror-automount hook:
+// placeholders come from a flat repository in the staging dir). Missing tools
 // are reported with the Debian package that provides them.
 package image
 

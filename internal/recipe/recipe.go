@@ -32,9 +32,15 @@ type Recipe struct {
 	Description string   `toml:"description"`
 	Base        string   `toml:"base"`
 	Packages    []string `toml:"packages"`
-	MemoryMiB   int      `toml:"memory_mib"`
-	VCPUs       int      `toml:"vcpus"`
-	Python      Python   `toml:"python"`
+	// Omit names packages that are never installed: anything that depends
+	// on one gets an empty placeholder package in its place. It is for
+	// build-time tools Debian lists as hard dependencies (scipy depends on
+	// the pythran compiler, which pulls in gcc, g++ and the boost headers:
+	// over half a gigabyte no sandbox runs).
+	Omit      []string `toml:"omit"`
+	MemoryMiB int      `toml:"memory_mib"`
+	VCPUs     int      `toml:"vcpus"`
+	Python    Python   `toml:"python"`
 
 	// Path is where the recipe was read from; Source its exact bytes, which
 	// feed the image digest.
@@ -65,7 +71,7 @@ func Parse(path string, data []byte) (*Recipe, error) {
 		for i, k := range un {
 			keys[i] = k.String()
 		}
-		return nil, fmt.Errorf("recipe %s: unknown keys %s (known: name, description, base, packages, memory_mib, vcpus, [python] enabled, warm): %w",
+		return nil, fmt.Errorf("recipe %s: unknown keys %s (known: name, description, base, packages, omit, memory_mib, vcpus, [python] enabled, warm): %w",
 			path, strings.Join(keys, ", "), errdefs.ErrInvalidArgument)
 	}
 	r.Path, r.Source = path, data
@@ -86,13 +92,21 @@ func (r *Recipe) Validate() error {
 	}
 	switch r.Base {
 	case BaseBusybox:
-		if len(r.Packages) > 0 {
-			return bad("base %q takes no packages; use base = %q", BaseBusybox, BaseDebian)
+		if len(r.Packages) > 0 || len(r.Omit) > 0 {
+			return bad("base %q takes no packages or omit; use base = %q", BaseBusybox, BaseDebian)
 		}
 	case BaseDebian:
 		for _, p := range r.Packages {
 			if !packageRule.MatchString(p) {
 				return bad("package %q is not a Debian package name", p)
+			}
+		}
+		for _, p := range r.Omit {
+			if !packageRule.MatchString(p) {
+				return bad("omit: %q is not a Debian package name", p)
+			}
+			if slices.Contains(r.Packages, p) {
+				return bad("package %q is both in packages and in omit; keep it in one", p)
 			}
 		}
 	default:
@@ -141,12 +155,20 @@ func (r *Recipe) Digest() string {
 	return hex.EncodeToString(sum[:])
 }
 
-// RootfsKey hashes only what shapes the root file system (base and sorted
-// packages), so editing warm-up code or memory size does not rebuild it.
+// RootfsKey hashes only what shapes the root file system (base, sorted
+// packages and sorted omitted packages), so editing warm-up code or memory
+// size does not rebuild it.
 func (r *Recipe) RootfsKey() string {
 	pk := append([]string(nil), r.Packages...)
 	sort.Strings(pk)
-	sum := sha256.Sum256([]byte(r.Base + "\n" + strings.Join(pk, "\n")))
+	key := r.Base + "\n" + strings.Join(pk, "\n")
+	if len(r.Omit) > 0 {
+		// Only when set, so the keys of recipes without omit stay as they were.
+		om := append([]string(nil), r.Omit...)
+		sort.Strings(om)
+		key += "\nomit\n" + strings.Join(om, "\n")
+	}
+	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:])
 }
 

@@ -1,6 +1,8 @@
 package recipe
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -47,6 +49,9 @@ func TestBadRecipes(t *testing.T) {
 		"memory range":   {"name='x'\nbase='busybox'\nmemory_mib=8", "out of range"},
 		"bad name":       {"name='X Y'\nbase='busybox'", "lowercase"},
 		"malformed toml": {"name='x", "recipe r.toml"},
+		"busybox omit":   {"name='x'\nbase='busybox'\nomit=['vim']", "takes no packages or omit"},
+		"bad omit":       {"name='x'\nbase='debian'\nomit=['../x']", "omit: \"../x\" is not a Debian package name"},
+		"omit installed": {"name='x'\nbase='debian'\npackages=['vim']\nomit=['vim']", "both in packages and in omit"},
 	} {
 		_, err := Parse("r.toml", []byte(c.src))
 		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), c.says) {
@@ -69,6 +74,32 @@ func TestRootfsKeyIgnoresWarmAndOrder(t *testing.T) {
 	}
 	if a.Digest() == b.Digest() {
 		t.Error("recipe digest ignores a change")
+	}
+}
+
+func TestRootfsKeyCoversOmit(t *testing.T) {
+	parse := func(src string) *Recipe {
+		t.Helper()
+		r, err := Parse("r", []byte(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	plain := parse("name='a'\nbase='debian'\npackages=['busybox']")
+	omitA := parse("name='a'\nbase='debian'\npackages=['busybox']\nomit=['python3-sympy','python3-pythran']")
+	omitB := parse("name='a'\nbase='debian'\npackages=['busybox']\nomit=['python3-pythran','python3-sympy']")
+	if plain.RootfsKey() == omitA.RootfsKey() {
+		t.Error("root fs key ignores omit")
+	}
+	if omitA.RootfsKey() != omitB.RootfsKey() {
+		t.Error("root fs key depends on the order of omit")
+	}
+	// A recipe without omit keeps the key it had before omit existed, so
+	// cached root file systems stay valid.
+	sum := sha256.Sum256([]byte("debian\nbusybox"))
+	if got, want := plain.RootfsKey(), hex.EncodeToString(sum[:]); got != want {
+		t.Errorf("root fs key without omit = %s, want %s (the key before omit existed)", got, want)
 	}
 }
 
