@@ -3,6 +3,8 @@
 #   make test         unit tests + integration tests that boot real microVMs
 
 GO        ?= go
+# scripts/install-go.sh puts Go there when the host's is missing or too old.
+export PATH := /usr/local/go/bin:$(PATH)
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X main.version=$(VERSION)
 # Integration tests share an image cache across runs (kernel, busybox, root fs).

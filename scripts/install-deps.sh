@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages forkd needs, only those missing. Used by
+# Installs the Debian packages forkd needs, only those missing, and a Go
+# toolchain new enough for go.mod (scripts/install-go.sh). Used by
 # `make quickstart`, `make test` and CI. Needs root (apt-get).
 #   --test   also what the tests of the SDKs and the MCP client need:
 #            Debian's python3-pytest, Node.js and npm (the TypeScript SDK
@@ -39,6 +40,8 @@ if [ "${#need[@]}" -gt 0 ]; then
   echo "forkd: installing ${need[*]}" >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+# Go: Debian's golang is too old for this module; fetch the pinned one.
+"$(dirname "$0")/install-go.sh"
 for m in tun; do
   [ -e /dev/net/tun ] || modprobe "$m" 2>/dev/null || echo "forkd: /dev/net/tun missing: load the tun module (modprobe tun)" >&2
 done
