@@ -34,8 +34,9 @@ case "$(uname -m)" in
   aarch64) arch=arm64 ;;
   *) echo "forkd: no Go toolchain download for $(uname -m); install Go >= $want from https://go.dev/dl/" >&2; exit 1 ;;
 esac
-command -v curl >/dev/null || { echo "forkd: installing Go needs curl (apt-get install curl)" >&2; exit 1; }
-command -v unzip >/dev/null || { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends unzip >/dev/null; }
+for t in curl unzip; do
+  command -v "$t" >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$t" >/dev/null
+done
 
 proxy=${GOPROXY:-https://proxy.golang.org}
 proxy=${proxy%%,*}
