@@ -73,7 +73,7 @@ func TestBranch(t *testing.T) {
 	}
 	// Live branches need the memory image on tmpfs (userfaultfd
 	// write-protect) and QEMU allowed to create a userfaultfd; snapshots live
-	// on disk and QEMU runs as nobody, so the engine says so and leaves no tag.
+	// on disk and QEMU runs unprivileged, so the engine says so and leaves no tag.
 	liveTag := "it-branch-live-" + snapshot.NewID()
 	if _, err := e.Branch(ctx, src.ID, sandbox.BranchOptions{Tag: liveTag, Mode: sandbox.BranchLive}); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "diff") {
 		t.Errorf("live branch: %v, want a failed precondition pointing to diff", err)

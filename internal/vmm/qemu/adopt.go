@@ -88,6 +88,13 @@ func (d *Driver) Adopt(ctx context.Context, spec vmm.AdoptSpec) (vmm.Machine, er
 	}
 	m := newMachine(d, cfg, proc, incoming)
 	m.pid, m.ident = want.PID, want
+	if d.uids != nil {
+		// The uid it dropped to stays taken while it runs.
+		if uid, err := procUID(want.PID); err == nil && d.uids.r.Contains(uid) {
+			d.uids.mark(uid)
+			m.uid = uid
+		}
+	}
 	m.state = stateRunning
 	m.attach(c)
 	go m.reap()

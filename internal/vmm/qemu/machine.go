@@ -49,6 +49,7 @@ type Machine struct {
 	proc     process // the QEMU process: a child (started) or a pidfd (adopted)
 	ident    vmm.ProcessIdentity
 	incoming bool
+	uid      int // from the driver's uid pool, released when reaped; 0 if none
 	qmp      *qmp.Client   // set once connected (under mu), before the machine is handed out
 	qmpReady time.Duration // process start to QMP ready
 
@@ -165,6 +166,10 @@ func (m *Machine) transition(op string, next state, from ...state) error {
 // directory's sockets.
 func (m *Machine) reap() {
 	werr := m.proc.wait()
+	if m.uid != 0 && m.d.uids != nil {
+		// The process is gone: nothing runs as that uid any more.
+		m.d.uids.release(m.uid)
+	}
 	m.exited()
 	m.mu.Lock()
 	c, events := m.qmp, m.events

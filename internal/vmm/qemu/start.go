@@ -166,6 +166,14 @@ func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile str
 	defer stderr.Close()
 
 	l := &launch{cfg: cfg, accel: accel, cpu: d.cfg.CPU, incoming: incoming, runAs: d.cfg.RunAs}
+	var uid int
+	if d.uids != nil {
+		if uid, err = d.uids.take(); err != nil {
+			return nil, fmt.Errorf("qemu %s: %w", cfg.ID, err)
+		}
+		// Held until the reaper sees the process exit (or the spawn fails).
+		l.runAs = fmt.Sprintf("%d:%d", uid, uid)
+	}
 	if l.cpu == "" {
 		l.cpu = "max"
 		if accel == vmm.AccelKVM {
@@ -188,7 +196,11 @@ func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile str
 		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	}
 	m := newMachine(d, cfg, child{cmd}, incoming)
+	m.uid = uid
 	if err := d.spawn(cmd, cfg.Network); err != nil {
+		if uid != 0 {
+			d.uids.release(uid)
+		}
 		return nil, fmt.Errorf("qemu %s: start %s: %w", cfg.ID, d.binary, err)
 	}
 	spawned := time.Now()

@@ -260,11 +260,14 @@ func TestTemplateSnapshot(t *testing.T) {
 
 func TestClones(t *testing.T) {
 	f := template(t)
-	d := newTestDriver(t, Config{RunAs: "nobody"})
+	// Each clone drops to a uid of its own from a range of exactly two.
+	uids := UIDRange{First: 2_000_100_000, Count: 2}
+	d := newTestDriver(t, Config{UIDs: uids})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
 	ids := []string{"c1", "c2"}
+	seenUID := map[int]string{}
 	machines := make([]*Machine, len(ids))
 	nss := make([]*netns.NS, len(ids))
 	agents := make([]*testguest.Agent, len(ids))
@@ -272,9 +275,16 @@ func TestClones(t *testing.T) {
 		start := time.Now()
 		machines[i], nss[i] = f.clone(t, d, id)
 		t.Logf("%s: Prepare %v (QEMU start->QMP %v)", id, time.Since(start), machines[i].StartupTime())
-		if err := checkUID(machines[i].PID(), 65534); err != nil {
+		uid, err := procUID(machines[i].PID())
+		switch {
+		case err != nil:
 			t.Error(err)
+		case !uids.Contains(uid):
+			t.Errorf("%s runs as uid %d, outside %+v", id, uid, uids)
+		case seenUID[uid] != "":
+			t.Errorf("%s runs as uid %d, like %s", id, uid, seenUID[uid])
 		}
+		seenUID[uid] = id
 		// The agent can be dialled before the guest runs.
 		conn, err := machines[i].DialAgent(ctx)
 		if err != nil {
