@@ -49,7 +49,7 @@ type Machine struct {
 	proc     process // the QEMU process: a child (started) or a pidfd (adopted)
 	ident    vmm.ProcessIdentity
 	incoming bool
-	uid      int // from the driver's uid pool, released when reaped; 0 if none
+	uid      int           // from the driver's uid pool, released when reaped; 0 if none
 	qmp      *qmp.Client   // set once connected (under mu), before the machine is handed out
 	qmpReady time.Duration // process start to QMP ready
 
