@@ -87,6 +87,12 @@ type MachineConfig struct {
 	VMGenID string
 	// ConsoleLog receives the guest serial console (appended).
 	ConsoleLog string
+	// TrackDirtyPages asks the VMM to track the pages the guest writes, for
+	// a later diff snapshot. Firecracker needs it at boot and restore
+	// (machine-config and snapshot/load track_dirty_pages); QEMU reads
+	// written pages of a private mapping from /proc/PID/pagemap and ignores
+	// it.
+	TrackDirtyPages bool
 	// Nice is the CPU niceness the VMM process starts with (0: normal).
 	// Pool refills start VMMs at a low priority so they yield to running
 	// sandboxes; Prioritizer resets it when one is taken.
@@ -98,11 +104,31 @@ type BootSpec struct {
 	MachineConfig
 }
 
+// MemoryBackend says where a restored guest's memory comes from.
+type MemoryBackend string
+
+const (
+	// MemoryBackendFile maps MachineConfig.MemoryFile copy-on-write
+	// (QEMU's share=off, Firecracker's mem_backend File).
+	MemoryBackendFile MemoryBackend = ""
+	// MemoryBackendUffd registers guest memory with userfaultfd and hands
+	// every first touch of a page to a page server listening on
+	// PrepareSpec.UffdSocket (Firecracker's mem_backend Uffd). A page
+	// server can serve a diff chain's layers without assembling them, or
+	// pages from another host. Drivers without it return ErrNotImplemented
+	// from Prepare.
+	MemoryBackendUffd MemoryBackend = "uffd"
+)
+
 // PrepareSpec starts a VMM process that waits to be restored.
 type PrepareSpec struct {
 	MachineConfig
 	// StateFile is the device-state file of the snapshot to restore.
 	StateFile string
+	// MemoryBackend selects how guest memory is served (default: the file).
+	MemoryBackend MemoryBackend
+	// UffdSocket is the page server's Unix socket, for MemoryBackendUffd.
+	UffdSocket string
 }
 
 // SnapshotType is the kind of snapshot to take.

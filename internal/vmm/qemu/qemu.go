@@ -284,6 +284,12 @@ func (d *Driver) Prepare(ctx context.Context, spec vmm.PrepareSpec) (vmm.Machine
 	if spec.StateFile == "" {
 		return nil, fmt.Errorf("qemu prepare %s: no state file: %w", spec.ID, errdefs.ErrInvalidArgument)
 	}
+	if spec.MemoryBackend != vmm.MemoryBackendFile {
+		// QEMU 7.2 has no external page server for incoming RAM (its
+		// postcopy needs a live source QEMU); clones map the file.
+		return nil, fmt.Errorf("qemu prepare %s: memory backend %q: QEMU clones map the memory file; use the default file backend: %w",
+			spec.ID, spec.MemoryBackend, errdefs.ErrNotImplemented)
+	}
 	return d.start(ctx, spec.MachineConfig, spec.StateFile)
 }
 

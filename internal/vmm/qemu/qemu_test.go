@@ -240,6 +240,20 @@ func TestNewErrors(t *testing.T) {
 	}
 }
 
+func TestPrepareRefusesUffdBackend(t *testing.T) {
+	d, err := New(Config{Binary: "/bin/true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.Prepare(context.Background(), vmm.PrepareSpec{
+		MachineConfig: vmm.MachineConfig{ID: "x", RunDir: t.TempDir()},
+		StateFile:     "/nonexistent/state", MemoryBackend: vmm.MemoryBackendUffd, UffdSocket: "/run/x.sock",
+	})
+	if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "file backend") {
+		t.Errorf("uffd backend: %v, want not implemented naming the file backend", err)
+	}
+}
+
 func TestValidateRefusesOptionInjection(t *testing.T) {
 	for _, n := range []vmm.Network{
 		{TapName: "tap0", MAC: "06:00:ac:1f:00:02,romfile=/etc/shadow"},
