@@ -92,7 +92,11 @@ func (l *launch) args() []string {
 			c.MemoryMiB, optEscape(c.MemoryFile), share))
 	}
 	a = append(a, "-kernel", c.Image.Kernel)
-	if c.Image.Initrd != "" {
+	// A clone never boots, and QEMU would read the whole initramfs into a
+	// buffer it keeps for the life of the process (8 MB for py-pandas), as
+	// with the kernel (see restoreKernel): clones get none. The initramfs
+	// is not part of the migrated state.
+	if c.Image.Initrd != "" && !l.incoming {
 		a = append(a, "-initrd", c.Image.Initrd)
 	}
 	a = append(a, "-append", l.kernelArgs())

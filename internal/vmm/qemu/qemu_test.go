@@ -136,6 +136,10 @@ func TestArgsClone(t *testing.T) {
 	if argAfter(a, "-device", "virtio-net-device,netdev=n0,mac=06:00:ac:1f:00:02") == "" {
 		t.Errorf("no NIC in %q", a)
 	}
+	// A clone never boots: no initramfs for QEMU to keep in memory.
+	if slices.Contains(a, "-initrd") {
+		t.Errorf("clone gets -initrd: %q", a)
+	}
 }
 
 func TestArgsKVM(t *testing.T) {
