@@ -27,7 +27,9 @@ import (
 //	/v1/info     -> Info with the sandbox id of the last HELLO
 //	/echo        -> the request body
 //	/v1/quiesce  -> {} then EndSession
+//	/touch       -> counts the request, answers 204
 type testAgent struct {
+	touched atomic.Int64
 	port    *agentconntest.Port
 	hellos  atomic.Int64
 	mu      sync.Mutex
@@ -51,8 +53,13 @@ func startAgent(t *testing.T) *testAgent {
 		}
 		io.Copy(w, r.Body)
 	})
+	mux.HandleFunc("POST /touch", func(w http.ResponseWriter, r *http.Request) {
+		a.touched.Add(1)
+		w.WriteHeader(http.StatusNoContent)
+	})
 	mux.HandleFunc("POST "+agentapi.PathQuiesce, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", "3")
+		w.Header().Set("Connection", "close")
 		io.WriteString(w, "{}\n")
 		if err := EndSession(w, r); err != nil {
 			t.Errorf("EndSession: %v", err)
@@ -294,6 +301,64 @@ func TestQuiesceThenNewHello(t *testing.T) {
 			s2 := dial(t, conn, "child")
 			mustInfo(t, s2, "child")
 		})
+	}
+}
+
+// A request sent once the quiesce reply has arrived is never served, on a
+// new stream (GoAway) or on one kept alive from before (the session
+// refuses it): a template saved after the reply holds no half-done request.
+func TestNoRequestServedAfterQuiesce(t *testing.T) {
+	for i := range 5 {
+		a := startAgent(t)
+		s1 := dial(t, a.port.Connect(), "template")
+		// Idle kept-alive streams, as a host has after earlier requests.
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Add(1)
+			go func() { defer wg.Done(); mustInfo(t, s1, "template") }()
+		}
+		wg.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		req, _ := http.NewRequestWithContext(ctx, "POST", BaseURL+agentapi.PathQuiesce, nil)
+		resp, err := s1.HTTPClient().Do(req)
+		if err != nil {
+			t.Fatalf("quiesce: %v", err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		cancel()
+		if !resp.Close {
+			t.Errorf("quiesce reply lets the host keep its stream (no Connection: close)")
+		}
+
+		// Right after the reply: a new stream, and requests on the kept
+		// streams. A request may fail or get a 503, or go unanswered
+		// (the session ended before the agent read it); bounded here.
+		short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				req, _ := http.NewRequestWithContext(short, "POST", BaseURL+"/touch", nil)
+				if resp, err := s1.HTTPClient().Do(req); err == nil {
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusServiceUnavailable {
+						t.Errorf("request after quiesce: %s, want 503 or an error", resp.Status)
+					}
+				}
+			}()
+		}
+		if _, err := s1.mux.Open(); err == nil {
+			t.Errorf("run %d: a new stream opened after the quiesce reply (no GoAway before it)", i)
+		}
+		wg.Wait()
+		cancel()
+		s1.Close()
+		s2 := dial(t, a.port.Connect(), "child")
+		mustInfo(t, s2, "child")
+		if n := a.touched.Load(); n != 0 {
+			t.Fatalf("run %d: %d requests served after the quiesce reply", i, n)
+		}
 	}
 }
 

@@ -235,6 +235,12 @@ func (s *Session) Ready() agentapi.Ready { return s.ready }
 // Done is closed when the session ends (Close, or the connection failed).
 func (s *Session) Done() <-chan struct{} { return s.mux.CloseChan() }
 
+// CloseIdleConnections closes the streams kept for later requests. After
+// Quiesce the agent serves no more requests on this session; with no idle
+// stream left, a later request fails at once (the agent's GoAway refuses a
+// new stream) instead of waiting on a stream nobody reads.
+func (s *Session) CloseIdleConnections() { s.transport.CloseIdleConnections() }
+
 // Close ends the session and closes its connection. To re-attach to the same
 // VM, connect again and Dial.
 func (s *Session) Close() error {

@@ -208,7 +208,7 @@ func (s *Server) runSession(ctx context.Context, n int64, port io.Writer, events
 	}
 	ctl := &sessionCtl{mux: mux, end: make(chan struct{})}
 	srv := &http.Server{
-		Handler:  s.Handler,
+		Handler:  ctl.guard(s.Handler),
 		ErrorLog: log.New(logWriter(s.logf), "http: ", 0),
 		BaseContext: func(net.Listener) context.Context {
 			return context.WithValue(ctx, sessionKey{}, ctl)
@@ -349,9 +349,35 @@ func (c *sessionConn) Close() error {
 type sessionKey struct{}
 
 type sessionCtl struct {
-	mux  *yamux.Session
-	once sync.Once
-	end  chan struct{}
+	mux *yamux.Session
+	// ending is set by EndSession before its response leaves: from then on
+	// no request of this session reaches the handler (see guard).
+	ending atomic.Bool
+	once   sync.Once
+	end    chan struct{}
+}
+
+// guard refuses every request that arrives once the session is ending. A
+// host may send one on a stream it already had open (HTTP keep-alive),
+// which the GoAway does not stop; the session loop may still feed it to
+// yamux before it sees end. Serving it would change the guest after the
+// host was told it was quiesced, e.g. while a template is being saved.
+func (c *sessionCtl) guard(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c.ending.Load() {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.Header().Set("Connection", "close")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_ = json.NewEncoder(w).Encode(agentapi.Problem{
+				Title:  http.StatusText(http.StatusServiceUnavailable),
+				Status: http.StatusServiceUnavailable,
+				Detail: "the agent session was quiesced and takes no more requests: connect again with a new HELLO",
+				Code:   "unavailable",
+			})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // ErrNoSession is returned by EndSession for a request that did not arrive
@@ -359,24 +385,36 @@ type sessionCtl struct {
 var ErrNoSession = errors.New("agentconn: request is not on an agent session")
 
 // EndSession ends the session that carried r, after flushing w: the agent's
-// quiesce handler writes its complete response (with a Content-Length, so
-// nothing is left to write after the handler returns), then calls
-// EndSession. The host receives the response, then a yamux GoAway (so it
-// opens no new streams), and the agent goes back to awaiting a HELLO. The
-// port stays open.
+// quiesce handler writes its complete response (with a Content-Length and
+// "Connection: close", so nothing is left to write after the handler returns
+// and the host does not reuse the stream), then calls EndSession.
+//
+// The order is what makes the quiesce reply a promise: first the session
+// stops serving (requests that arrive from now on are refused without
+// reaching the handler, see guard), then a yamux GoAway goes out (the host
+// opens no new streams; yamux refuses any it opens anyway), and only then
+// the response, so the host learns that the session ended before it could
+// send anything that would still be served. The agent then goes back to
+// awaiting a HELLO; the port stays open. Requests already being served on
+// other streams are not waited for: a host quiesces an idle agent.
 func EndSession(w http.ResponseWriter, r *http.Request) error {
 	ctl, _ := r.Context().Value(sessionKey{}).(*sessionCtl)
 	if ctl == nil {
 		return ErrNoSession
 	}
+	ctl.ending.Store(true)
+	// GoAway returns once the frame is on the port; the response is still
+	// in w's buffer (the handler has not returned), so it follows.
+	_ = ctl.mux.GoAway() // best effort: the host may already be gone
 	// Flush writes the response through the yamux stream, whose Write
 	// returns only once the frame is on the port.
-	if err := http.NewResponseController(w).Flush(); err != nil {
+	err := http.NewResponseController(w).Flush()
+	ctl.once.Do(func() { close(ctl.end) })
+	if err != nil && !ctl.mux.IsClosed() {
+		// A closed session means the host hung up, possibly right after
+		// reading the reply (yamux may report the shutdown to a write
+		// whose frame already left): the session is over either way.
 		return fmt.Errorf("agentconn: flushing the response before ending the session: %w", err)
 	}
-	ctl.once.Do(func() {
-		_ = ctl.mux.GoAway() // best effort: the host may already be gone
-		close(ctl.end)
-	})
 	return nil
 }
