@@ -22,9 +22,10 @@
 // Python reseed) before it answers READY: no request can observe the
 // template's identity.
 //
-// A host that wants to snapshot the VM calls Quiesce; the agent answers, sends
-// a yamux GoAway (the host must open no new stream), ends its yamux session
-// and waits for a new HELLO. If the host goes away (the stream reads EOF), the
+// A host that wants to snapshot the VM calls Quiesce; the agent stops serving
+// requests on the session, sends a yamux GoAway (the host must open no new
+// stream), then answers (Connection: close), ends its yamux session and waits
+// for a new HELLO. Nothing the host sends after reading the answer is served. If the host goes away (the stream reads EOF), the
 // agent waits for a new HELLO too. A HELLO may also arrive while the agent
 // still runs a session, e.g. in a VM restored from a snapshot taken without
 // Quiesce, or when a new host connected before the agent saw the old one
@@ -61,7 +62,38 @@ const (
 	PathRunCode     = "/v1/run_code"     // POST RunCodeRequest -> RunCodeResult
 	PathQuiesce     = "/v1/quiesce"      // POST -> {} ; agent then ends the session and awaits a new HELLO
 	PathShutdown    = "/v1/shutdown"     // POST -> {} ; agent syncs and powers the VM off
+	PathProcesses   = "/v1/processes"    // GET -> []ProcessInfo (running execs); see ProcessStdinPath, ProcessSignalPath
 )
+
+// ProcessStdinPath is where raw bytes are appended to the stdin of the exec
+// with guest pid pid (POST, body = the bytes; ?close=1 closes stdin after
+// them) -> 204. Only an exec started with StdinOpen accepts it.
+func ProcessStdinPath(pid int) string { return PathProcesses + "/" + itoa(pid) + "/stdin" }
+
+// ProcessSignalPath is where a signal is sent to the process group of the
+// exec with guest pid pid (POST SignalRequest) -> 204.
+func ProcessSignalPath(pid int) string { return PathProcesses + "/" + itoa(pid) + "/signal" }
+
+// PidHeader is set on the 200 of PathExec: the guest pid of the process,
+// the handle for PathProcesses and its sub-paths. It is the pid of the
+// process started (the shell for ExecRequest.Shell), which leads its own
+// process group.
+const PidHeader = "X-Forkd-Pid"
+
+// itoa formats a non-negative int without strconv (this package imports
+// nothing but time).
+func itoa(n int) string {
+	if n <= 0 {
+		return "0"
+	}
+	var b [20]byte
+	i := len(b)
+	for ; n > 0; n /= 10 {
+		i--
+		b[i] = byte('0' + n%10)
+	}
+	return string(b[i:])
+}
 
 // ExecHeader carries the JSON ExecRequest for PathExec, so the body can be
 // the process's stdin stream.
@@ -123,12 +155,39 @@ type ExecRequest struct {
 	// TimeoutMillis > 0 kills the whole process group when it elapses.
 	TimeoutMillis int64 `json:"timeout_ms,omitempty"`
 	// Stdin true: the request body is streamed to the process's stdin (EOF
-	// closes it). false: stdin is /dev/null.
+	// closes it, unless StdinOpen). false: stdin is /dev/null, unless
+	// StdinOpen.
 	Stdin bool `json:"stdin,omitempty"`
+	// StdinOpen keeps the process's stdin open after the request body (if
+	// any) ends: more is written with ProcessStdinPath, which also closes
+	// it; it is closed when the process exits.
+	StdinOpen bool `json:"stdin_open,omitempty"`
 }
 
-// Exec event types.
+// ProcessInfo describes a running exec (PathProcesses). An exec is listed
+// from its start until its process exits.
+type ProcessInfo struct {
+	Pid   int      `json:"pid"`
+	Argv  []string `json:"argv"` // as run: /bin/sh -c SHELL for a Shell request
+	Shell string   `json:"shell,omitempty"`
+	Cwd   string   `json:"cwd"`
+	// Started is when the process started, by the guest's clock.
+	Started time.Time `json:"started"`
+	// StdinOpen is true while ProcessStdinPath accepts bytes: the exec asked
+	// for StdinOpen and its stdin was not closed yet.
+	StdinOpen bool `json:"stdin_open"`
+}
+
+// SignalRequest names the signal for ProcessSignalPath: "SIGTERM", "TERM"
+// or "term" all work. Empty means SIGKILL.
+type SignalRequest struct {
+	Signal string `json:"signal,omitempty"`
+}
+
+// Exec event types. Agents answer with stdout, stderr and exit events (the
+// pid is in PidHeader); the daemon's streams begin with a start event.
 const (
+	EventStart  = "start"
 	EventStdout = "stdout"
 	EventStderr = "stderr"
 	EventExit   = "exit"
@@ -138,6 +197,9 @@ const (
 // ends with exactly one EventExit; a stream that ends without it was cut.
 type ExecEvent struct {
 	Type string `json:"type"`
+	// Pid is set in EventStart: the guest pid of the process (absent when
+	// the sandbox's agent predates process control).
+	Pid  int    `json:"pid,omitempty"`
 	Data []byte `json:"data,omitempty"` // stdout/stderr bytes (base64 in JSON)
 	// For EventExit. A process killed by a signal reports Signal ("SIGKILL")
 	// and ExitCode 128+signal number, as shells do.

@@ -194,10 +194,12 @@ func (c *Client) Exec(ctx context.Context, req agentapi.ExecRequest, stdin io.Re
 }
 
 // ExecStarted is Exec that calls started (if not nil) once the process
-// runs, before any output: an error returned before that means the
+// runs, before any output, with its guest pid (0 from an agent that
+// predates process control): an error returned before that means the
 // process never started (a missing executable, a bad cwd), and a proxy
 // can still answer it with a plain error instead of an event stream.
-func (c *Client) ExecStarted(ctx context.Context, req agentapi.ExecRequest, stdin io.Reader, started func(), stdout, stderr io.Writer) (agentapi.ExecEvent, error) {
+// req.StdinOpen keeps stdin open after stdin's EOF, for WriteStdin.
+func (c *Client) ExecStarted(ctx context.Context, req agentapi.ExecRequest, stdin io.Reader, started func(pid int), stdout, stderr io.Writer) (agentapi.ExecEvent, error) {
 	req.Stdin = stdin != nil
 	h, err := json.Marshal(req)
 	if err != nil {
@@ -218,7 +220,8 @@ func (c *Client) ExecStarted(ctx context.Context, req agentapi.ExecRequest, stdi
 	}
 	defer resp.Body.Close()
 	if started != nil {
-		started()
+		pid, _ := strconv.Atoi(resp.Header.Get(agentapi.PidHeader))
+		started(max(pid, 0))
 	}
 	dec := json.NewDecoder(resp.Body)
 	for {
@@ -246,6 +249,47 @@ func (c *Client) ExecStarted(ctx context.Context, req agentapi.ExecRequest, stdi
 			}
 		}
 	}
+}
+
+// Processes lists the running execs.
+func (c *Client) Processes(ctx context.Context) ([]agentapi.ProcessInfo, error) {
+	var out []agentapi.ProcessInfo
+	err := c.call(ctx, "list processes", http.MethodGet, agentapi.PathProcesses, nil, nil, &out)
+	return out, err
+}
+
+// WriteStdin appends r to the stdin of the exec with guest pid pid (one
+// started with ExecRequest.StdinOpen), then closes that stdin when
+// closeStdin is set. It returns once the process's stdin pipe took every
+// byte: a process that does not read blocks it (ctx bounds the wait).
+// Errors: errdefs.ErrNotFound for a pid that is not a running exec,
+// errdefs.ErrFailedPrecondition when its stdin is not kept open or is
+// closed. Closing an already closed stdin with nothing to write succeeds.
+func (c *Client) WriteStdin(ctx context.Context, pid int, r io.Reader, closeStdin bool) error {
+	op := "write stdin of process " + strconv.Itoa(pid)
+	var q url.Values
+	if closeStdin {
+		q = url.Values{"close": {"1"}}
+	}
+	var body io.Reader
+	hdr := http.Header{}
+	if r != nil {
+		body = io.NopCloser(r) // net/http would Close a Closer
+		hdr.Set("Content-Type", "application/octet-stream")
+	}
+	resp, err := c.do(ctx, op, http.MethodPost, agentapi.ProcessStdinPath(pid), q, hdr, body)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// Signal sends sig ("SIGTERM"; "" is SIGKILL) to the process group of the
+// exec with guest pid pid. errdefs.ErrNotFound: no such running exec.
+func (c *Client) Signal(ctx context.Context, pid int, sig string) error {
+	op := "signal process " + strconv.Itoa(pid)
+	return c.call(ctx, op, http.MethodPost, agentapi.ProcessSignalPath(pid), nil, agentapi.SignalRequest{Signal: sig}, nil)
 }
 
 // ReadFile streams the guest file at path to w and returns its size.
@@ -411,7 +455,14 @@ func (c *Client) RunCodeStream(ctx context.Context, req agentapi.RunCodeRequest,
 // event races the new session. The caller closes the Session (and with it
 // the connection) after the snapshot; no further requests can succeed.
 func (c *Client) Quiesce(ctx context.Context) error {
-	return c.call(ctx, "quiesce", http.MethodPost, agentapi.PathQuiesce, nil, nil, nil)
+	err := c.call(ctx, "quiesce", http.MethodPost, agentapi.PathQuiesce, nil, nil, nil)
+	if err == nil && c.sess != nil {
+		// The agent refuses requests on streams of this session now; drop
+		// the idle ones so a stray later call fails fast (GoAway) rather
+		// than waiting for an answer that cannot come.
+		c.sess.CloseIdleConnections()
+	}
+	return err
 }
 
 // Shutdown asks the agent to power the VM off. It returns once the agent

@@ -18,7 +18,14 @@ type (
 	MkdirRequest  = agentapi.MkdirRequest
 	RunCodeResult = agentapi.RunCodeResult
 	CodeError     = agentapi.CodeError
+	ProcessInfo   = agentapi.ProcessInfo
+	SignalRequest = agentapi.SignalRequest
 )
+
+// PidHeader carries the guest pid of an exec's process on the exec answer
+// (streamed answers: with the 200; the first event, type start, carries it
+// too). The pid names the process in /v1/sandboxes/{id}/processes/{pid}/….
+const PidHeader = agentapi.PidHeader
 
 // ExecHeader carries the JSON ExecRequest on POST .../exec so the body can
 // stream stdin.
@@ -27,6 +34,9 @@ const ExecHeader = agentapi.ExecHeader
 // ExecResult is the buffered answer of exec (Accept: application/json).
 // Output is bounded; the Truncated flags say when it was cut.
 type ExecResult struct {
+	// Pid is the process's guest pid (absent from an agent that predates
+	// process control).
+	Pid             int    `json:"pid,omitempty"`
 	Stdout          string `json:"stdout"`
 	Stderr          string `json:"stderr"`
 	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`

@@ -49,6 +49,7 @@ type Agent struct {
 	mux   *http.ServeMux
 	py    *pysession.Manager
 	start time.Time
+	procs processTable // running execs, by pid
 
 	mu          sync.Mutex
 	sandboxID   string
@@ -94,6 +95,9 @@ func New(cfg Config) *Agent {
 	m.HandleFunc("POST "+agentapi.PathRunCodeStream, a.handleRunCodeStream)
 	m.HandleFunc("POST "+agentapi.PathQuiesce, a.handleQuiesce)
 	m.HandleFunc("POST "+agentapi.PathShutdown, a.handleShutdown)
+	m.HandleFunc("GET "+agentapi.PathProcesses, a.handleListProcesses)
+	m.HandleFunc("POST "+agentapi.PathProcesses+"/{pid}/stdin", a.handleProcessStdin)
+	m.HandleFunc("POST "+agentapi.PathProcesses+"/{pid}/signal", a.handleProcessSignal)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, fmt.Errorf("no such API: %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})

@@ -4,9 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -104,7 +104,7 @@ func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	var stdin *os.File
-	var stdinW *os.File
+	var stdinW *stdinPipe
 	if spec.req.Stdin {
 		// HTTP/1 servers stop reading a request once the response starts,
 		// unless full duplex is on: stdin and output flow at the same time.
@@ -112,13 +112,17 @@ func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
 			writeProblem(w, fmt.Errorf("streaming stdin: %v: %w", err, errdefs.ErrInternal))
 			return
 		}
-		if stdin, stdinW, err = os.Pipe(); err != nil {
+	}
+	if spec.req.Stdin || spec.req.StdinOpen {
+		var f *os.File
+		if stdin, f, err = os.Pipe(); err != nil {
 			writeProblem(w, fsError(err))
 			return
 		}
+		stdinW = &stdinPipe{f: f, keep: spec.req.StdinOpen}
 		defer func() {
 			if childEnds != nil { // returned before the process started
-				stdinW.Close()
+				stdinW.close()
 			}
 		}()
 	} else if stdin, err = os.Open(os.DevNull); err != nil {
@@ -158,15 +162,23 @@ func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
 	}
 	childEnds = nil
 
-	if stdinW != nil {
-		go func() {
-			// Ends at the body's EOF (closing stdin) or when the process
-			// stops reading (EPIPE).
-			io.Copy(stdinW, r.Body)
-			stdinW.Close()
-		}()
+	// Listed (and reachable by pid) from before the host learns the pid
+	// until the exit; the watcher below removes it.
+	entry := &process{proc: proc, info: agentapi.ProcessInfo{
+		Pid: proc.Pid, Argv: spec.argv, Shell: spec.req.Shell, Cwd: spec.cwd, Started: start,
+	}}
+	if spec.req.StdinOpen {
+		entry.stdin = stdinW
+	}
+	a.procs.add(entry)
+
+	if spec.req.Stdin {
+		// Ends at the body's EOF (closing stdin unless it is kept open), or
+		// when the process stops reading (EPIPE) or exits.
+		go stdinW.feed(r.Body)
 	}
 
+	w.Header().Set(agentapi.PidHeader, strconv.Itoa(proc.Pid))
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	_ = rc.Flush() // the host learns the process started
@@ -201,6 +213,12 @@ func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
 			proc.KillGroup(unix.SIGKILL)
 		}
 		<-proc.Done()
+		a.procs.remove(entry)
+		if stdinW != nil {
+			// A writer blocked on a full pipe (a child that inherited
+			// stdin and does not read) returns now.
+			stdinW.close()
+		}
 		drain.exited.Store(true)
 		// Wake pumps blocked in Read; from now on each read waits at most
 		// ExecQuiet (see pump).

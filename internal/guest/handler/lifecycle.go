@@ -13,7 +13,9 @@ import (
 // snapshot the VM with the agent waiting for the next HELLO.
 func (a *Agent) handleQuiesce(w http.ResponseWriter, r *http.Request) {
 	// A complete response with a Content-Length: nothing is left to write
-	// once the session ends.
+	// once the session ends. Connection: close, so the host does not keep
+	// the stream for another request (which would be refused).
+	w.Header().Set("Connection", "close")
 	writeJSON(w, struct{}{})
 	if err := agentconn.EndSession(w, r); err != nil && !errors.Is(err, agentconn.ErrNoSession) {
 		a.cfg.Logf("quiesce: %v", err)

@@ -23,6 +23,27 @@ figure still open when it finished (rendered to PNG, then closed), so
 matplotlib draws with its Agg backend: there is no screen.
   {"id": N, "op": "reseed", "seed": "<hex>"}
       -> {"id": N}
+
+Reseeding. Every sandbox forked from a snapshot resumes this process with
+the template's memory, so every generator state in it is the same in all
+siblings. The agent sends a reseed (fresh host entropy) after each restore,
+before any code runs, and it resets the process-wide generators: random's
+global instance (random.random(), random.choice(), ...), numpy's global
+RandomState (np.random.rand(), ...) when numpy is imported, and tempfile's
+name sequence (tempfile.mkstemp() and friends would otherwise make the same
+"random" names in every sibling). Not reseeded, on purpose:
+
+- random.Random() instances and numpy Generator / RandomState objects that
+  the warm-up code created and kept (np.random.default_rng()). The runner
+  cannot tell a generator seeded for reproducibility (default_rng(42)),
+  which must keep its sequence, from one meant to be random, and it does
+  not walk user objects to find them. An unseeded one made during warm-up
+  gives the same draws in every sibling: create such generators in run_code
+  after the fork, or seed them from os.urandom() there.
+- Python's str hash seed (PYTHONHASHSEED), fixed when the interpreter
+  started: siblings order sets and dicts of strings alike.
+os.urandom(), secrets, uuid.uuid4() and random.SystemRandom read the
+kernel, whose RNG the agent reseeds on restore, so they differ per sibling.
 On start the runner answers {"id": 0, "python": VERSION} without markers.
 
 SIGINT (sent by the agent when a request times out) raises
@@ -203,13 +224,46 @@ class Runner:
         return {"result": bundle}
 
     def reseed(self, seed_hex):
+        """Reset the process-wide generators from seed (see the module doc
+        for what is deliberately left alone)."""
         seed = bytes.fromhex(seed_hex)
         random.seed(seed)
         np = sys.modules.get("numpy")
         if np is not None:
             words = [int.from_bytes(seed[i:i + 4], "little") for i in range(0, len(seed) - 3, 4)]
             np.random.seed(words)
+        _reseed_tempfile(seed)
         return {}
+
+
+def _reseed_tempfile(seed):
+    """Give tempfile's name sequence a generator derived from seed.
+
+    tempfile draws names from one _RandomNameSequence (created on first
+    use, under _once_lock), whose Random is seeded once and replaced only
+    when os.getpid() changes, which a restored VM does not do. It is
+    reseeded in place, since code may hold it (_get_candidate_names());
+    its stream is kept apart from random's global one by hashing the seed.
+    """
+    tempfile = sys.modules.get("tempfile")
+    if tempfile is None:
+        return  # imported later: its sequence is created then, from urandom
+    import hashlib
+    rng = random.Random(hashlib.sha256(b"forkd tempfile names\0" + seed).digest())
+    lock = getattr(tempfile, "_once_lock", None)
+    if lock is None:
+        tempfile._name_sequence = None
+        return
+    with lock:
+        seq = getattr(tempfile, "_name_sequence", None)
+        if seq is None:
+            return
+        if isinstance(getattr(type(seq), "rng", None), property):
+            # rng replaces _rng only when _rng_pid is not this pid.
+            seq._rng = rng
+            seq._rng_pid = os.getpid()
+        else:  # an unknown implementation: let tempfile make a new one
+            tempfile._name_sequence = None
 
 
 def main():

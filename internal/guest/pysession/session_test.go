@@ -1,6 +1,7 @@
 package pysession
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -213,6 +214,34 @@ func TestReseed(t *testing.T) {
 	got := text(run(t, m, "len(seeds), len(seeds[0]), all(0 <= w < 2**32 for w in seeds[0])", 0))
 	if got != "(1, 8, True)" {
 		t.Fatalf("numpy.random.seed calls: %s, want one call with 8 uint32 words", got)
+	}
+}
+
+// Siblings restored from one template share tempfile's name sequence (its
+// generator is replaced only when the pid changes, which a restored VM's
+// does not): the reseed must give it the new entropy too, also for a
+// reference to the sequence taken before.
+func TestReseedTempfileNames(t *testing.T) {
+	m := newManager(t)
+	ctx := context.Background()
+	run(t, m, "import tempfile\nseq = tempfile._get_candidate_names()\nnext(seq)", 0)
+	names := func(seed byte) string {
+		t.Helper()
+		if err := m.Reseed(ctx, bytes.Repeat([]byte{seed}, 32)); err != nil {
+			t.Fatal(err)
+		}
+		return text(run(t, m, "[next(seq) for _ in range(4)], next(tempfile._get_candidate_names())", 0))
+	}
+	a1, a2, b := names(1), names(1), names(2)
+	if a1 != a2 {
+		t.Fatalf("same seed, different temp names: %s %s", a1, a2)
+	}
+	if a1 == b {
+		t.Fatalf("different seeds (siblings), same temp names: %s", a1)
+	}
+	// Still a working tempfile afterwards.
+	if got := text(run(t, m, "import os\nfd, p = tempfile.mkstemp(prefix='forkd-'); os.close(fd); os.unlink(p); os.path.basename(p).startswith('forkd-')", 0)); got != "True" {
+		t.Fatalf("mkstemp after reseed: %s", got)
 	}
 }
 

@@ -20,6 +20,7 @@ __all__ = [
     "SnapshotFile",
     "FileInfo",
     "CommandResult",
+    "ProcessInfo",
     "Result",
     "Logs",
     "ExecutionError",
@@ -252,11 +253,47 @@ class CommandResult:
     error: Optional[str] = None
     stdout_bytes: bytes = field(default=b"", repr=False)
     stderr_bytes: bytes = field(default=b"", repr=False)
+    pid: Optional[int] = None
+    """The process's pid in the sandbox (None from an older daemon)."""
 
     @property
     def ok(self) -> bool:
         """True when the command exited 0."""
         return self.exit_code == 0
+
+
+@dataclass
+class ProcessInfo:
+    """A command running in a sandbox (``sandbox.commands.list()``): every
+    exec from its start until its process exits."""
+
+    pid: int
+    """The pid in the sandbox: what ``commands.kill``, ``send_stdin`` and
+    ``close_stdin`` take."""
+    argv: List[str]
+    """As run: ``["/bin/sh", "-c", CMD]`` for a shell command."""
+    cmd: str
+    """The shell command line, or the argv joined with spaces."""
+    cwd: str
+    started: Optional[_dt.datetime]
+    """When it started, by the sandbox's clock."""
+    stdin_open: bool
+    """``send_stdin`` accepts data: started with ``stdin=True`` and not
+    closed yet."""
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "ProcessInfo":
+        argv = [str(a) for a in (d.get("argv") or [])]
+        return cls(
+            pid=int(d.get("pid") or 0),
+            argv=argv,
+            cmd=d.get("shell") or " ".join(argv),
+            cwd=d.get("cwd", ""),
+            started=parse_time(d.get("started")),
+            stdin_open=bool(d.get("stdin_open")),
+            raw=dict(d),
+        )
 
 
 _MIME_FIELDS = (

@@ -41,13 +41,14 @@ from .errors import (
     error_class,
     error_from_problem,
 )
-from .models import CommandResult, Execution, FileInfo, Logs, SandboxInfo
+from .models import CommandResult, Execution, FileInfo, Logs, ProcessInfo, SandboxInfo
 
 
 __all__ = ["Sandbox", "Commands", "CommandHandle", "Files", "FileStream"]
 
 OutputHandler = Callable[[str], Any]
 Stdin = Union[str, bytes, bytearray, memoryview, Iterable[bytes], Any]
+StdinData = Union[str, bytes, bytearray, memoryview, Iterable[bytes], Any]
 
 # Seconds a stream may stay silent past its own timeout before the SDK
 # gives up on the daemon (the daemon enforces the timeout itself).
@@ -395,13 +396,48 @@ class CommandHandle:
 
     Output is collected as it arrives (and passed to the callbacks given to
     ``run``, from a background thread). Call :meth:`wait` for the result or
-    :meth:`kill` to stop it.
+    :meth:`kill` to stop it; with ``stdin=True``, write to it with
+    :meth:`send_stdin` and end its input with :meth:`close_stdin`.
     """
 
-    def __init__(self, stream: "_ExecStream") -> None:
+    def __init__(self, stream: "_ExecStream", commands: "Commands") -> None:
         self._s = stream
+        self._commands = commands
         self._thread = threading.Thread(target=stream.consume, name="forkd-exec-%s" % stream.sandbox_id, daemon=True)
         self._thread.start()
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The command's pid in the sandbox (None from an older daemon)."""
+        return self._s.pid
+
+    def _need_pid(self, what: str) -> int:
+        if self._s.pid is None:
+            raise Conflict(
+                "%s: the daemon reported no pid for command %s; its sandbox agent predates process control"
+                % (what, self._s.describe)
+            )
+        return self._s.pid
+
+    def send_stdin(self, data: StdinData) -> None:
+        """Write ``data`` (str as UTF-8, bytes, a file object or an iterable
+        of bytes) to the command's stdin. It returns once the process's
+        stdin pipe took all of it.
+
+        Raises:
+            Conflict: the command was not started with ``stdin=True``, or its
+            stdin is closed. NotFound: the command has exited.
+        """
+        self._commands.send_stdin(self._need_pid("send_stdin"), data)
+
+    def close_stdin(self) -> None:
+        """Close the command's stdin (EOF). Closing twice is fine.
+
+        Raises:
+            Conflict: the command was not started with ``stdin=True``.
+            NotFound: the command has exited.
+        """
+        self._commands.close_stdin(self._need_pid("close_stdin"))
 
     @property
     def stdout(self) -> str:
@@ -444,11 +480,22 @@ class CommandHandle:
         return self._s.outcome()
 
     def kill(self) -> bool:
-        """Stop the command: its connection is cut and the sandbox's agent
-        kills its process group. Returns False when it had already ended.
-        A later :meth:`wait` reports exit code 137 (SIGKILL)."""
+        """Stop the command: SIGKILL to its process group (the process and
+        what it started). Returns False when it had already ended. A later
+        :meth:`wait` reports exit code 137 (SIGKILL)."""
         if self._s.done.is_set():
             return False
+        if self._s.pid is not None:
+            try:
+                sent = self._commands.kill(self._s.pid)
+            except ForkdError:
+                sent = False  # cut the connection instead (below)
+            if sent and self._s.done.wait(10):
+                return True
+            if not sent and self._s.done.wait(1):
+                return False  # it had exited; its exit event was on the way
+        # No pid (an older daemon), or the signal did not end it: cutting
+        # the connection makes the agent kill the process group.
         self._s.killed = True
         self._s.resp.abort()
         self._s.done.wait(10)
@@ -481,6 +528,10 @@ class _ExecStream:
         self.error: Optional[BaseException] = None
         self.killed = False
         self.done = threading.Event()
+        # The daemon sends the pid with the 200 (and again in the start
+        # event, which an older daemon does not send).
+        pid = resp.headers.get("X-Forkd-Pid") if resp.headers is not None else None
+        self.pid: Optional[int] = int(pid) if pid and pid.isdigit() else None
 
     def consume(self) -> None:
         """Read the stream to its end; never raises (see outcome)."""
@@ -514,6 +565,8 @@ class _ExecStream:
                             self.on_stderr(s)  # type: ignore[misc]
                 elif t == "exit":
                     self.exit_event = ev
+                elif t == "start" and self.pid is None and ev.get("pid"):
+                    self.pid = int(ev["pid"])
             if dec_out is not None:
                 s = dec_out.decode(b"", final=True)
                 if s:
@@ -546,6 +599,7 @@ class _ExecStream:
             error=exit_ev.get("error") or None,
             stdout_bytes=out,
             stderr_bytes=err,
+            pid=self.pid,
         )
 
     def outcome(self) -> CommandResult:
@@ -676,7 +730,10 @@ class Commands:
                 (decoded as UTF-8; a character is never split).
             stdin: Data for the process's stdin: str, bytes, a binary (or
                 text) file object, or an iterable of bytes; it is streamed
-                while the output is read. None: stdin is /dev/null.
+                while the output is read. ``True`` (E2B's meaning) keeps
+                stdin open for :meth:`send_stdin` (``handle.send_stdin`` with
+                ``background=True``) until :meth:`close_stdin`. None: stdin
+                is /dev/null.
             background: Return a :class:`CommandHandle` at once instead of
                 waiting.
             check: True (the default, like E2B) raises CommandExitError for a
@@ -710,6 +767,12 @@ class Commands:
             req["cwd"] = cwd
         if timeout:
             req["timeout_ms"] = max(1, int(timeout * 1000))
+        keep_open = stdin is True
+        if keep_open:
+            req["stdin_open"] = True
+            stdin = None
+        elif stdin is False:
+            stdin = None
         if stdin is not None:
             req["stdin"] = True
         headers = {"X-Forkd-Exec": json.dumps(req, separators=(",", ":")), "Accept": "application/x-ndjson"}
@@ -737,13 +800,86 @@ class Commands:
                 raise
         stream = _ExecStream(sb.id, describe, resp, on_stdout, on_stderr, check, sender_thread)
         if background:
-            return CommandHandle(stream)
+            return CommandHandle(stream, self)
         try:
             stream.consume()
         except BaseException:
             resp.close()
             raise
         return stream.outcome()
+
+
+    # -- running commands ----------------------------------------------------
+
+    def _proc_path(self, pid: int, sub: str) -> str:
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise InvalidArgument("pid %r: want the positive pid a command reported (handle.pid, commands.list())" % (pid,))
+        return "%s/processes/%d/%s" % (self._sb._path, pid, sub)
+
+    def list(self) -> List[ProcessInfo]:
+        """The commands running in the sandbox, by pid (each from its start
+        until its process exits)."""
+        data = self._sb.client._json("GET", self._sb._path + "/processes", what="list processes in %s" % self._sb.id)
+        return [ProcessInfo.from_json(d) for d in (data or [])]
+
+    def send_stdin(self, pid: int, data: StdinData) -> None:
+        """Write ``data`` (str as UTF-8, bytes, a file object or an iterable
+        of bytes) to the stdin of the running command ``pid``, which must
+        have been started with ``stdin=True``. Returns once the process's
+        stdin pipe took all of it (a process that does not read holds the
+        call until ``request_timeout``). Concurrent calls are written one
+        after the other, never interleaved.
+
+        Raises:
+            NotFound: no running command with this pid. Conflict: it was not
+            started with ``stdin=True``, or its stdin is closed.
+        """
+        self._write_stdin(pid, data, close=False)
+
+    def close_stdin(self, pid: int) -> None:
+        """Close the stdin (EOF) of the running command ``pid``, started
+        with ``stdin=True``. Closing twice is fine. Raises NotFound,
+        Conflict as :meth:`send_stdin`."""
+        self._write_stdin(pid, b"", close=True)
+
+    def _write_stdin(self, pid: int, data: StdinData, close: bool) -> None:
+        path = self._proc_path(pid, "stdin")
+        body: Any
+        headers = {"Content-Type": "application/octet-stream"}
+        if isinstance(data, str):
+            body = data.encode("utf-8")
+        elif isinstance(data, (bytes, bytearray, memoryview)):
+            body = bytes(data)
+        elif hasattr(data, "read"):
+            size = _remaining_size(data)
+            if size is not None:
+                headers["Content-Length"] = str(size)
+            body = _iter_file(data)
+        else:
+            body = (x.encode("utf-8") if isinstance(x, str) else bytes(x) for x in data)
+        if isinstance(body, bytes) and not body:
+            body = None  # Content-Length: 0
+        what = "%s stdin of process %d in %s" % ("close" if close else "write", pid, self._sb.id)
+        self._sb.client._transport.request(
+            "POST", path, query={"close": "true"} if close else None, body=body, headers=headers, what=what
+        ).read()
+
+    def kill(self, pid: int, signal: str = "SIGKILL") -> bool:
+        """Send ``signal`` (a name: ``SIGTERM``, ``TERM``; default SIGKILL)
+        to the process group of the running command ``pid``. Returns False
+        when no such command runs (it exited), as E2B's ``kill`` does."""
+        try:
+            self._sb.client._json(
+                "POST",
+                self._proc_path(pid, "signal"),
+                body={"signal": signal},
+                what="signal %s to process %d in %s" % (signal, pid, self._sb.id),
+            )
+        except NotFound as e:
+            if "no sandbox" in (e.detail or str(e)):
+                raise  # the sandbox itself is gone
+            return False
+        return True
 
 
 class FileStream:

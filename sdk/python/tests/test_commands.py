@@ -234,3 +234,53 @@ def test_concurrent_commands_from_threads(client: forkd.Client, test_tag: str) -
     finally:
         for sb in sbs:
             sb.kill()
+
+
+def test_background_stdin_send_and_close(sandbox: Sandbox) -> None:
+    got: List[str] = []
+    h = sandbox.commands.run("cat", background=True, stdin=True, on_stdout=got.append)
+    assert isinstance(h.pid, int) and h.pid > 0
+    h.send_stdin("one\n")
+    deadline = time.monotonic() + 10
+    while "one" not in h.stdout and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert h.stdout == "one\n" and h.is_running()  # output while stdin is still open
+    h.send_stdin(b"two\n")
+    h.close_stdin()
+    h.close_stdin()  # closing twice is fine
+    r = h.wait()
+    assert r.stdout == "one\ntwo\n" and r.exit_code == 0 and r.pid == h.pid
+    assert "".join(got) == r.stdout
+    with pytest.raises(forkd.NotFound):
+        h.send_stdin("late")  # the process has exited
+
+
+def test_commands_list_and_kill_by_pid(sandbox: Sandbox) -> None:
+    h = sandbox.commands.run("sleep 60", background=True, stdin=True)
+    other = sandbox.commands.run(["sleep", "61"], background=True)
+    procs = {p.pid: p for p in sandbox.commands.list()}
+    assert h.pid in procs and other.pid in procs
+    p = procs[h.pid]
+    assert p.cmd == "sleep 60" and p.argv == ["/bin/sh", "-c", "sleep 60"] and p.stdin_open
+    assert procs[other.pid].argv == ["sleep", "61"] and not procs[other.pid].stdin_open
+    assert p.started is not None
+    # stdin was not kept open for the argv command.
+    with pytest.raises(forkd.Conflict):
+        sandbox.commands.send_stdin(other.pid, "x")
+    assert sandbox.commands.kill(other.pid, "SIGTERM") is True
+    with pytest.raises(forkd.CommandExitError) as ei:
+        other.wait(timeout=15)
+    assert ei.value.exit_code == 143 and ei.value.result.signal == "SIGTERM"
+    assert h.kill() is True
+    with pytest.raises(forkd.CommandExitError) as ei:
+        h.wait(timeout=15)
+    assert ei.value.exit_code == 137
+    assert sandbox.commands.kill(h.pid) is False  # gone
+    assert all(q.pid not in (h.pid, other.pid) for q in sandbox.commands.list())
+
+
+def test_send_stdin_to_unknown_pid(sandbox: Sandbox) -> None:
+    with pytest.raises(forkd.NotFound):
+        sandbox.commands.send_stdin(999999, "x")
+    with pytest.raises(forkd.InvalidArgument):
+        sandbox.commands.close_stdin(-1)

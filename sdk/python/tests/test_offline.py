@@ -235,6 +235,68 @@ def test_exec_request_wire_format(fake: _Server) -> None:
     assert fake.connections == 1  # streams read to the end are reused
 
 
+def test_process_control_wire_format(fake: _Server) -> None:
+    got: List[bytes] = []
+    closed = threading.Event()
+
+    def exec_h(r: _Handler) -> None:
+        r.send_response(200)
+        r.send_header("Content-Type", "application/x-ndjson")
+        r.send_header("Transfer-Encoding", "chunked")
+        r.send_header("X-Forkd-Pid", "42")
+        r.end_headers()
+        r.chunk(_ev("start", pid=42))
+        closed.wait(10)
+        r.chunk(_ev("stdout", data=b"".join(got)) + _ev("exit", exit_code=0))
+        r.end_chunks()
+
+    def stdin_h(r: _Handler) -> None:
+        got.append(r.body)
+        if "close=true" in r.path:
+            closed.set()
+        r.send_response(204)
+        r.send_header("Content-Length", "0")
+        r.end_headers()
+
+    def signal_h(r: _Handler) -> None:
+        if json.loads(r.body) != {"signal": "SIGTERM"}:
+            r.send_json(400, {"title": "Bad Request", "status": 400, "detail": "bad body", "code": "invalid_argument"})
+            return
+        r.send_response(204)
+        r.send_header("Content-Length", "0")
+        r.end_headers()
+
+    procs = [{"pid": 42, "argv": ["/bin/sh", "-c", "cat"], "shell": "cat", "cwd": "/root",
+              "started": "2026-01-02T03:04:05.123456789Z", "stdin_open": True}]
+    fake.routes[("POST", "/v1/sandboxes/sb-1/exec")] = exec_h
+    fake.routes[("POST", "/v1/sandboxes/sb-1/processes/42/stdin")] = stdin_h
+    fake.routes[("POST", "/v1/sandboxes/sb-1/processes/42/signal")] = signal_h
+    fake.routes[("GET", "/v1/sandboxes/sb-1/processes")] = lambda h: h.send_json(200, procs)
+    fake.routes[("POST", "/v1/sandboxes/sb-1/processes/7/signal")] = lambda h: h.send_json(
+        404, {"title": "Not Found", "status": 404, "code": "not_found",
+              "detail": "agent: signal process 7: no running exec with pid 7: not found"})
+
+    sb = Sandbox("sb-1", client=_client(fake))
+    h = sb.commands.run("cat", background=True, stdin=True)
+    assert h.pid == 42
+    assert json.loads(fake.requests[-1][2]["X-Forkd-Exec"]) == {"shell": "cat", "stdin_open": True}
+    h.send_stdin("héllo ")
+    h.send_stdin(b"world")
+    (p,) = sb.commands.list()
+    assert (p.pid, p.cmd, p.argv, p.cwd, p.stdin_open) == (42, "cat", ["/bin/sh", "-c", "cat"], "/root", True)
+    assert p.started is not None and p.started.year == 2026
+    assert sb.commands.kill(42, "SIGTERM") is True
+    assert sb.commands.kill(7) is False  # no such process: E2B's False
+    with pytest.raises(forkd.InvalidArgument):
+        sb.commands.send_stdin(0, "x")
+    h.close_stdin()
+    r = h.wait()
+    assert r.stdout == "héllo world" and r.pid == 42
+    stdin_reqs = [(m, path) for m, path, _ in fake.requests if "/stdin" in path]
+    assert stdin_reqs[-1] == ("POST", "/v1/sandboxes/sb-1/processes/42/stdin?close=true")
+    assert got[-1] == b""  # close sends no bytes
+
+
 def test_file_read_cut_midway(fake: _Server) -> None:
     def h(r: _Handler) -> None:
         r.send_response(200)

@@ -1,15 +1,20 @@
-import { PassThrough, type Readable } from "node:stream";
+import type { Readable } from "node:stream";
 import { StringDecoder } from "node:string_decoder";
 import { ndjson, type Answer, type BodySource } from "./connection.js";
 import {
   CommandExitError,
+  ConflictError,
   ForkdError,
+  InvalidArgumentError,
+  NotFoundError,
   StreamCutError,
   TimeoutError,
   codeFromMessage,
   errorClassFor,
 } from "./errors.js";
 import type { SandboxContext } from "./internal.js";
+import type { CallOptions } from "./client.js";
+import { processFromWire, type ProcessInfo } from "./types.js";
 
 /** Input for a process's stdin: sent as it is read, then stdin is closed. */
 export type StdinSource = string | Uint8Array | Readable | AsyncIterable<Uint8Array | string>;
@@ -48,8 +53,9 @@ export interface RunOptions extends CommandOptions {
 export interface BackgroundOptions extends Omit<CommandOptions, "stdin"> {
   background: true;
   /**
-   * As for run(), or `true` to keep stdin open and write it later with the
-   * handle's sendStdin() and closeStdin().
+   * As for run(), or `true` to keep stdin open: write to it with the
+   * handle's sendStdin() (or commands.sendStdin(pid, ...)) and end it with
+   * closeStdin(). It is closed when the command exits.
    */
   stdin?: StdinSource | true;
 }
@@ -66,6 +72,8 @@ export interface CommandResult {
   durationMs?: number;
   /** The command ran past its timeoutMs and was killed (only seen with `check: false`). */
   timedOut: boolean;
+  /** Its pid in the sandbox (undefined from an older daemon). */
+  pid?: number;
 }
 
 /** One event of {@link Commands.stream}. */
@@ -76,6 +84,7 @@ export type CommandEvent =
 
 interface WireExecEvent {
   type: string;
+  pid?: number;
   data?: string;
   exit_code?: number;
   signal?: string;
@@ -137,7 +146,7 @@ export class Commands {
     const a = await this.start(cmd, { ...opts, timeoutMs });
     const out = new Output(opts.onStdout, opts.onStderr);
     const exit = await this.consume(a, out, timeoutMs);
-    return finishResult(out, exit, timeoutMs, opts.check !== false);
+    return finishResult(out, exit, timeoutMs, opts.check !== false, pidOf(a));
   }
 
   /**
@@ -179,7 +188,7 @@ export class Commands {
   }
 
   /** @internal Starts a process; resolves when the daemon answered 200. */
-  async start(cmd: string | readonly string[], opts: CommandOptions & { stdin?: StdinSource | PassThrough }): Promise<Answer> {
+  async start(cmd: string | readonly string[], opts: Omit<CommandOptions, "stdin"> & { stdin?: StdinSource | true }): Promise<Answer> {
     const req: Record<string, unknown> = {};
     if (typeof cmd === "string") {
       req.shell = cmd;
@@ -192,7 +201,9 @@ export class Commands {
     if (opts.cwd) req.cwd = opts.cwd;
     if (opts.timeoutMs && opts.timeoutMs > 0) req.timeout_ms = Math.ceil(opts.timeoutMs);
     let body: BodySource | undefined;
-    if (opts.stdin !== undefined) {
+    if (opts.stdin === true) {
+      req.stdin_open = true; // written later through .../processes/{pid}/stdin
+    } else if (opts.stdin !== undefined) {
       req.stdin = true;
       body = opts.stdin as BodySource;
     }
@@ -256,17 +267,77 @@ export class Commands {
   }
 
   private async background(cmd: string | readonly string[], opts: BackgroundOptions): Promise<CommandHandle> {
-    let stdinPipe: PassThrough | undefined;
-    let stdin: StdinSource | PassThrough | undefined;
-    if (opts.stdin === true) {
-      stdinPipe = new PassThrough();
-      stdin = stdinPipe;
-    } else {
-      stdin = opts.stdin;
-    }
     const timeoutMs = opts.timeoutMs ?? 0;
-    const a = await this.start(cmd, { ...opts, stdin, timeoutMs } as CommandOptions);
-    return new CommandHandle(this, a, new Output(opts.onStdout, opts.onStderr), timeoutMs, stdinPipe, opts.check !== false);
+    const a = await this.start(cmd, { ...opts, timeoutMs });
+    return new CommandHandle(this, a, new Output(opts.onStdout, opts.onStderr), timeoutMs, opts.check !== false);
+  }
+
+  /** The commands running in the sandbox, by pid (each from its start until its process exits). */
+  async list(opts: CallOptions = {}): Promise<ProcessInfo[]> {
+    const data = await this.ctx.transport.json<Record<string, unknown>[]>({
+      method: "GET",
+      path: `/v1/sandboxes/${encodeURIComponent(this.ctx.id)}/processes`,
+      signal: opts.signal,
+      what: `list processes in sandbox ${this.ctx.id}`,
+    });
+    return (data ?? []).map(processFromWire);
+  }
+
+  /**
+   * Writes to the stdin of the running command `pid`, started with
+   * `stdin: true`. Resolves once the process's stdin pipe took all of it
+   * (a process that does not read holds the call). Concurrent calls are
+   * written one after the other, never interleaved. Rejects with
+   * NotFoundError when no such command runs, ConflictError when it was not
+   * started with `stdin: true` or its stdin is closed.
+   */
+  async sendStdin(pid: number, data: StdinSource, opts: CallOptions = {}): Promise<void> {
+    await this.writeStdin(pid, data, false, opts);
+  }
+
+  /** Closes the stdin (EOF) of the running command `pid`, started with `stdin: true`. Closing twice is fine. */
+  async closeStdin(pid: number, opts: CallOptions = {}): Promise<void> {
+    await this.writeStdin(pid, undefined, true, opts);
+  }
+
+  private async writeStdin(pid: number, data: StdinSource | undefined, close: boolean, opts: CallOptions): Promise<void> {
+    await this.ctx.transport.json({
+      method: "POST",
+      path: this.processPath(pid, "stdin"),
+      query: close ? { close: "true" } : undefined,
+      headers: { "content-type": "application/octet-stream" },
+      body: data as BodySource | undefined,
+      signal: opts.signal,
+      what: `${close ? "close" : "write"} stdin of process ${pid} in sandbox ${this.ctx.id}`,
+    });
+  }
+
+  /**
+   * Sends `signal` (a name: "SIGTERM", "TERM"; default SIGKILL) to the
+   * process group of the running command `pid`. Resolves false when no such
+   * command runs (it exited), as E2B's kill does.
+   */
+  async kill(pid: number, signal = "SIGKILL", opts: CallOptions = {}): Promise<boolean> {
+    try {
+      await this.ctx.transport.json({
+        method: "POST",
+        path: this.processPath(pid, "signal"),
+        json: { signal },
+        signal: opts.signal,
+        what: `signal ${signal} to process ${pid} in sandbox ${this.ctx.id}`,
+      });
+      return true;
+    } catch (err) {
+      if (err instanceof NotFoundError && !err.detail.includes("no sandbox")) return false;
+      throw err;
+    }
+  }
+
+  private processPath(pid: number, sub: string): string {
+    if (!Number.isSafeInteger(pid) || pid <= 0) {
+      throw new InvalidArgumentError(`pid ${String(pid)}: want the positive pid a command reported (handle.pid, commands.list())`, { code: "invalid_argument" });
+    }
+    return `/v1/sandboxes/${encodeURIComponent(this.ctx.id)}/processes/${pid}/${sub}`;
   }
 
   /** An exit event with exit_code -1: the process could not start, or its stream to the agent broke. */
@@ -331,8 +402,16 @@ export class Output {
   }
 }
 
-function finishResult(out: Output, exit: CommandEvent & { type: "exit" }, timeoutMs: number, check: boolean): CommandResult {
+/** The pid the daemon sent with the 200 of an exec. */
+function pidOf(a: Answer): number | undefined {
+  const v = a.res.headers["x-forkd-pid"];
+  const n = Number(Array.isArray(v) ? v[0] : v);
+  return Number.isSafeInteger(n) && n > 0 ? n : undefined;
+}
+
+function finishResult(out: Output, exit: CommandEvent & { type: "exit" }, timeoutMs: number, check: boolean, pid: number | undefined): CommandResult {
   const result: CommandResult = { stdout: out.out, stderr: out.err, exitCode: exit.exitCode, timedOut: exit.timedOut };
+  if (pid !== undefined) result.pid = pid;
   if (exit.signal) result.signal = exit.signal;
   if (exit.durationMs !== undefined) result.durationMs = exit.durationMs;
   if (!check) return result;
@@ -354,21 +433,23 @@ export class CommandHandle {
   private killed = false;
   private exited = false;
   private _exitCode: number | undefined;
+  /** The command's pid in the sandbox (undefined from an older daemon). */
+  readonly pid: number | undefined;
 
   /** @internal */
   constructor(
-    commands: Commands,
+    private readonly commands: Commands,
     private readonly answer: Answer,
     private readonly output: Output,
     timeoutMs: number,
-    private readonly stdinPipe: PassThrough | undefined,
     check: boolean,
   ) {
+    this.pid = pidOf(answer);
     this.done = commands.consume(answer, output, timeoutMs).then(
       (exit) => {
         this.exited = true;
         this._exitCode = exit.exitCode;
-        return finishResult(output, exit, timeoutMs, check);
+        return finishResult(output, exit, timeoutMs, check, this.pid);
       },
       (err) => {
         this.exited = true;
@@ -376,6 +457,7 @@ export class CommandHandle {
           this._exitCode = 137;
           output.end();
           const killed: CommandResult = { stdout: output.out, stderr: output.err, exitCode: 137, signal: "SIGKILL", timedOut: false };
+          if (this.pid !== undefined) killed.pid = this.pid;
           if (!check) return killed;
           throw new CommandExitError(killed);
         }
@@ -413,37 +495,55 @@ export class CommandHandle {
   }
 
   /**
-   * Kills the command: the SDK disconnects and the sandbox's agent kills its
-   * whole process group with SIGKILL. Resolves true if it was still running.
+   * Kills the command: SIGKILL to its whole process group (the process and
+   * what it started). Resolves true if it was still running.
    */
   async kill(): Promise<boolean> {
     if (this.exited || this.killed) return false;
+    if (this.pid !== undefined) {
+      let sent: boolean | undefined;
+      try {
+        sent = await this.commands.kill(this.pid);
+      } catch {
+        sent = undefined; // cut the connection instead (below)
+      }
+      if (sent === false) {
+        // It had exited; its exit event is on the way.
+        await this.done.catch(() => {});
+        return false;
+      }
+      if (sent === true) {
+        await this.done.catch(() => {});
+        return true;
+      }
+    }
+    // No pid (an older daemon), or the signal could not be sent: the SDK
+    // disconnects and the sandbox's agent kills the process group.
     this.killed = true;
     this.answer.abort(Object.assign(new ForkdError("command killed", { code: "canceled" }), { [KILLED]: true }));
     await this.done.catch(() => {});
     return true;
   }
 
-  /** Writes to the command's stdin (only with `stdin: true`). */
-  async sendStdin(data: string | Uint8Array): Promise<void> {
-    const p = this.stdinPipe;
-    if (!p) throw new ForkdError("sendStdin needs a command started with `stdin: true` and `background: true`", { code: "invalid_argument" });
-    if (p.writableEnded) throw new ForkdError("stdin is already closed", { code: "failed_precondition" });
-    if (!p.write(data)) {
-      await new Promise<void>((resolve) => {
-        const done = () => {
-          p.off("drain", done);
-          p.off("close", done);
-          resolve();
-        };
-        p.on("drain", done);
-        p.on("close", done);
-      });
-    }
+  /**
+   * Writes to the command's stdin (started with `stdin: true`); resolves
+   * once the process's stdin pipe took all of it. Rejects with
+   * ConflictError when stdin was not kept open or is closed, NotFoundError
+   * once the command exited.
+   */
+  async sendStdin(data: StdinSource, opts: CallOptions = {}): Promise<void> {
+    await this.commands.sendStdin(this.needPid("sendStdin"), data, opts);
   }
 
-  /** Closes the command's stdin (EOF), for a command started with `stdin: true`. */
-  async closeStdin(): Promise<void> {
-    if (this.stdinPipe && !this.stdinPipe.writableEnded) this.stdinPipe.end();
+  /** Closes the command's stdin (EOF), for a command started with `stdin: true`. Closing twice is fine. */
+  async closeStdin(opts: CallOptions = {}): Promise<void> {
+    await this.commands.closeStdin(this.needPid("closeStdin"), opts);
+  }
+
+  private needPid(what: string): number {
+    if (this.pid === undefined) {
+      throw new ConflictError(`${what}: the daemon reported no pid for this command; its sandbox's agent predates process control`, { code: "failed_precondition" });
+    }
+    return this.pid;
   }
 }

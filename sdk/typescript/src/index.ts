@@ -36,6 +36,7 @@ export type {
   SnapshotFile,
   ImageInfo,
   EntryInfo,
+  ProcessInfo,
   VersionInfo,
   HealthInfo,
   DoctorCheck,

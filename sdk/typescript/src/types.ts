@@ -101,6 +101,21 @@ export interface EntryInfo {
   modTime: Date;
 }
 
+/** A command running in a sandbox (`sb.commands.list()`), from its start until its process exits. */
+export interface ProcessInfo {
+  /** Its pid in the sandbox: what commands.kill(), sendStdin() and closeStdin() take. */
+  pid: number;
+  /** As run: ["/bin/sh", "-c", CMD] for a shell command. */
+  argv: string[];
+  /** The shell command line, or the argv joined with spaces. */
+  cmd: string;
+  cwd: string;
+  /** When it started, by the sandbox's clock. */
+  started: Date;
+  /** sendStdin() accepts data: started with `stdin: true` and not closed yet. */
+  stdinOpen: boolean;
+}
+
 export interface VersionInfo {
   version: string;
   goVersion: string;
@@ -218,5 +233,18 @@ export function versionFromWire(w: Wire): VersionInfo {
     vmmVersion: w.vmm_version,
     accel: w.accel,
     dataDir: w.data_dir,
+  };
+}
+
+/** @internal */
+export function processFromWire(w: Wire): ProcessInfo {
+  const argv: string[] = Array.isArray(w.argv) ? w.argv.map(String) : [];
+  return {
+    pid: Number(w.pid ?? 0),
+    argv,
+    cmd: typeof w.shell === "string" && w.shell !== "" ? w.shell : argv.join(" "),
+    cwd: w.cwd ?? "",
+    started: date(w.started),
+    stdinOpen: !!w.stdin_open,
   };
 }

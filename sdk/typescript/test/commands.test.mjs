@@ -183,6 +183,40 @@ describe("commands", needsDaemon, () => {
     assert.equal(r.stdout, "got:one\ngot:two\neof\n");
   });
 
+  test("process control: pid, list(), sendStdin by pid, kill by pid", async () => {
+    const cat = await sb.commands.run("cat", { background: true, stdin: true });
+    const sleeper = await sb.commands.run(["sleep", "61"], { background: true });
+    assert.ok(Number.isInteger(cat.pid) && cat.pid > 0);
+    const procs = new Map((await sb.commands.list()).map((p) => [p.pid, p]));
+    const p = procs.get(cat.pid);
+    assert.ok(p, "the background command is listed");
+    assert.equal(p.cmd, "cat");
+    assert.deepEqual(p.argv, ["/bin/sh", "-c", "cat"]);
+    assert.equal(p.stdinOpen, true);
+    assert.ok(p.started instanceof Date && !Number.isNaN(p.started.getTime()));
+    assert.deepEqual(procs.get(sleeper.pid)?.argv, ["sleep", "61"]);
+    assert.equal(procs.get(sleeper.pid)?.stdinOpen, false);
+
+    // The same stdin through the handle and through commands.
+    await sb.commands.sendStdin(cat.pid, "a\n");
+    await cat.sendStdin("b\n");
+    await sb.commands.closeStdin(cat.pid);
+    await cat.closeStdin(); // twice is fine
+    const r = await cat.wait();
+    assert.equal(r.stdout, "a\nb\n");
+    assert.equal(r.pid, cat.pid);
+    await assert.rejects(cat.sendStdin("late"), NotFoundError);
+
+    // stdin was not kept open for the sleeper: a conflict.
+    await assert.rejects(sb.commands.sendStdin(sleeper.pid, "x"), (err) => err instanceof ForkdError && err.status === 409);
+    assert.equal(await sb.commands.kill(sleeper.pid, "SIGTERM"), true);
+    await assert.rejects(sleeper.wait(), (err) => err instanceof CommandExitError && err.exitCode === 143 && err.signal === "SIGTERM");
+    assert.equal(await sb.commands.kill(sleeper.pid), false, "an exited command is not found");
+    const left = (await sb.commands.list()).map((q) => q.pid);
+    assert.ok(!left.includes(cat.pid) && !left.includes(sleeper.pid));
+    await assert.rejects(sb.commands.sendStdin(0, "x"), (err) => err instanceof ForkdError && err.code === "invalid_argument");
+  });
+
   test("concurrency: many commands at once on two sandboxes", async () => {
     const other = await t.create(TAG);
     const jobs = [];

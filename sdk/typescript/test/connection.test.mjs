@@ -320,9 +320,17 @@ describe("request shapes (what the SDK sends, per openapi.yaml)", () => {
         if (p === "/v1/sandboxes" && req.method === "POST") return json(201, { sandboxes: [{ id: "sb-1", tag: "t", state: "running", created: new Date().toISOString(), ready_ms: 1, pooled: false, last_activity: new Date().toISOString() }], total_ms: 1 });
         if (p === "/v1/sandboxes") return json(200, []);
         if (p.endsWith("/exec")) {
-          res.writeHead(200, { "content-type": "application/x-ndjson" });
-          return res.end('{"type":"exit","duration_us":5}\n');
+          res.writeHead(200, { "content-type": "application/x-ndjson", "x-forkd-pid": "42" });
+          return res.end('{"type":"start","pid":42}\n{"type":"exit","duration_us":5}\n');
         }
+        if (p === "/v1/sandboxes/sb-1/processes") {
+          return json(200, [{ pid: 42, argv: ["/bin/sh", "-c", "cat"], shell: "cat", cwd: "/root", started: "2026-01-02T03:04:05.5Z", stdin_open: true }]);
+        }
+        if (p === "/v1/sandboxes/sb-1/processes/42/stdin" || p === "/v1/sandboxes/sb-1/processes/42/signal") {
+          res.writeHead(204);
+          return res.end();
+        }
+        if (p === "/v1/sandboxes/sb-1/processes/7/signal") return problem(res, 404, "not_found", "agent: signal process 7: no running exec with pid 7: not found");
         if (p.endsWith("/files") && req.method === "PUT") return json(200, { name: "f", path: url.searchParams.get("path"), size: body.length, mode: 0o600, is_dir: false, mod_time: new Date().toISOString() });
         if (p.endsWith("/compact")) return json(201, { tag: "flat", depth: 0, state: "ready" });
         if (p === "/v1/snapshots/import") return json(201, { tag: url.searchParams.get("tag"), state: "ready" });
@@ -369,6 +377,27 @@ describe("request shapes (what the SDK sends, per openapi.yaml)", () => {
     assert.equal(last().body, "");
     await box.commands.run("true", { background: true }).then((h) => h.wait());
     assert.deepEqual(JSON.parse(last().headers["x-forkd-exec"]), { shell: "true" });
+  });
+
+  test("process control: stdin_open, pid, list, stdin and signal routes", async () => {
+    const box = new Sandbox("sb-1", fake.client);
+    const h = await box.commands.run("cat", { background: true, stdin: true });
+    assert.deepEqual(JSON.parse(last().headers["x-forkd-exec"]), { shell: "cat", stdin_open: true });
+    assert.equal(last().body, "");
+    assert.equal(h.pid, 42);
+    assert.equal((await h.wait()).pid, 42);
+    await h.sendStdin("héllo");
+    assert.deepEqual([last().method, last().path, last().query, last().body], ["POST", "/v1/sandboxes/sb-1/processes/42/stdin", {}, "héllo"]);
+    assert.equal(last().headers["content-type"], "application/octet-stream");
+    await box.commands.closeStdin(42);
+    assert.deepEqual([last().path, last().query, last().body], ["/v1/sandboxes/sb-1/processes/42/stdin", { close: "true" }, ""]);
+    assert.equal(await box.commands.kill(42, "SIGTERM"), true);
+    assert.deepEqual([last().path, JSON.parse(last().body)], ["/v1/sandboxes/sb-1/processes/42/signal", { signal: "SIGTERM" }]);
+    assert.equal(await box.commands.kill(7), false);
+    const [p] = await box.commands.list();
+    assert.deepEqual({ ...p, started: p.started.toISOString() }, {
+      pid: 42, argv: ["/bin/sh", "-c", "cat"], cmd: "cat", cwd: "/root", started: "2026-01-02T03:04:05.500Z", stdinOpen: true,
+    });
   });
 
   test("files.write: raw body, ?path= and octal ?mode=", async () => {

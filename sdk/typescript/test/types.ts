@@ -18,6 +18,7 @@ import {
   type CommandEvent,
   type CommandResult,
   type EntryInfo,
+  type ProcessInfo,
   type SandboxInfo,
   type SnapshotInfo,
 } from "forkd";
@@ -37,6 +38,13 @@ export async function typesOfTheApi(): Promise<void> {
   await h.sendStdin("data");
   await h.closeStdin();
   const killed: boolean = await h.kill();
+  const pid: number | undefined = h.pid;
+  const procs: ProcessInfo[] = await sb.commands.list();
+  const open: boolean = procs[0]!.stdinOpen;
+  await sb.commands.sendStdin(procs[0]!.pid, new Uint8Array(1));
+  await sb.commands.closeStdin(procs[0]!.pid);
+  const signalled: boolean = await sb.commands.kill(procs[0]!.pid, "SIGTERM");
+  void pid, open, signalled;
   const waited: CommandResult = await h.wait();
   for await (const ev of sb.commands.stream("ls")) {
     const e: CommandEvent = ev;
