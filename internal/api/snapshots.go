@@ -27,6 +27,13 @@ func (s *Server) chainInfo(snap *snapshot.Snapshot, out *apiv1.Snapshot) {
 	if deps, err := s.Engine.Store().Dependents(snap.Tag); err == nil && len(deps) > 0 {
 		out.Dependents = deps
 	}
+	// A file changed since it was written (stamps differ): forks are
+	// refused, so clients see it as failed, with the reason.
+	if out.State != apiv1.SnapshotFailed {
+		if err := s.Engine.SnapshotIntact(snap); err != nil {
+			out.State, out.Error = apiv1.SnapshotFailed, err.Error()
+		}
+	}
 }
 
 // deleteSnapshot removes a tag; ?cascade=true also removes the layers

@@ -195,6 +195,16 @@ func (u *unpacker) commitOne(us *unpackSnap) error {
 	if err != nil {
 		return err
 	}
+	// Stamps of this host's files (times are local, so they are taken
+	// here, never carried in the archive): forks then notice a file that
+	// changed after the import, as for snapshots created here.
+	names := make([]string, 0, len(sm.Files))
+	for n := range sm.Files {
+		names = append(names, n)
+	}
+	if err := snapshot.WriteStamps(us.stage, names); err != nil {
+		return err
+	}
 	if err := fsutil.WriteFileAtomic(filepath.Join(us.stage, snapshot.ManifestFile), append(data, '\n'), 0o400); err != nil {
 		return err
 	}

@@ -120,6 +120,9 @@ func (e *Engine) branch(ctx context.Context, id string, opts BranchOptions) (_ *
 			return nil, err
 		}
 	}
+	if err := e.checkBranchSpace(id, parent, opts.Mode); err != nil {
+		return nil, err
+	}
 	st, err := e.store.Stage(opts.Tag)
 	if err != nil {
 		return nil, err
@@ -136,7 +139,7 @@ func (e *Engine) branch(ctx context.Context, id string, opts BranchOptions) (_ *
 	}
 	res, err := s.machine.Snapshot(ctx, spec)
 	if err != nil {
-		return nil, fmt.Errorf("branch %s of sandbox %s: %w", opts.Mode, id, err)
+		return nil, e.explainNoSpace(fmt.Errorf("branch %s of sandbox %s: %w", opts.Mode, id, err), "branch "+opts.Tag)
 	}
 	e.cfg.Metrics.ObserveBranch(opts.Mode, res.Paused, res.BytesWritten)
 	m := parent.Manifest
@@ -153,12 +156,30 @@ func (e *Engine) branch(ctx context.Context, id string, opts BranchOptions) (_ *
 	m.CreateMillis = time.Since(start).Milliseconds()
 	snap, err := st.Commit(m)
 	if err != nil {
-		return nil, err
+		return nil, e.explainNoSpace(err, "branch "+opts.Tag)
 	}
 	// Start VMMs for the new tag now (and, for a layer, assemble its
 	// memory image), so the first fork from it is as fast as any.
 	e.poolFor(snap).refill()
 	return &BranchResult{Snapshot: snap, Paused: res.Paused, BytesWritten: res.BytesWritten, Duration: time.Since(start)}, nil
+}
+
+// checkBranchSpace checks, before the sandbox is paused, that the store's
+// file system can take what a branch of a sandbox forked from parent may
+// write: a full branch copies its whole memory, a diff branch at most
+// that much (every page written), a live branch spools the whole
+// migration stream and then splits it into a memory file (twice that).
+func (e *Engine) checkBranchSpace(id string, parent *snapshot.Snapshot, mode string) error {
+	mem := parent.Files[snapshot.MemoryFile].Size
+	if mem == 0 {
+		mem = int64(parent.MemoryMiB) << 20
+	}
+	need := mem
+	if mode == BranchLive {
+		need = 2 * mem
+	}
+	return checkFreeSpace(e.store.Root(), need+spaceMargin,
+		fmt.Sprintf("%s branch of sandbox %s (%s of guest memory)", mode, id, mib(mem)))
 }
 
 // snapshotByID returns the snapshot a sandbox was forked from, checking it

@@ -19,6 +19,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -75,7 +76,7 @@ func (c *memCache) prune(keep map[string]bool, log func(msg string, args ...any)
 		return
 	}
 	for _, e := range entries {
-		if keep["sha256:"+e.Name()] {
+		if keep["sha256:"+strings.TrimSuffix(e.Name(), imageStampSuffix)] {
 			continue
 		}
 		if err := os.Remove(filepath.Join(c.dir, e.Name())); err == nil {
@@ -86,9 +87,14 @@ func (c *memCache) prune(keep map[string]bool, log func(msg string, args ...any)
 
 // memoryImage returns the complete memory image a clone of snap maps:
 // its memory file, or for a layer the image assembled from its chain
-// (built on first use).
+// (built on first use). Every call checks that what the clone would map
+// is what was committed: the snapshot's files and its ancestors' (their
+// stamps, a stat each) and the assembled image's; see checkIntact.
 func (e *Engine) memoryImage(snap *snapshot.Snapshot) (string, error) {
 	if !snap.IsLayer() && e.cfg.MemoryDir == "" {
+		if err := e.checkIntact(snap); err != nil {
+			return "", err
+		}
 		return snap.Path(snapshot.MemoryFile), nil
 	}
 	// The chain is checked on every use, not only when assembling: a
@@ -98,14 +104,22 @@ func (e *Engine) memoryImage(snap *snapshot.Snapshot) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	for _, c := range chain {
+		if err := e.checkIntact(c); err != nil {
+			if c != snap {
+				err = fmt.Errorf("snapshot %q needs %q: %w", snap.Tag, c.Tag, err)
+			}
+			return "", err
+		}
+	}
 	digest := snap.Digest()
 	path := e.mem.path(digest)
-	if _, err := os.Stat(path); err == nil {
+	if e.cachedImageOK(snap, path) {
 		return path, nil
 	}
 	unlock := e.mem.lock(digest)
 	defer unlock()
-	if _, err := os.Stat(path); err == nil {
+	if e.cachedImageOK(snap, path) {
 		return path, nil // assembled while this call waited
 	}
 	start := time.Now()
@@ -116,6 +130,96 @@ func (e *Engine) memoryImage(snap *snapshot.Snapshot) (string, error) {
 	e.log.Info("assembled the memory image clones of a snapshot map", "tag", snap.Tag, "depth", len(chain)-1, "dir", e.mem.dir,
 		"bytes", written, "took", time.Since(start).Round(time.Millisecond))
 	return path, nil
+}
+
+// cachedImageOK reports whether the assembled image at path exists and is
+// as assembled (its stamp, recorded next to it, matches). An image
+// without a stamp (assembly interrupted between the two renames, or made
+// by an older forkd) or one that changed is removed, and so are the VMMs
+// pooled on it, to be assembled again from the chain, whose files were
+// just checked: nothing is lost but the time to assemble, and VMMs that
+// hold the old file keep only their own mapping of it.
+func (e *Engine) cachedImageOK(snap *snapshot.Snapshot, path string) bool {
+	now, err := snapshot.StampOf(path)
+	if err != nil {
+		return false
+	}
+	want, err := readImageStamp(path)
+	if err == nil && want.Diff(now) == "" {
+		return true
+	}
+	if err == nil {
+		e.log.Error("the memory image clones of a snapshot map was written after it was assembled: assembling it again and discarding the VMMs pooled on it",
+			"tag", snap.Tag, "file", path, "change", want.Diff(now))
+		// In the background: this may run in that pool's own refill,
+		// which DropPool waits for.
+		go e.DropPool(context.Background(), snap.ID)
+	} else {
+		e.log.Warn("assembling a memory image again: it has no stamp", "tag", snap.Tag, "file", path)
+	}
+	os.Remove(path)
+	os.Remove(path + imageStampSuffix)
+	return false
+}
+
+// imageStampSuffix names the stamp of an assembled image, next to it.
+const imageStampSuffix = ".stamp"
+
+func readImageStamp(path string) (snapshot.FileStamp, error) {
+	var st snapshot.FileStamp
+	data, err := os.ReadFile(path + imageStampSuffix)
+	if err != nil {
+		return st, err
+	}
+	return st, json.Unmarshal(data, &st)
+}
+
+// writeImageStamp records the stamp of an assembled image once it has its
+// final name (a rename changes the ctime).
+func writeImageStamp(path string) error {
+	st, err := snapshot.StampOf(path)
+	if err != nil {
+		return err
+	}
+	data, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	return fsutil.WriteFileAtomic(path+imageStampSuffix, data, 0o400)
+}
+
+// checkIntact refuses a snapshot whose files changed since they were
+// committed (snapshot.CheckStamps). The first mismatch marks it failed
+// for as long as the daemon runs (the change cannot be undone: a ctime
+// is not set back), drops its pool (those VMMs map the changed file),
+// and is logged; every later fork gets the same 409.
+func (e *Engine) checkIntact(snap *snapshot.Snapshot) error {
+	e.mu.Lock()
+	reason, failed := e.tainted[snap.ID]
+	e.mu.Unlock()
+	if !failed {
+		err := snap.CheckStamps()
+		if err == nil {
+			return nil
+		}
+		reason = err.Error()
+		e.mu.Lock()
+		e.tainted[snap.ID] = reason
+		e.mu.Unlock()
+		e.log.Error("a snapshot's files changed after it was committed: it is refused from now on", "tag", snap.Tag, "snapshot_id", snap.ID, "err", err)
+		// In the background: this may run in that pool's own refill,
+		// which DropPool waits for.
+		go e.DropPool(context.Background(), snap.ID)
+	}
+	return fmt.Errorf("%s; a VMM or another process wrote it, so clones could start from memory nobody snapshotted: remove it (`forkd rmi %s`) and re-create it (`forkd snapshot create`) or re-import it (`forkd unpack`): %w",
+		reason, snap.Tag, errdefs.ErrFailedPrecondition)
+}
+
+// SnapshotIntact reports whether snap's files are still the ones that
+// were committed (nil), or why it cannot be forked (for listing its
+// state as failed).
+func (e *Engine) SnapshotIntact(snap *snapshot.Snapshot) error {
+	return e.checkIntact(snap)
 }
 
 // assemble writes the memory of chain[0] (head first, root last) to path:
@@ -175,6 +279,10 @@ func assemble(chain []*snapshot.Snapshot, path string) (written int64, err error
 		return written, err
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
+		return written, err
+	}
+	if err := writeImageStamp(path); err != nil {
+		os.Remove(path)
 		return written, err
 	}
 	return written, fsutil.SyncDir(filepath.Dir(path))
@@ -272,6 +380,7 @@ func (e *Engine) dropMemoryImages(digests []string) {
 	for _, d := range digests {
 		if !inUse[d] {
 			os.Remove(e.mem.path(d))
+			os.Remove(e.mem.path(d) + imageStampSuffix)
 		}
 	}
 }

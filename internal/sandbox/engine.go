@@ -94,6 +94,12 @@ type Engine struct {
 	pools     map[string]*pool            // by snapshot ID
 	pending   map[string]*PendingSnapshot // background branches, by tag
 	closed    bool
+	// starting counts the MaxSandboxes slots reserved by forks in flight
+	// (reserveSlots).
+	starting int
+	// tainted holds, by snapshot ID, why a snapshot whose files changed
+	// after commit is refused (checkIntact).
+	tainted map[string]string
 
 	// bg tracks background branches, which Close waits for.
 	bg sync.WaitGroup
@@ -155,6 +161,7 @@ func New(cfg Config) (*Engine, error) {
 		sandboxes: map[string]*Sandbox{},
 		pools:     map[string]*pool{},
 		pending:   map[string]*PendingSnapshot{},
+		tainted:   map[string]string{},
 	}
 	keep := e.adoptRecorded()
 	e.reapLeftovers(keep)
@@ -255,13 +262,50 @@ func (e *Engine) acquireBuild(what string) (release func(), err error) {
 	}
 }
 
-// BuildImage builds (or finds cached) the image of a recipe.
-func (e *Engine) BuildImage(ctx context.Context, r *recipe.Recipe, progress func(string)) (*image.Image, error) {
-	release, err := e.acquireBuild("build image " + r.Name)
+// BuildSlot is one of the MaxConcurrentBuilds slots, taken before a
+// request answers (TryAcquireBuild) and handed to the build it starts,
+// which releases it when done.
+type BuildSlot struct {
+	release func()
+	once    sync.Once
+}
+
+// Release gives the slot back; later calls, and calls on nil, do nothing.
+func (b *BuildSlot) Release() {
+	if b != nil {
+		b.once.Do(b.release)
+	}
+}
+
+// TryAcquireBuild takes a build slot or fails at once with
+// ResourceExhausted (429 with Retry-After), so that an API handler can
+// refuse a build before it answers 202 or starts a progress stream,
+// instead of reporting the refusal later in an operation or a stream.
+// what names the build in the error ("create snapshot py").
+func (e *Engine) TryAcquireBuild(what string) (*BuildSlot, error) {
+	release, err := e.acquireBuild(what)
 	if err != nil {
 		return nil, err
 	}
-	defer release()
+	return &BuildSlot{release: release}, nil
+}
+
+// BuildImage builds (or finds cached) the image of a recipe.
+func (e *Engine) BuildImage(ctx context.Context, r *recipe.Recipe, progress func(string)) (*image.Image, error) {
+	return e.BuildImageWith(ctx, nil, r, progress)
+}
+
+// BuildImageWith is BuildImage in a slot the caller took with
+// TryAcquireBuild; it releases the slot when it returns. A nil slot: it
+// takes one itself (or fails with ResourceExhausted).
+func (e *Engine) BuildImageWith(ctx context.Context, slot *BuildSlot, r *recipe.Recipe, progress func(string)) (*image.Image, error) {
+	if slot == nil {
+		var err error
+		if slot, err = e.TryAcquireBuild("build image " + r.Name); err != nil {
+			return nil, err
+		}
+	}
+	defer slot.Release()
 	b := *e.builder
 	b.Progress = progress
 	return b.Build(ctx, r)
@@ -282,6 +326,9 @@ func (e *Engine) RemoveSnapshot(ctx context.Context, tag string) error {
 		return err
 	}
 	e.DropPool(ctx, snap.ID)
+	e.mu.Lock()
+	delete(e.tainted, snap.ID)
+	e.mu.Unlock()
 	return e.store.Remove(tag)
 }
 

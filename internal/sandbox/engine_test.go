@@ -22,17 +22,28 @@ import (
 // this needs root.
 func newFakeEngine(t *testing.T, d *fakeDriver, poolSize int) (*Engine, string) {
 	t.Helper()
+	return newFakeEngineWith(t, d, poolSize, nil)
+}
+
+// newFakeEngineWith is newFakeEngine with changes to its Config (nil:
+// none) made before the engine starts.
+func newFakeEngineWith(t *testing.T, d *fakeDriver, poolSize int, change func(*Config)) (*Engine, string) {
+	t.Helper()
 	testutil.RequiresRoot(t)
 	runDir, err := os.MkdirTemp("/run", "forkd-unit-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	prefix := "fku" + snapshot.NewID()[:4] + "-"
-	e, err := New(Config{
+	cfg := Config{
 		DataDir: t.TempDir(), RunDir: runDir, Driver: d, PoolSize: poolSize,
 		MaxForkCount: 10, NetNSPrefix: prefix,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	}
+	if change != nil {
+		change(&cfg)
+	}
+	e, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,12 @@ type fakeDriver struct {
 	// snapshotErr, if set, is what Snapshot then returns.
 	snapshotGate chan struct{}
 	snapshotErr  error
+	// afterSnapshot, if set, runs once Snapshot wrote its files.
+	afterSnapshot func()
+	// holdRestore makes the n-th Restore (1-based) wait until holdGate
+	// is closed; 0 never.
+	holdRestore int64
+	holdGate    chan struct{}
 
 	mu       sync.Mutex
 	machines []*fakeMachine
@@ -98,6 +104,13 @@ func (m *fakeMachine) Restore(ctx context.Context) (vmm.RestoreTimings, error) {
 			return vmm.RestoreTimings{}, ctx.Err()
 		}
 	}
+	if n == m.d.holdRestore {
+		select {
+		case <-m.d.holdGate:
+		case <-ctx.Done():
+			return vmm.RestoreTimings{}, ctx.Err()
+		}
+	}
 	if n == m.d.failRestore {
 		return vmm.RestoreTimings{}, fmt.Errorf("injected restore failure: %w", errdefs.ErrInternal)
 	}
@@ -133,6 +146,9 @@ func (m *fakeMachine) Snapshot(ctx context.Context, spec vmm.SnapshotSpec) (vmm.
 		if err := os.WriteFile(f, []byte("fake "+filepath.Base(f)), 0o600); err != nil {
 			return vmm.SnapshotResult{}, err
 		}
+	}
+	if m.d.afterSnapshot != nil {
+		m.d.afterSnapshot()
 	}
 	return vmm.SnapshotResult{StateFile: spec.StateFile, MemoryFile: spec.MemoryFile, Paused: time.Millisecond}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 )
 
@@ -15,9 +16,14 @@ type ForkOptions struct {
 	Count int
 	// Timeout ends each sandbox this long after creation (0: never).
 	Timeout time.Duration
-	// IdleTimeout ends a sandbox that received no request for this long
-	// (0: never). Requests are agent operations: exec, files, run_code.
+	// IdleTimeout ends a sandbox that served no request for this long
+	// (0: never). Requests are agent operations: exec, files, run_code;
+	// one in progress (Acquire) keeps the sandbox from being idle, and
+	// the idle time counts from the end of the last one.
 	IdleTimeout time.Duration
+	// RequestID names the fork request (for logs and the state store; see
+	// state.SandboxRecord.PendingFork). Empty: the engine makes one up.
+	RequestID string
 	// Labels are attached to every sandbox of the request.
 	Labels map[string]string
 }
@@ -64,12 +70,14 @@ func (s *Sandbox) touch() { s.lastActive.Store(time.Now().UnixNano()) }
 // LastActivity is when the sandbox last served a request (or was created).
 func (s *Sandbox) LastActivity() time.Time { return time.Unix(0, s.lastActive.Load()) }
 
-// expired reports why the sandbox's lifetime is over, or "".
-func (s *Sandbox) expired(now time.Time) string {
+// expiredLocked reports why the sandbox's lifetime is over, or "". A
+// sandbox serving a request is not idle, however long the request runs.
+// The caller holds s.mu.
+func (s *Sandbox) expiredLocked(now time.Time) string {
 	if !s.expiresAt.IsZero() && now.After(s.expiresAt) {
 		return fmt.Sprintf("timeout: created %s ago, limit %s", now.Sub(s.Created).Round(time.Second), s.expiresAt.Sub(s.Created))
 	}
-	if s.idleTimeout > 0 {
+	if s.idleTimeout > 0 && s.inflight == 0 {
 		if idle := now.Sub(s.LastActivity()); idle > s.idleTimeout {
 			return fmt.Sprintf("idle timeout: no request for %s, limit %s", idle.Round(time.Second), s.idleTimeout)
 		}
@@ -101,32 +109,63 @@ func (e *Engine) janitor(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			for _, s := range e.List() {
-				if s.State() != "running" {
-					continue
-				}
-				if why := s.expired(now); why != "" {
-					e.log.Info("sandbox expired", "sandbox_id", s.ID, "reason", why)
-					e.Kill(ctx, []string{s.ID})
-					if e.cfg.OnEvent != nil {
-						e.cfg.OnEvent(Event{Kind: EventExpired, SandboxID: s.ID, Reason: why})
-					}
-				}
-			}
+			e.expireAt(ctx, now)
 		}
 	}
 }
 
+// expireAt ends the sandboxes whose lifetime is over at now.
+func (e *Engine) expireAt(ctx context.Context, now time.Time) {
+	for _, s := range e.List() {
+		why := s.beginEnding(now)
+		if why == "" {
+			continue
+		}
+		e.log.Info("sandbox expired", "sandbox_id", s.ID, "reason", why)
+		e.Kill(ctx, []string{s.ID})
+		if e.cfg.OnEvent != nil {
+			e.cfg.OnEvent(Event{Kind: EventExpired, SandboxID: s.ID, Reason: why})
+		}
+	}
+}
+
+// beginEnding decides whether the sandbox's lifetime is over at now and,
+// if it is, lets no new request in (Acquire refuses it), in one step under
+// mu: a request cannot slip in between the decision and the kill. A
+// sandbox whose fork has not answered yet is left to that fork.
+func (s *Sandbox) beginEnding(now time.Time) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != apiv1.StateRunning || s.ending != "" || s.pendingFork != "" {
+		return ""
+	}
+	why := s.expiredLocked(now)
+	s.ending = why
+	return why
+}
+
 // Event is a lifecycle event the engine reports (for the audit log and
-// metrics): a sandbox died on its own or expired.
+// metrics): a sandbox died on its own, expired, or was discarded at start
+// because the fork that created it never answered.
 type Event struct {
 	Kind      string
 	SandboxID string
-	Reason    string
+	// Tag is the snapshot a branch event is about.
+	Tag    string
+	Reason string
+	// Err is why a branch failed (EventBranchFailed).
+	Err error
 }
 
 // Event kinds.
 const (
 	EventDied    = "sandbox.died"
 	EventExpired = "sandbox.expired"
+	// EventDiscarded: at start, a sandbox recorded by a fork that had not
+	// answered when the daemon stopped was killed and forgotten.
+	EventDiscarded = "sandbox.discarded"
+	// EventBranchReady and EventBranchFailed: a background (--no-wait)
+	// branch ended; its request was answered 202 long before.
+	EventBranchReady  = "snapshot.branch_ready"
+	EventBranchFailed = "snapshot.branch_failed"
 )

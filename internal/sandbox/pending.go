@@ -109,14 +109,22 @@ func (e *Engine) BranchAsync(id string, opts BranchOptions) (PendingSnapshot, er
 		defer cancel()
 		_, err := e.branch(ctx, id, opts)
 		e.mu.Lock()
-		defer e.mu.Unlock()
 		if err == nil {
 			delete(e.pending, opts.Tag)
-			return
+		} else {
+			e.log.Warn("background branch failed", "sandbox_id", id, "tag", opts.Tag, "mode", opts.Mode, "err", err)
+			p.State, p.Err = PendingFailed, err
+			e.pruneFailedLocked()
 		}
-		e.log.Warn("background branch failed", "sandbox_id", id, "tag", opts.Tag, "mode", opts.Mode, "err", err)
-		p.State, p.Err = PendingFailed, err
-		e.pruneFailedLocked()
+		e.mu.Unlock()
+		// Told outside mu: the listener (the audit log) may take its time.
+		if e.cfg.OnEvent != nil {
+			ev := Event{Kind: EventBranchReady, SandboxID: id, Tag: opts.Tag, Reason: string(opts.Mode)}
+			if err != nil {
+				ev.Kind, ev.Err = EventBranchFailed, err
+			}
+			e.cfg.OnEvent(ev)
+		}
 	}()
 	return *p, nil
 }

@@ -27,7 +27,7 @@ func (e *Engine) record(s *Sandbox) state.SandboxRecord {
 	rec := state.SandboxRecord{
 		ID: s.ID, Tag: s.Tag, SnapshotID: s.SnapshotID, Created: s.Created,
 		ReadyMillis: s.ReadyMillis, Pooled: s.Pooled, State: s.state,
-		DeadReason: s.deadReason, ConsoleTail: s.consoleTail, NetNS: s.netns, GuestIP: s.GuestIP,
+		DeadReason: s.deadReason, ConsoleTail: s.consoleTail, NetNS: s.netns, GuestIP: s.GuestIP, PendingFork: s.pendingFork,
 		Labels: s.labels, ExpiresAt: s.expiresAt, IdleTimeoutSeconds: int64(s.idleTimeout / time.Second),
 		VMM: e.cfg.Driver.Name(), Process: vmm.ProcessIdentity{PID: s.pid},
 	}
@@ -76,6 +76,10 @@ func (e *Engine) adoptRecorded() map[string]bool {
 		return keep
 	}
 	for _, rec := range recs {
+		if rec.PendingFork != "" {
+			e.discardPending(rec)
+			continue
+		}
 		if rec.State != apiv1.StateRunning {
 			e.registerDead(rec)
 			continue
@@ -98,6 +102,22 @@ func (e *Engine) adoptRecorded() map[string]bool {
 		e.log.Info("sandbox adopted", "sandbox_id", s.ID, "pid", s.pid)
 	}
 	return keep
+}
+
+// discardPending forgets a sandbox whose fork never answered: the daemon
+// stopped (kill -9, crash) between the child becoming ready and the fork
+// committing its children, so no client ever received its id. Its VMM,
+// run dir and namespace are not kept: reapLeftovers kills and removes
+// them. The record goes, and the audit log says so.
+func (e *Engine) discardPending(rec state.SandboxRecord) {
+	reason := fmt.Sprintf("created by fork %s, which never answered (the daemon stopped during it): no client has this sandbox, so its VMM is killed", rec.PendingFork)
+	e.log.Warn("discarding a sandbox of an unfinished fork", "sandbox_id", rec.ID, "fork", rec.PendingFork, "pid", rec.Process.PID)
+	if err := e.cfg.State.DeleteSandbox(rec.ID); err != nil {
+		e.log.Error("removing the record of a discarded sandbox", "sandbox_id", rec.ID, "err", err)
+	}
+	if e.cfg.OnEvent != nil {
+		e.cfg.OnEvent(Event{Kind: EventDiscarded, SandboxID: rec.ID, Reason: reason})
+	}
 }
 
 func (e *Engine) adoptOne(rec state.SandboxRecord) (_ *Sandbox, err error) {

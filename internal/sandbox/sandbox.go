@@ -54,6 +54,15 @@ type Sandbox struct {
 	consoleTail string
 	killed      bool
 	exited      chan struct{} // closed after teardown ran
+	// pendingFork is the id of the fork request that created the
+	// sandbox until that fork answers (see state.SandboxRecord.PendingFork).
+	pendingFork string
+	// inflight counts requests being served (Acquire to release): the
+	// idle timeout never ends a sandbox in the middle of one.
+	inflight int
+	// ending is why the janitor is ending the sandbox; once set, no new
+	// request is let in.
+	ending string
 }
 
 // newSandboxID returns "sb-" and 10 random base-32 characters: short enough
@@ -156,6 +165,13 @@ func (s *Sandbox) kill(ctx context.Context, why string) {
 func (s *Sandbox) client() (*agentclient.Client, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.clientLocked()
+}
+
+func (s *Sandbox) clientLocked() (*agentclient.Client, error) {
+	if s.ending != "" {
+		return nil, fmt.Errorf("sandbox %s is ending (%s): %w", s.ID, s.ending, errdefs.ErrFailedPrecondition)
+	}
 	if s.state != apiv1.StateRunning {
 		reason := s.deadReason
 		if reason == "" {
@@ -253,6 +269,9 @@ func removeAllStep(path string) func(context.Context) error {
 
 // Agent returns the agent client of a running sandbox, for exec, files and
 // run_code. A dead sandbox is a FailedPrecondition naming why it died.
+// It records activity once, now; a request that may outlast the idle
+// timeout uses Acquire or AgentFor, which keep the sandbox busy until it
+// ends.
 func (e *Engine) Agent(id string) (*agentclient.Client, error) {
 	s, err := e.Get(id)
 	if err != nil {
@@ -260,4 +279,47 @@ func (e *Engine) Agent(id string) (*agentclient.Client, error) {
 	}
 	s.touch()
 	return s.client()
+}
+
+// Acquire returns the agent client of a running sandbox for one request,
+// and release, which ends the request: until then the sandbox counts as
+// busy and its idle timeout does not run (a 10-minute exec under a
+// 5-minute idle timeout finishes). Activity is recorded at both ends, so
+// the idle time counts from the end of the last request. release may be
+// called more than once; only the first call counts. The absolute timeout
+// (ForkOptions.Timeout) still ends a busy sandbox.
+func (e *Engine) Acquire(id string) (_ *agentclient.Client, release func(), err error) {
+	s, err := e.Get(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	agent, err := s.clientLocked()
+	if err != nil {
+		return nil, nil, err
+	}
+	s.inflight++
+	s.touch()
+	var once sync.Once
+	return agent, func() {
+		once.Do(func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.touch()
+			s.inflight--
+		})
+	}, nil
+}
+
+// AgentFor is Acquire for a request whose context ends with it (an HTTP
+// handler's does when the handler returns, or when its client goes away):
+// the request is released when ctx ends.
+func (e *Engine) AgentFor(ctx context.Context, id string) (*agentclient.Client, error) {
+	agent, release, err := e.Acquire(id)
+	if err != nil {
+		return nil, err
+	}
+	context.AfterFunc(ctx, release)
+	return agent, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/metrics"
 	"github.com/forkd-dev/forkd/internal/netns"
 	"github.com/forkd-dev/forkd/internal/snapshot"
+	"github.com/forkd-dev/forkd/internal/state"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -133,25 +134,27 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) ([]*Sandbox, er
 	if err != nil {
 		return nil, err
 	}
-	if snap.IsLayer() {
-		// Pooled VMMs of a layer were prepared while its chain was whole;
-		// a chain broken since (an ancestor removed or replaced) refuses
-		// the fork, and those VMMs go.
-		if _, err := e.store.Chain(snap); err != nil {
+	// What the clones will map is checked before any is restored, pooled
+	// ones included: a layer's chain must be whole (an ancestor removed or
+	// replaced since its VMMs were pooled refuses the fork, and those VMMs
+	// go), and no file may have changed since it was committed (that
+	// marks the snapshot failed: checkIntact).
+	if _, err := e.memoryImage(snap); err != nil {
+		if snap.IsLayer() {
 			e.DropPool(ctx, snap.ID)
-			return nil, err
 		}
+		return nil, err
 	}
 	if snap.VMM.Kind != e.cfg.Driver.Name() {
 		return nil, fmt.Errorf("snapshot %q was made by VMM %q, this daemon runs %q: %w", tag, snap.VMM.Kind, e.cfg.Driver.Name(), errdefs.ErrFailedPrecondition)
 	}
-	if max := e.cfg.MaxSandboxes; max > 0 {
-		e.mu.Lock()
-		running := len(e.sandboxes)
-		e.mu.Unlock()
-		if running+n > max {
-			return nil, fmt.Errorf("%d sandboxes running, %d more would pass the limit of %d (forkd serve --max-sandboxes; kill some with `forkd kill`): %w", running, n, max, errdefs.ErrResourceExhausted)
-		}
+	releaseSlots, err := e.reserveSlots(n)
+	if err != nil {
+		return nil, err
+	}
+	defer releaseSlots()
+	if opts.RequestID == "" {
+		opts.RequestID = "fork-" + snapshot.NewID()
 	}
 	p := e.poolFor(snap)
 	defer p.refill()
@@ -177,6 +180,9 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) ([]*Sandbox, er
 	if firstErr == nil && ctx.Err() != nil {
 		firstErr = fmt.Errorf("fork of %q abandoned: %w", tag, context.Cause(ctx))
 	}
+	if firstErr == nil {
+		firstErr = e.commitFork(opts.RequestID, results)
+	}
 	if firstErr != nil {
 		var ids []string
 		for _, s := range results {
@@ -188,6 +194,69 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) ([]*Sandbox, er
 		return nil, firstErr
 	}
 	return results, nil
+}
+
+// commitFork makes the children of a fork that is about to answer
+// permanent: each was recorded as pending when it became ready, and all
+// of them lose that mark in one transaction. A daemon killed before this
+// point kills every child of the fork at its next start (none was
+// reported); one killed after it re-adopts all of them.
+func (e *Engine) commitFork(requestID string, sbs []*Sandbox) error {
+	recs := make([]state.SandboxRecord, 0, len(sbs))
+	for _, s := range sbs {
+		s.mu.Lock()
+		s.pendingFork = ""
+		killed := s.killed
+		s.mu.Unlock()
+		if killed {
+			continue // killed on request meanwhile: its record is gone for good
+		}
+		recs = append(recs, e.record(s))
+	}
+	if e.cfg.State == nil {
+		return nil
+	}
+	if err := e.cfg.State.PutSandboxes(recs); err != nil {
+		return fmt.Errorf("fork %s: record its %d sandboxes: %w", requestID, len(sbs), err)
+	}
+	return nil
+}
+
+// reserveSlots takes n of the MaxSandboxes slots for a fork, or refuses
+// it at once. Running sandboxes hold a slot each (dead and stopped ones
+// do not); forks in flight hold what they reserved until they answer, so
+// two concurrent forks can never pass the limit together. release gives
+// the reservation back; by then the fork's children, if it succeeded,
+// count as running (a moment of double counting errs on the safe side).
+func (e *Engine) reserveSlots(n int) (release func(), err error) {
+	max := e.cfg.MaxSandboxes
+	if max <= 0 {
+		return func() {}, nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	running := 0
+	for _, s := range e.sandboxes {
+		s.mu.Lock()
+		// A pending child is covered by its fork's reservation.
+		if s.state == apiv1.StateRunning && s.pendingFork == "" {
+			running++
+		}
+		s.mu.Unlock()
+	}
+	if running+e.starting+n > max {
+		return nil, fmt.Errorf("%d running + %d starting, limit %d: %d more would pass it (forkd serve --max-sandboxes); kill sandboxes you no longer need (`forkd kill`), or retry once forks in flight have answered: %w",
+			running, e.starting, max, n, errdefs.ErrResourceExhausted)
+	}
+	e.starting += n
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			e.mu.Lock()
+			e.starting -= n
+			e.mu.Unlock()
+		})
+	}, nil
 }
 
 // spawnOne turns a prepared VMM (pooled, or started now) into a running
@@ -235,14 +304,15 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 		machine: pv.machine, pid: pv.machine.PID(), netns: pv.netns, conn: pv.conn, session: sess,
 		agent: e.agentClient(sess), teardown: pv.teardown,
 		state: apiv1.StateRunning, exited: make(chan struct{}),
-		labels: opts.Labels, idleTimeout: opts.IdleTimeout,
+		labels: opts.Labels, idleTimeout: opts.IdleTimeout, pendingFork: opts.RequestID,
 	}
 	if opts.Timeout > 0 {
 		s.expiresAt = s.Created.Add(opts.Timeout)
 	}
 	s.touch()
-	// Durable before it is listed or reported: a daemon killed from here on
-	// re-adopts this sandbox.
+	// Durable before it is listed or reported, as pending: a daemon killed
+	// before the fork answers kills it at its next start, one killed
+	// after re-adopts it (commitFork).
 	if err := e.persist(s); err != nil {
 		sess.Close()
 		return nil, err

@@ -14,6 +14,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/image"
 	"github.com/forkd-dev/forkd/internal/metrics"
 	"github.com/forkd-dev/forkd/internal/netns"
+	"github.com/forkd-dev/forkd/internal/recipe"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
@@ -38,19 +39,30 @@ type CreateSnapshotOptions struct {
 	MemoryMiB int // 0: the recipe's
 	VCPUs     int // 0: the recipe's
 	Progress  func(string)
+	// Slot is a build slot the caller took with TryAcquireBuild before
+	// answering its client; CreateSnapshot releases it when it returns.
+	// Nil: CreateSnapshot takes one (or fails with ResourceExhausted).
+	Slot *BuildSlot
 }
 
-// CreateSnapshot boots the recipe's image with its RAM in a shared file,
-// warms the Python session, and saves the device state: the parent of every
-// later fork. It is staged and committed atomically; on any error no tag is
-// left behind.
-func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions) (_ *snapshot.Snapshot, err error) {
-	start := time.Now()
-	progress := opts.Progress
-	if progress == nil {
-		progress = func(string) {}
-	}
-	if err := snapshot.ValidateTag(opts.Tag); err != nil {
+// templatePlan is what a valid CreateSnapshotOptions resolves to.
+type templatePlan struct {
+	recipe *recipe.Recipe
+	warm   string
+}
+
+// CheckCreateSnapshot validates a snapshot creation without starting it:
+// tag (valid, free), recipe, memory, vCPUs, warm-up code, and free disk
+// space for the template's memory. The API calls it before it commits to
+// a progress stream, so bad input is a plain 4xx; CreateSnapshot checks
+// the same again.
+func (e *Engine) CheckCreateSnapshot(opts CreateSnapshotOptions) error {
+	_, err := e.planTemplate(opts)
+	return err
+}
+
+func (e *Engine) planTemplate(opts CreateSnapshotOptions) (*templatePlan, error) {
+	if err := e.store.CheckFree(opts.Tag); err != nil {
 		return nil, err
 	}
 	r, err := e.ResolveRecipe(opts.Recipe, opts.RecipeTOML)
@@ -76,11 +88,43 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 		}
 		warm = opts.Warm
 	}
-	release, err := e.acquireBuild("create snapshot " + opts.Tag)
+	if err := e.checkTemplateSpace(opts.Tag, r.MemoryMiB); err != nil {
+		return nil, err
+	}
+	return &templatePlan{recipe: r, warm: warm}, nil
+}
+
+// checkTemplateSpace checks that the snapshot store's file system can
+// hold a template's memory file (the guest's RAM, written as it runs)
+// plus its device state.
+func (e *Engine) checkTemplateSpace(tag string, memoryMiB int) error {
+	return checkFreeSpace(e.store.Root(), int64(memoryMiB)<<20+spaceMargin,
+		fmt.Sprintf("snapshot %q (%d MiB of guest memory)", tag, memoryMiB))
+}
+
+// CreateSnapshot boots the recipe's image with its RAM in a shared file,
+// warms the Python session, and saves the device state: the parent of every
+// later fork. It is staged and committed atomically; on any error no tag is
+// left behind.
+func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions) (_ *snapshot.Snapshot, err error) {
+	start := time.Now()
+	progress := opts.Progress
+	if progress == nil {
+		progress = func(string) {}
+	}
+	slot := opts.Slot
+	defer slot.Release()
+	plan, err := e.planTemplate(opts)
 	if err != nil {
 		return nil, err
 	}
-	defer release()
+	r, warm := plan.recipe, plan.warm
+	if slot == nil {
+		if slot, err = e.TryAcquireBuild("create snapshot " + opts.Tag); err != nil {
+			return nil, err
+		}
+		defer slot.Release()
+	}
 	st, err := e.store.Stage(opts.Tag)
 	if err != nil {
 		return nil, err
@@ -93,6 +137,10 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 		return nil, err
 	}
 
+	// The image build may have filled the disk the template writes to.
+	if err := e.checkTemplateSpace(opts.Tag, r.MemoryMiB); err != nil {
+		return nil, err
+	}
 	id := "tpl-" + snapshot.NewID()
 	var cl cleanup.Stack
 	defer cl.Clean(ctx)
@@ -161,7 +209,7 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 	saveStart := time.Now()
 	res, err := m.Snapshot(ctx, vmm.SnapshotSpec{Type: vmm.SnapshotFull, StateFile: st.Path(snapshot.StateFile), StopAfter: true})
 	if err != nil {
-		return nil, fmt.Errorf("save template: %w", err)
+		return nil, e.explainNoSpace(fmt.Errorf("save template: %w", err), "snapshot "+opts.Tag)
 	}
 	e.cfg.Metrics.ObserveVMMStart(metrics.PhaseSnapshotSave, time.Since(saveStart))
 	version, _ := e.cfg.Driver.Version(ctx)
@@ -183,7 +231,7 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 		CreateMillis: time.Since(start).Milliseconds(),
 	})
 	if err != nil {
-		return nil, err
+		return nil, e.explainNoSpace(err, "snapshot "+opts.Tag)
 	}
 	progress(fmt.Sprintf("snapshot %s ready in %s", snap.Tag, time.Since(start).Round(time.Millisecond)))
 	if e.cfg.PoolSize > 0 {

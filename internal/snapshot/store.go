@@ -227,8 +227,9 @@ func (st *Staging) Commit(m Manifest) (*Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
+	var names []string
 	for _, e := range entries {
-		if !e.Type().IsRegular() || e.Name() == ManifestFile {
+		if !e.Type().IsRegular() || e.Name() == ManifestFile || e.Name() == StampFile {
 			continue
 		}
 		p := st.Path(e.Name())
@@ -244,6 +245,12 @@ func (st *Staging) Commit(m Manifest) (*Snapshot, error) {
 			return nil, err
 		}
 		m.Files[e.Name()] = FileEntry{Size: size, SHA256: sum}
+		names = append(names, e.Name())
+	}
+	// After the chmod (which changes the ctime), before the manifest
+	// makes the snapshot whole: see stamp.go.
+	if err := WriteStamps(st.Dir, names); err != nil {
+		return nil, fmt.Errorf("record file stamps: %w", err)
 	}
 	data, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {

@@ -40,6 +40,15 @@ type SandboxRecord struct {
 	// (vmm.Identifiable): together the vmm.AdoptSpec.
 	Machine vmm.MachineConfig   `json:"machine"`
 	Process vmm.ProcessIdentity `json:"process"`
+	// PendingFork is the request id of the fork that created the sandbox,
+	// while that fork has not answered: the sandbox is recorded as soon
+	// as it is ready, before its siblings are, so no VMM is ever running
+	// unrecorded, but no client has its id yet. The fork clears it for all
+	// its children at once (PutSandboxes) when it answers. A daemon that
+	// starts with such a record kills the VMM and forgets the record:
+	// nobody could use or kill that sandbox. Records written before this
+	// field existed read as committed.
+	PendingFork string `json:"pending_fork,omitempty"`
 }
 
 // AdoptSpec is the spec to adopt the sandbox's VMM with.
@@ -65,6 +74,32 @@ type OperationRecord struct {
 // returns once the record is durable.
 func (s *Store) PutSandbox(rec SandboxRecord) error {
 	return s.put(sandboxesBucket, rec.ID, rec)
+}
+
+// PutSandboxes records several sandboxes in one transaction: when it
+// returns, all of them are durable, or none was written.
+func (s *Store) PutSandboxes(recs []SandboxRecord) error {
+	vals := make([][]byte, len(recs))
+	for i, rec := range recs {
+		if rec.ID == "" {
+			return fmt.Errorf("state: %s record without an ID: %w", sandboxesBucket, errdefs.ErrInvalidArgument)
+		}
+		v, err := json.Marshal(rec)
+		if err != nil {
+			return fmt.Errorf("state: %s %s: %w", sandboxesBucket, rec.ID, err)
+		}
+		vals[i] = v
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(sandboxesBucket)
+		for i, rec := range recs {
+			if err := b.Put([]byte(rec.ID), vals[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return s.wrap("put", sandboxesBucket, fmt.Sprintf("(%d records)", len(recs)), err)
 }
 
 // DeleteSandbox removes a sandbox's record; an unknown ID is no error.

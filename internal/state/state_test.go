@@ -341,3 +341,44 @@ func TestBadRecord(t *testing.T) {
 	s.Close()
 	wantDamaged(t, path, "a record that does not decode")
 }
+
+// TestPutSandboxesCommitsAFork: a fork's children are recorded pending
+// one by one and committed together; a record from before the field
+// existed reads as committed.
+func TestPutSandboxesCommitsAFork(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	s := open(t, path)
+	kids := []SandboxRecord{sandbox("sb-1"), sandbox("sb-2"), sandbox("sb-3")}
+	for _, k := range kids {
+		k.PendingFork = "req-42"
+		if err := s.PutSandbox(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.Sandboxes()
+	if err != nil || len(got) != 3 || got[0].PendingFork != "req-42" {
+		t.Fatalf("pending records: %+v %v", got, err)
+	}
+	if err := s.PutSandboxes(kids); err != nil {
+		t.Fatal(err)
+	}
+	got, err = s.Sandboxes()
+	if err != nil || len(got) != 3 {
+		t.Fatalf("committed records: %+v %v", got, err)
+	}
+	for _, r := range got {
+		if r.PendingFork != "" {
+			t.Errorf("%s still pending after the commit", r.ID)
+		}
+	}
+	if err := s.PutSandboxes([]SandboxRecord{sandbox("sb-4"), {}}); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("batch with a record without an ID: %v", err)
+	}
+	if got, _ := s.Sandboxes(); len(got) != 3 {
+		t.Fatalf("a refused batch wrote %d records", len(got)-3)
+	}
+	var old SandboxRecord
+	if err := json.Unmarshal([]byte(`{"id":"sb-old","state":"running","vmm":"qemu"}`), &old); err != nil || old.PendingFork != "" {
+		t.Fatalf("record without pending_fork: %+v %v", old, err)
+	}
+}
