@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -47,18 +48,33 @@ func decodeBody(ct, body string) error {
 }
 
 func TestDecodeIsStrict(t *testing.T) {
-	if err := decodeBody("application/json", `{"tag":"a","count":1}`); err != nil {
-		t.Fatalf("valid body: %v", err)
+	for _, ct := range []string{"application/json", "application/json; charset=utf-8"} {
+		if err := decodeBody(ct, `{"tag":"a","count":1}`+" \n"); err != nil {
+			t.Fatalf("valid body (%s): %v", ct, err)
+		}
 	}
-	for name, c := range map[string][2]string{
-		"malformed":     {"application/json", `{"tag":`},
-		"unknown field": {"application/json", `{"tag":"a","cuont":1}`},
-		"two values":    {"application/json", `{"tag":"a"}{"tag":"b"}`},
-		"wrong type":    {"text/plain", `{"tag":"a"}`},
-		"oversized":     {"application/json", `{"tag":"` + strings.Repeat("a", MaxJSONBody) + `"}`},
+	for name, c := range map[string]struct {
+		ct, body string
+		status   int
+		msg      string
+	}{
+		"malformed":         {"application/json", `{"tag":`, 400, "malformed JSON"},
+		"empty":             {"application/json", ``, 400, "malformed JSON: empty"},
+		"unknown field":     {"application/json", `{"tag":"a","cuont":1}`, 400, `unknown field "cuont"`},
+		"two values":        {"application/json", `{"tag":"a"}{"tag":"b"}`, 400, "more than one value"},
+		"stray brace after": {"application/json", `{"tag":"a"}}`, 400, "more than one value"},
+		"wrong type":        {"text/plain", `{"tag":"a"}`, 415, `content type "text/plain": this route takes a JSON body; send Content-Type: application/json`},
+		"no type":           {"", `{"tag":"a"}`, 415, "no Content-Type: this route takes a JSON body; send Content-Type: application/json"},
+		"bad type":          {"application/", `{"tag":"a"}`, 415, "send Content-Type: application/json"},
+		"oversized":         {"application/json", `{"tag":"` + strings.Repeat("a", MaxJSONBody) + `"}`, 413, fmt.Sprintf("request body over %d bytes", MaxJSONBody)},
 	} {
-		if err := decodeBody(c[0], c[1]); !errdefs.IsInvalidArgument(err) {
-			t.Errorf("%s: %v, want invalid argument", name, err)
+		err := decodeBody(c.ct, c.body)
+		if !errdefs.IsInvalidArgument(err) || StatusOf(err) != c.status || !strings.Contains(err.Error(), c.msg) {
+			t.Errorf("%s: %v (status %d), want invalid argument, %d, %q", name, err, StatusOf(err), c.status, c.msg)
+		}
+		// The code clients map back stays the class's.
+		if p := ProblemOf(err, ""); p.Status != c.status || p.Code != "invalid_argument" {
+			t.Errorf("%s: problem %+v", name, p)
 		}
 	}
 }
@@ -73,6 +89,156 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("decode error outside the invalid-argument class: %v", err)
 		}
 	})
+}
+
+// execFields are the JSON names of ExecRequest's fields.
+func execFields() map[string]bool {
+	out := map[string]bool{}
+	typ := reflect.TypeFor[apiv1.ExecRequest]()
+	for i := range typ.NumField() {
+		name, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
+		out[strings.ToLower(name)] = true
+	}
+	return out
+}
+
+func TestDecodeStrictJSONHeader(t *testing.T) {
+	var req apiv1.ExecRequest
+	if err := decodeStrictJSON([]byte(`{"argv":["ls"],"cwd":"/","env":{"A":"1"},"timeout_ms":5,"stdin":true}`), &req); err != nil || req.Argv[0] != "ls" || !req.Stdin {
+		t.Fatalf("valid header: %+v %v", req, err)
+	}
+	for _, h := range []string{`{"argv":["ls"],"tiemout_ms":5}`, `{"argv":["ls"]} x`, `{"argv":["ls"]}}`, ``, `{"argv":"ls"}`, `null x`} {
+		if err := decodeStrictJSON([]byte(h), &req); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%q: %v, want invalid argument", h, err)
+		}
+	}
+}
+
+// FuzzExecHeader: the X-Forkd-Exec decoder never panics, fails only with
+// invalid argument, accepts only documents whose keys are ExecRequest's
+// fields, and what it accepts survives a round trip.
+func FuzzExecHeader(f *testing.F) {
+	f.Add(`{"argv":["python3","-c","print(1)"],"env":{"A":"b"},"cwd":"/root","timeout_ms":1000,"stdin":true,"stdin_open":false}`)
+	f.Add(`{"shell":"echo hi"}`)
+	f.Add(`{"argv":["ls"],"unknown":1}`)
+	f.Add(`{"argv":["ls"]}{}`)
+	f.Add(`{"ARGV":["ls"]}`)
+	f.Add(`null`)
+	fields := execFields()
+	f.Fuzz(func(t *testing.T, hdr string) {
+		var req apiv1.ExecRequest
+		err := decodeStrictJSON([]byte(hdr), &req)
+		if err != nil {
+			if !errdefs.IsInvalidArgument(err) {
+				t.Fatalf("%q: error outside the invalid-argument class: %v", hdr, err)
+			}
+			return
+		}
+		var m map[string]json.RawMessage
+		if json.Unmarshal([]byte(hdr), &m) == nil {
+			for k := range m {
+				if !fields[strings.ToLower(k)] {
+					t.Fatalf("%q accepted with unknown field %q", hdr, k)
+				}
+			}
+		}
+		data, err := json.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var again apiv1.ExecRequest
+		if err := decodeStrictJSON(data, &again); err != nil || !reflect.DeepEqual(normExec(again), normExec(req)) {
+			t.Fatalf("round trip of %q: %+v != %+v (%v)", hdr, again, req, err)
+		}
+	})
+}
+
+// normExec makes empty and nil slices and maps equal (omitempty drops both).
+func normExec(r apiv1.ExecRequest) apiv1.ExecRequest {
+	if len(r.Argv) == 0 {
+		r.Argv = nil
+	}
+	if len(r.Env) == 0 {
+		r.Env = nil
+	}
+	return r
+}
+
+// do sends one request through h and returns the recorder.
+func do(h http.Handler, method, target string, hdr map[string]string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(method, target, nil)
+	for k, v := range hdr {
+		r.Header.Set(k, v)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, r)
+	return rec
+}
+
+func problemOf(t *testing.T, rec *httptest.ResponseRecorder) apiv1.Problem {
+	t.Helper()
+	var p apiv1.Problem
+	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil || rec.Header().Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("not a problem (%v): %d %s", err, rec.Code, rec.Body)
+	}
+	return p
+}
+
+func TestWrongMethodIs405(t *testing.T) {
+	h := (&Server{}).Handler()
+	for _, c := range []struct{ method, path, allow string }{
+		{http.MethodDelete, "/v1/sandboxes", "GET, HEAD, POST"},
+		{http.MethodPatch, "/v1/sandboxes/sb-1", "GET, HEAD, DELETE"},
+		{http.MethodGet, "/v1/sandboxes/sb-1/exec", "POST"},
+		{http.MethodPost, "/v1/healthz", "GET, HEAD"},
+	} {
+		rec := do(h, c.method, c.path, nil)
+		p := problemOf(t, rec)
+		if rec.Code != 405 || rec.Header().Get("Allow") != c.allow || p.Status != 405 || p.Code != "invalid_argument" || !strings.Contains(p.Detail, "it takes "+c.allow) || p.RequestID == "" {
+			t.Errorf("%s %s: %d Allow %q %+v, want 405 with Allow %q", c.method, c.path, rec.Code, rec.Header().Get("Allow"), p, c.allow)
+		}
+	}
+	rec := do(h, http.MethodGet, "/v1/nope", nil)
+	if p := problemOf(t, rec); rec.Code != 404 || rec.Header().Get("Allow") != "" || !strings.HasPrefix(p.Detail, "no route GET /v1/nope") {
+		t.Errorf("unknown path: %d %+v", rec.Code, p)
+	}
+}
+
+func TestRequestIDFromClient(t *testing.T) {
+	h := (&Server{}).Handler()
+	for id, kept := range map[string]bool{
+		"req-1":                       true,
+		"mcp:abc_DEF.42":              true,
+		strings.Repeat("a", 128):      true,
+		strings.Repeat("a", 129):      false,
+		"":                            false,
+		"has space":                   false,
+		`quo"te`:                      false,
+		"new\nline":                   false,
+		"ünï":                         false,
+		"a/b":                         false,
+		"{\"request_id\":\"forged\"}": false,
+	} {
+		rec := do(h, http.MethodGet, "/v1/nope", map[string]string{"X-Request-Id": id})
+		got := rec.Header().Get("X-Request-Id")
+		p := problemOf(t, rec)
+		switch {
+		case p.RequestID != got:
+			t.Errorf("%q: problem carries %q, header %q", id, p.RequestID, got)
+		case kept && got != id:
+			t.Errorf("%q: replaced by %q", id, got)
+		case !kept && (got == id || !validRequestID(got) || len(got) != 16):
+			t.Errorf("%q: kept as %q, want a generated id", id, got)
+		}
+	}
+}
+
+func TestUnknownStateFilter(t *testing.T) {
+	rec := do((&Server{}).Handler(), http.MethodGet, "/v1/sandboxes?state=zombie", nil)
+	if p := problemOf(t, rec); rec.Code != 400 || !strings.Contains(p.Detail, `"zombie"`) ||
+		!strings.Contains(p.Detail, apiv1.StateRunning) || !strings.Contains(p.Detail, apiv1.StateDead) || !strings.Contains(p.Detail, apiv1.StateStopped) {
+		t.Errorf("unknown state: %d %+v", rec.Code, p)
+	}
 }
 
 func TestProblemResponse(t *testing.T) {

@@ -2,25 +2,48 @@ package api
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/audit"
 	"github.com/forkd-dev/forkd/internal/auth"
+	"github.com/forkd-dev/forkd/internal/errdefs"
 )
+
+// Audit actions the API layer records besides requests.
+const (
+	// ActionAuditResumed is the first record written after audit writes
+	// failed: its Detail says since when, how many writes failed and how
+	// many requests were refused meanwhile (none of which ran).
+	ActionAuditResumed = "audit.resumed"
+	// ActionOperationFinished records a long-running operation (an image
+	// build) ending, after the request that started it was answered.
+	ActionOperationFinished = "operation.finished"
+)
+
+// outcomeUnauthenticated is the outcome of a request refused by auth.
+const outcomeUnauthenticated = "unauthenticated"
 
 // auditNote is what a handler adds to its request's audit record: the ids
 // it created or touched beyond those in the path, and the error it
-// answered with.
+// answered with; and what the layers inside auth learnt: the token's name,
+// and whether the request was refused because the log cannot be written.
 type auditNote struct {
 	mu      sync.Mutex
 	targets []string
 	err     error
+	token   string
+	passed  bool // got past auth
+	refused bool // refused by the audit gate: its failure is already counted
 }
 
 type auditKey struct{}
@@ -53,9 +76,13 @@ func mutating(method string) bool {
 	return true
 }
 
-// Audit records one hash-chained audit record per mutating request, after
-// it is answered: who (token name, peer), what (the route as action, path
-// ids and created ids as targets), the outcome and how long it took.
+// auditRequests records one hash-chained audit record per mutating
+// request, after it is answered: who (token name, peer), what (the route as
+// action, path ids and created ids as targets), the outcome and how long it
+// took. It wraps auth (the Handler chain is auditRequests, auth,
+// auditAdmit, routes), so requests auth refuses are recorded too, with the
+// outcome "unauthenticated" and no token name: probing with bad tokens
+// leaves a trace.
 func (s *Server) auditRequests(mux *http.ServeMux, next http.Handler) http.Handler {
 	if s.Audit == nil {
 		return next
@@ -73,23 +100,199 @@ func (s *Server) auditRequests(mux *http.ServeMux, next http.Handler) http.Handl
 		next.ServeHTTP(sw, r)
 		note.mu.Lock()
 		targets := uniq(append(pathTargets(pattern, r.URL.Path), note.targets...))
-		err := note.err
+		err, token, passed, refused := note.err, note.token, note.passed, note.refused
 		note.mu.Unlock()
+		if refused {
+			return // not run; the gate counted the failure and the next write records the gap
+		}
 		outcome, msg := audit.OutcomeOf(err)
-		if err == nil && sw.status >= 400 {
+		switch {
+		case !passed && (sw.status == http.StatusUnauthorized || sw.status == http.StatusForbidden):
+			outcome, msg = outcomeUnauthenticated, fmt.Sprintf("refused by authentication (HTTP %d)", sw.status)
+		case err == nil && sw.status >= 400:
 			outcome = "http_" + http.StatusText(sw.status)
 		}
-		if pattern == "" {
+		if pattern == "" || pattern == "/" { // no route: the catch-all answered
 			pattern = r.Method + " " + r.URL.Path
 		}
-		_, aerr := s.Audit.Append(audit.Record{
-			RequestID: requestID(r), Token: auth.TokenName(r.Context()), Peer: peerOf(r),
+		s.appendAudit(audit.Record{
+			RequestID: requestID(r), Token: token, Peer: peerOf(r),
 			Action: pattern, Targets: targets, Outcome: outcome, Error: msg,
 			DurationMillis: float64(time.Since(start).Microseconds()) / 1000,
 		})
-		if aerr != nil && s.Log != nil {
-			s.Log.Error("audit log append failed", "request_id", requestID(r), "err", aerr)
+	})
+}
+
+// auditAdmit runs inside auth: it notes the token's name for the record
+// auditRequests writes, and fails closed: while audit writes fail, a
+// mutating request is refused with 503 unless a write succeeds now (see
+// auditGate).
+func (s *Server) auditAdmit(next http.Handler) http.Handler {
+	if s.Audit == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		note, _ := r.Context().Value(auditKey{}).(*auditNote)
+		if note == nil { // not mutating
+			next.ServeHTTP(w, r)
+			return
 		}
+		note.mu.Lock()
+		note.token, note.passed = auth.TokenName(r.Context()), true
+		note.mu.Unlock()
+		if err := s.auditWritable(r); err != nil {
+			note.mu.Lock()
+			note.refused = true
+			note.mu.Unlock()
+			writeProblem(w, r, err)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// auditGate makes the service fail closed on audit writes. After a write
+// fails, mutating requests are refused (503) until a write succeeds again:
+// each refused request first retries, by writing the ActionAuditResumed
+// record that documents the gap; when that works, the request runs. The
+// log itself stays sticky after a failure that may have left a partial
+// record (see audit.Log.Append): then only a restart helps, and the 503
+// says so.
+type auditGate struct {
+	failing atomic.Bool // fast path: false while writes succeed
+
+	// mu guards the fields below; it serialises retries.
+	mu       sync.Mutex
+	since    time.Time // first failure of this run of failures
+	failures int       // writes failed since
+	refused  int       // requests refused since
+	last     error     // the latest failure
+}
+
+// appendAudit writes rec, retrying first (with the ActionAuditResumed
+// record) while the log is failing. A failure is logged, counted
+// (forkd_audit_write_failures_total) and closes the gate.
+func (s *Server) appendAudit(rec audit.Record) error {
+	g := &s.auditGate
+	if g.failing.Load() {
+		g.mu.Lock()
+		err := s.resumeAuditLocked(rec.RequestID, rec.Token, rec.Peer)
+		g.mu.Unlock()
+		if err != nil {
+			if s.Log != nil {
+				s.Log.Error("audit log still failing: record not written", "action", rec.Action, "request_id", rec.RequestID, "err", err)
+			}
+			return err
+		}
+	}
+	if _, err := s.Audit.Append(rec); err != nil {
+		g.mu.Lock()
+		s.auditFailedLocked(err)
+		g.mu.Unlock()
+		if s.Log != nil {
+			s.Log.Error("audit log append failed: mutating requests are refused until a record can be written",
+				"action", rec.Action, "request_id", rec.RequestID, "err", err)
+		}
+		return err
+	}
+	return nil
+}
+
+// auditWritable returns nil when the log takes records, retrying once
+// while it is failing; otherwise the 503 error for r.
+func (s *Server) auditWritable(r *http.Request) error {
+	g := &s.auditGate
+	if !g.failing.Load() {
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	err := s.resumeAuditLocked(requestID(r), auth.TokenName(r.Context()), peerOf(r))
+	if err == nil {
+		return nil
+	}
+	g.refused++
+	return fmt.Errorf("the audit log %s cannot be written (%v; failing since %s, %d failed writes, %d requests refused): "+
+		"forkd refuses requests that change anything until a record can be written again, and every new request retries. "+
+		"Fix the cause (disk space, permissions, the state file holding the log's anchor; see the daemon's log), or restart the daemon if the error says so: %w",
+		s.Audit.Dir(), g.last, g.since.UTC().Format(time.RFC3339), g.failures, g.refused, errdefs.ErrUnavailable)
+}
+
+// resumeAuditLocked, while the gate is closed, writes the record that ends
+// the gap; the caller holds g.mu. nil when the log takes records again.
+func (s *Server) resumeAuditLocked(requestID, token, peer string) error {
+	g := &s.auditGate
+	if !g.failing.Load() {
+		return nil // another request resumed meanwhile
+	}
+	_, err := s.Audit.Append(audit.Record{
+		RequestID: requestID, Token: token, Peer: peer, Action: ActionAuditResumed, Outcome: audit.OutcomeOK,
+		Detail: map[string]any{
+			"failing_since": g.since.UTC(), "write_failures": g.failures, "requests_refused": g.refused, "last_error": g.last.Error(),
+		},
+	})
+	if err != nil {
+		s.auditFailedLocked(err)
+		return err
+	}
+	if s.Log != nil {
+		s.Log.Info("audit log writable again", "failed_writes", g.failures, "requests_refused", g.refused)
+	}
+	g.since, g.failures, g.refused, g.last = time.Time{}, 0, 0, nil
+	g.failing.Store(false)
+	return nil
+}
+
+// auditFailedLocked counts a failed write and closes the gate; the caller
+// holds g.mu.
+func (s *Server) auditFailedLocked(err error) {
+	g := &s.auditGate
+	if !g.failing.Load() {
+		g.since, g.failures, g.refused = time.Now(), 0, 0
+	}
+	g.failures++
+	g.last = err
+	g.failing.Store(true)
+	s.Metrics.ObserveAuditWriteFailure()
+}
+
+// RecordEvent writes a lifecycle record: something the daemon decided or
+// finished on its own, not answering a request (a sandbox died or expired,
+// a background branch committed). err is the failure it reports, if any.
+// It goes through the same gate as requests: a failed write refuses
+// mutating requests until a write succeeds. A Server without an audit log
+// records nothing.
+func (s *Server) RecordEvent(action string, targets []string, err error, detail map[string]any) {
+	if s.Audit == nil {
+		return
+	}
+	outcome, msg := audit.OutcomeOf(err)
+	s.appendAudit(audit.Record{Action: action, Targets: targets, Outcome: outcome, Error: msg, Detail: detail})
+}
+
+// auditOperationFinished records an operation that ended (ActionOperationFinished),
+// with its id, target and result digest (for an image build) as targets.
+func (s *Server) auditOperationFinished(id string) {
+	op, ok := s.ops.get(id)
+	if !ok || op.State == apiv1.OpRunning {
+		return
+	}
+	targets := []string{op.ID}
+	if op.Target != "" {
+		targets = append(targets, op.Target)
+	}
+	var res struct {
+		Digest string `json:"digest"`
+	}
+	if json.Unmarshal(op.Result, &res) == nil && res.Digest != "" {
+		targets = append(targets, res.Digest)
+	}
+	var err error
+	if op.Error != nil {
+		err = fmt.Errorf("%s: %w", op.Error.Detail, errdefs.FromCode(op.Error.Code))
+	}
+	s.RecordEvent(ActionOperationFinished, targets, err, map[string]any{
+		"kind": op.Kind, "state": op.State, "duration_ms": float64(op.Updated.Sub(op.Created).Microseconds()) / 1000,
 	})
 }
 

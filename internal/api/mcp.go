@@ -249,6 +249,9 @@ func (t *mcpTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	go func() {
 		defer stopAfter()
+		// The handler is done with the request: end its context, which
+		// also releases the sandbox it held busy (Engine.AgentFor).
+		defer cancel()
 		defer in.Body.Close()
 		defer func() {
 			if p := recover(); p != nil {

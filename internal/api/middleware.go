@@ -102,3 +102,25 @@ func (w *statusWriter) FlushError() error {
 
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// maxRequestIDLen bounds a client's X-Request-Id.
+const maxRequestIDLen = 128
+
+// validRequestID reports whether a client's X-Request-Id may be used as
+// the request's id: 1-128 characters of [A-Za-z0-9._:-]. Anything else
+// (empty, long, spaces, quotes, control or non-ASCII characters) is
+// replaced by a generated id: the id goes into logs, audit records and
+// response headers, where such characters could forge or break entries.
+func validRequestID(id string) bool {
+	if id == "" || len(id) > maxRequestIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		switch c := id[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '.', c == '_', c == ':', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}

@@ -140,7 +140,7 @@ func routeKey(pattern string) string {
 // took it (not the "no route" fallback). Handlers that reach the missing
 // engine panic; that, too, proves a route matched.
 func servedByRoute(h http.Handler, method, path string) (served bool, detail string) {
-	path = strings.NewReplacer("{id}", "sb-probe", "{tag}", "probe").Replace(path)
+	path = strings.NewReplacer("{id}", "sb-probe", "{tag}", "probe", "{pid}", "1").Replace(path)
 	rec := httptest.NewRecorder()
 	func() {
 		defer func() {
@@ -284,7 +284,7 @@ func TestOpenAPIDocument(t *testing.T) {
 			t.Errorf("%s: 401 lacks WWW-Authenticate", op.key)
 		}
 		// Path parameters are declared.
-		for _, name := range []string{"id", "tag"} {
+		for _, name := range []string{"id", "tag", "pid"} {
 			if strings.Contains(op.path, "{"+name+"}") && !declaresParam(t, doc, op, name, "path") {
 				t.Errorf("%s: path parameter %s not declared", op.key, name)
 			}
@@ -378,6 +378,9 @@ func TestOpenAPIStreamsAndRawBodies(t *testing.T) {
 	if content(exec["requestBody"])["application/octet-stream"] == nil {
 		t.Error("exec: stdin body is not application/octet-stream")
 	}
+	if c := content(op("POST /v1/sandboxes/{id}/processes/{pid}/stdin")["requestBody"]); len(c) != 1 || c["application/octet-stream"] == nil {
+		t.Errorf("process stdin body %v, want application/octet-stream", c)
+	}
 
 	// Files: raw bytes both ways.
 	if c := ok200("GET /v1/sandboxes/{id}/files"); len(c) != 1 || c["application/octet-stream"] == nil {
@@ -388,7 +391,7 @@ func TestOpenAPIStreamsAndRawBodies(t *testing.T) {
 	}
 	// JSON request bodies are strict, as decode is.
 	for _, key := range []string{"POST /v1/images", "POST /v1/snapshots", "POST /v1/sandboxes", "POST /v1/sandboxes/kill",
-		"POST /v1/sandboxes/{id}/run_code", "POST /v1/sandboxes/{id}/files/mkdir"} {
+		"POST /v1/sandboxes/{id}/run_code", "POST /v1/sandboxes/{id}/files/mkdir", "POST /v1/sandboxes/{id}/processes/{pid}/signal"} {
 		s := doc.resolve(t, obj(content(op(key)["requestBody"])["application/json"])["schema"])
 		if s["additionalProperties"] != false {
 			t.Errorf("%s: request schema allows unknown fields; the server rejects them", key)
@@ -429,6 +432,8 @@ var wireTypes = map[string]struct {
 	"ExecEvent":             {reflect.TypeFor[apiv1.ExecEvent](), true},
 	"FileInfo":              {reflect.TypeFor[apiv1.FileInfo](), true},
 	"MkdirRequest":          {reflect.TypeFor[apiv1.MkdirRequest](), false},
+	"ProcessInfo":           {reflect.TypeFor[apiv1.ProcessInfo](), true},
+	"SignalRequest":         {reflect.TypeFor[apiv1.SignalRequest](), false},
 }
 
 // jsonType is the JSON Schema type encoding/json gives a Go type.

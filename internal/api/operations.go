@@ -168,10 +168,18 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
+	// The slot is taken before the 202, so a daemon already building
+	// --max-builds images answers 429 (with Retry-After) instead of an
+	// operation that fails at once; the build releases it.
+	slot, err := s.Engine.TryAcquireBuild("build image " + rcp.Name)
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
 	op := s.ops.start("image.build", rcp.Name)
 	noteTargets(r, op.ID)
 	go func() {
-		img, err := s.Engine.BuildImage(context.Background(), rcp, func(msg string) {
+		img, err := s.Engine.BuildImageWith(context.Background(), slot, rcp, func(msg string) {
 			s.ops.update(op.ID, func(op *apiv1.Operation) { op.Progress = append(op.Progress, msg) })
 		})
 		s.ops.update(op.ID, func(op *apiv1.Operation) {
@@ -184,6 +192,7 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 			data, _ := json.Marshal(info)
 			op.State, op.Result = apiv1.OpSucceeded, data
 		})
+		s.auditOperationFinished(op.ID)
 	}()
 	cp, _ := s.ops.get(op.ID)
 	w.Header().Set("Location", "/v1/operations/"+op.ID)

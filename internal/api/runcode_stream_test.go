@@ -193,7 +193,9 @@ func TestRunCodeStreamClientGoneCancelsAgent(t *testing.T) {
 func TestRunCodeStreamRoute(t *testing.T) {
 	h := (&Server{}).Handler()
 	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/sandboxes/sb/run_code/stream", strings.NewReader(`{"cdoe":"1"}`)))
+	req := httptest.NewRequest(http.MethodPost, "/v1/sandboxes/sb/run_code/stream", strings.NewReader(`{"cdoe":"1"}`))
+	req.Header.Set("Content-Type", "application/json")
+	h.ServeHTTP(rec, req)
 	var p apiv1.Problem
 	json.Unmarshal(rec.Body.Bytes(), &p)
 	if rec.Code != 400 || p.Code != "invalid_argument" {

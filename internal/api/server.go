@@ -9,12 +9,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
-	"mime"
 	"net/http"
 	"runtime"
 	"strconv"
@@ -53,10 +51,13 @@ type Server struct {
 	// that did not come through the Unix socket, except GET /v1/healthz.
 	Tokens *auth.Tokens
 
-	// Audit, if set, receives one record per mutating request.
+	// Audit, if set, receives one record per mutating request (those auth
+	// refuses included) and per lifecycle event (RecordEvent). While it
+	// cannot be written, mutating requests are refused with 503.
 	Audit *audit.Log
 
-	ops operations
+	ops       operations
+	auditGate auditGate // fails closed when audit writes fail (audit.go)
 }
 
 // LoadOperations makes operations durable in store and reads those an
@@ -93,6 +94,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", s.exec)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/processes", s.listProcesses)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/processes/{pid}/stdin", s.processStdin)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/processes/{pid}/signal", s.signalProcess)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/run_code", s.runCode)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/branch", s.branch)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/run_code/stream", s.runCodeStream)
@@ -105,19 +109,21 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET /v1/openapi.json", OpenAPIHandler())
 	mux.Handle("GET /metrics", s.Metrics.Handler())
 	s.mountMCP(mux) // POST/GET/DELETE /mcp: MCP streamable HTTP (mcp.go)
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeProblem(w, r, fmt.Errorf("no route %s %s (see docs/ARCHITECTURE.md for the API): %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
-	})
-	// Inside the request id, so 401s carry one too: metrics, then auth,
-	// then the routes.
-	var h http.Handler = s.auditRequests(mux, mux)
+	// No pattern took the request: 405 with Allow when the path has routes
+	// for other methods, else 404 (problem.go).
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { noRoute(mux, w, r) })
+	// Inside the request id, so 401s carry one too: metrics, then the
+	// audit record (outside auth, so refused requests are recorded too),
+	// auth, the audit gate (which needs the token name), the routes.
+	var h http.Handler = s.auditAdmit(mux)
 	if s.Tokens != nil {
 		h = auth.Middleware(s.Tokens, h)
 	}
+	h = s.auditRequests(mux, h)
 	h = Instrument(s.Metrics, mux, h)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := r.Header.Get("X-Request-Id")
-		if id == "" || len(id) > 64 {
+		if !validRequestID(id) {
 			var b [8]byte
 			rand.Read(b[:])
 			id = hex.EncodeToString(b[:])
@@ -133,9 +139,11 @@ func (s *Server) Handler() http.Handler {
 }
 
 // agentOf returns the agent of the sandbox the path's {id} names, or
-// answers the problem (no such sandbox, not running) and returns nil.
+// answers the problem (no such sandbox, not running) and returns nil. The
+// sandbox counts as busy (its idle timeout waits) until the request's
+// context ends, which happens when the handler returns.
 func (s *Server) agentOf(w http.ResponseWriter, r *http.Request) *agentclient.Client {
-	agent, err := s.Engine.Agent(r.PathValue("id"))
+	agent, err := s.Engine.AgentFor(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeProblem(w, r, err)
 		return nil
@@ -146,30 +154,6 @@ func (s *Server) agentOf(w http.ResponseWriter, r *http.Request) *agentclient.Cl
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(v)
-}
-
-// decode reads a strict JSON body: right content type, bounded size, no
-// unknown fields, exactly one value.
-func decode(w http.ResponseWriter, r *http.Request, v any) error {
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		mt, _, err := mime.ParseMediaType(ct)
-		if err != nil || mt != "application/json" {
-			return fmt.Errorf("content type %q: send application/json: %w", ct, errdefs.ErrInvalidArgument)
-		}
-	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxJSONBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return fmt.Errorf("request body over %d bytes: %w", MaxJSONBody, errdefs.ErrInvalidArgument)
-		}
-		return fmt.Errorf("malformed JSON body: %v: %w", err, errdefs.ErrInvalidArgument)
-	}
-	if dec.More() {
-		return fmt.Errorf("malformed JSON body: more than one value: %w", errdefs.ErrInvalidArgument)
-	}
-	return nil
 }
 
 func (s *Server) version(w http.ResponseWriter, r *http.Request) {
@@ -297,20 +281,25 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	// Validate what can be checked cheaply before committing to a stream, so
-	// bad input gets a plain 4xx.
-	if err := s.Engine.Store().CheckFree(req.Tag); err != nil {
+	opts := sandbox.CreateSnapshotOptions{
+		Tag: req.Tag, Recipe: req.Recipe, RecipeTOML: req.RecipeTOML, Warm: req.Warm, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs,
+	}
+	// Validate everything that can be checked before committing to a
+	// stream (tag, recipe, memory, vCPUs, warm-up code, disk space), and
+	// take the build slot, so bad input is a plain 4xx and a full daemon
+	// a 429 with Retry-After, not a 200 that fails later.
+	if err := s.Engine.CheckCreateSnapshot(opts); err != nil {
 		writeProblem(w, r, err)
 		return
 	}
-	if _, err := s.Engine.ResolveRecipe(req.Recipe, req.RecipeTOML); err != nil {
+	slot, err := s.Engine.TryAcquireBuild("create snapshot " + req.Tag)
+	if err != nil {
 		writeProblem(w, r, err)
 		return
 	}
 	ps := newProgressStream(w)
-	snap, err := s.Engine.CreateSnapshot(r.Context(), sandbox.CreateSnapshotOptions{
-		Tag: req.Tag, Recipe: req.Recipe, RecipeTOML: req.RecipeTOML, Warm: req.Warm, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs, Progress: ps.message,
-	})
+	opts.Progress, opts.Slot = ps.message, slot
+	snap, err := s.Engine.CreateSnapshot(r.Context(), opts)
 	if err != nil {
 		noteError(r, err)
 		p := ProblemOf(err, requestID(r))
@@ -326,6 +315,13 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	out := []apiv1.Sandbox{}
 	tag := r.URL.Query().Get("tag")
 	state := r.URL.Query().Get("state")
+	switch state {
+	case "", apiv1.StateRunning, apiv1.StateDead, apiv1.StateStopped:
+	default:
+		writeProblem(w, r, fmt.Errorf("state filter %q: want %s, %s or %s: %w",
+			state, apiv1.StateRunning, apiv1.StateDead, apiv1.StateStopped, errdefs.ErrInvalidArgument))
+		return
+	}
 	labels := map[string]string{}
 	for _, l := range r.URL.Query()["label"] {
 		k, v, ok := strings.Cut(l, "=")
@@ -360,7 +356,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	sbs, err := s.Engine.ForkWith(r.Context(), sandbox.ForkOptions{
-		Tag: req.Tag, Count: req.Count, Labels: req.Metadata,
+		Tag: req.Tag, Count: req.Count, Labels: req.Metadata, RequestID: requestID(r),
 		Timeout:     time.Duration(req.TimeoutSeconds) * time.Second,
 		IdleTimeout: time.Duration(req.IdleTimeoutSeconds) * time.Second,
 	})
@@ -614,8 +610,8 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, fmt.Errorf("missing %s header with the JSON exec request: %w", apiv1.ExecHeader, errdefs.ErrInvalidArgument))
 		return
 	}
-	if err := json.Unmarshal([]byte(hdr), &req); err != nil {
-		writeProblem(w, r, fmt.Errorf("malformed %s header: %v: %w", apiv1.ExecHeader, err, errdefs.ErrInvalidArgument))
+	if err := decodeStrictJSON([]byte(hdr), &req); err != nil {
+		writeProblem(w, r, fmt.Errorf("%s header: %w", apiv1.ExecHeader, err))
 		return
 	}
 	if (len(req.Argv) == 0) == (req.Shell == "") {
@@ -636,22 +632,33 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	if strings.Contains(accept, "application/json") && !strings.Contains(accept, ndjson) {
 		var out, errb boundedBuffer
 		out.max, errb.max = maxBufferedOutput, maxBufferedOutput
-		exit, err := agent.Exec(r.Context(), req, stdin, &out, &errb)
+		pid := 0
+		exit, err := agent.ExecStarted(r.Context(), req, stdin, func(p int) { pid = p }, &out, &errb)
 		if err != nil {
 			writeProblem(w, r, err)
 			return
 		}
+		if pid > 0 {
+			w.Header().Set(apiv1.PidHeader, strconv.Itoa(pid))
+		}
 		writeJSON(w, apiv1.ExecResult{
-			Stdout: out.String(), Stderr: errb.String(), StdoutTruncated: out.truncated, StderrTruncated: errb.truncated,
+			Pid: pid, Stdout: out.String(), Stderr: errb.String(), StdoutTruncated: out.truncated, StderrTruncated: errb.truncated,
 			ExitCode: exit.ExitCode, Signal: exit.Signal, TimedOut: exit.TimedOut, DurationMicros: exit.DurationMicros,
 		})
 		return
 	}
 	// The 200 goes out once the agent has started the process, so a
 	// process that cannot start (no such executable) is a problem
-	// response, not a stream with a failed exit.
+	// response, not a stream with a failed exit. The start event comes
+	// first, with the pid that /v1/sandboxes/{id}/processes/{pid}/… take.
 	var ev *eventWriter
-	started := func() { ev = startEvents(w, r, rc) }
+	started := func(pid int) {
+		if pid > 0 {
+			w.Header().Set(apiv1.PidHeader, strconv.Itoa(pid))
+		}
+		ev = startEvents(w, r, rc)
+		ev.send(agentapi.EventStart, apiv1.ExecEvent{Type: agentapi.EventStart, Pid: pid})
+	}
 	out := func(typ string) io.Writer {
 		return writerFunc(func(p []byte) (int, error) {
 			return ev.stream(typ, func(p []byte) any { return apiv1.ExecEvent{Type: typ, Data: append([]byte(nil), p...)} }).Write(p)

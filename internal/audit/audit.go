@@ -17,10 +17,17 @@
 // seq, an inserted one repeats a seq or breaks the link while the record
 // after it still chains to the one before it.
 //
-// A hash chain cannot show that records were cut from the end, or that the
-// last record was changed, without an anchor kept elsewhere. [Log.Head] and
-// [Report.Head] give that anchor (seq and hash of the newest record), and
-// [Options.Anchor] makes [Open] refuse a log that ends before it.
+// A hash chain cannot show that records were cut from the end (audit.log
+// truncated, emptied or deleted, the newest rotated files removed), or
+// that the last record was changed, without an anchor kept elsewhere. With
+// [Options.Anchor] (the daemon passes its bbolt state file), [Log.Append]
+// stores an [Anchor] (seq and hash of the newest record, and its file)
+// after every record, [Open] refuses to start on a log that ends before its
+// anchor, or differs from it, naming the missing records, and
+// [VerifyAnchored] reports the same offline. An operator who accepts the
+// loss runs [ResetAnchor] (`forkd audit reset-anchor --i-know`), which
+// records the mismatch in the log itself ([ActionAnchorReset]) and anchors
+// the log again.
 //
 // # Files and rotation
 //
@@ -65,6 +72,13 @@ const MaxLineBytes = 1 << 20
 const (
 	ActionSandboxDied    = "sandbox.died"
 	ActionSandboxExpired = "sandbox.expired"
+	// ActionSandboxDiscarded: a child of a fork that never answered (the
+	// daemon died mid-fork) was killed at the next start.
+	ActionSandboxDiscarded = "sandbox.discarded"
+	// ActionBranchReady and ActionBranchFailed: a background (--no-wait)
+	// branch ended, after its request was answered 202.
+	ActionBranchReady  = "snapshot.branch_ready"
+	ActionBranchFailed = "snapshot.branch_failed"
 )
 
 // OutcomeOK is the outcome of a request or event that succeeded; any other

@@ -23,11 +23,13 @@ type Options struct {
 	// 0 means DefaultMaxFileBytes. A record longer than it gets a file of its
 	// own.
 	MaxFileBytes int64
-	// Anchor, when not zero, is a Head the caller kept elsewhere (the
-	// daemon's state file). Open fails if the log ends before Anchor.Seq, or
-	// ends at it with another hash: records were cut from the end or the
-	// last one was changed, which the chain alone cannot show.
-	Anchor Head
+	// Anchor, if set, keeps the log's head outside the log (the daemon's
+	// state file). Open compares the log's end with the stored anchor and
+	// fails on records cut from the end (audit.log deleted or emptied, the
+	// newest rotated files removed), a changed newest record, or records
+	// appended past it by someone else; see Anchor. Append stores the
+	// anchor after every record.
+	Anchor AnchorStore
 	// Logger receives rotation notices; nil discards them.
 	Logger *slog.Logger
 }
@@ -40,14 +42,20 @@ type Log struct {
 	log    *slog.Logger
 	unlock func()
 
+	anchors AnchorStore // nil: no anchor kept
+
 	// mu guards the fields below and serialises writes.
-	mu     sync.Mutex
-	f      *os.File // audit.log, O_APPEND; nil when closed or after a rotation
-	size   int64    // bytes in audit.log
-	first  uint64   // seq of audit.log's first record; 0 while it has none
-	head   Head     // the newest record
-	err    error    // sticky: a write whose outcome is unknown
-	closed bool
+	mu       sync.Mutex
+	f        *os.File // audit.log, O_APPEND; nil when closed or after a rotation
+	size     int64    // bytes in audit.log
+	first    uint64   // seq of audit.log's first record; 0 while it has none
+	head     Head     // the newest record
+	headPrev string   // the newest record's prev
+	err      error    // sticky: a write whose outcome is unknown
+	// anchorBehind: the anchor of head could not be stored; the next
+	// Append stores it before it writes anything.
+	anchorBehind bool
+	closed       bool
 }
 
 // Open opens the log in dir, creating dir (0700) if needed, and recovers the
@@ -57,14 +65,27 @@ type Log struct {
 //
 // An incomplete final line, a line that is not a record, an audit.log that
 // does not chain to the newest rotated file (or, with no rotated file, does
-// not start at seq 1) or a log that ends before opts.Anchor is
-// errdefs.ErrFailedPrecondition, naming the file, the line and the fix.
-// A directory another process holds is errdefs.ErrUnavailable.
-func Open(dir string, opts Options) (_ *Log, err error) {
+// not start at seq 1) or a log that does not match the anchor in
+// opts.Anchor (see compareAnchor) is errdefs.ErrFailedPrecondition, naming
+// the file or the missing records and the fix. A directory another process
+// holds is errdefs.ErrUnavailable.
+//
+// With opts.Anchor, a log one record past its anchor (a crash between the
+// record and the anchor's update) is anchored at its newest record, and so
+// is a log with no anchor stored yet (the first start with an anchor
+// store, or a state file replaced by an empty one): the latter is logged
+// as a warning, since records cut before it cannot be detected.
+func Open(dir string, opts Options) (*Log, error) {
+	return open(dir, opts, true)
+}
+
+// open is Open; without checkAnchor the anchor is neither compared nor
+// updated (ResetAnchor decides what to do about a mismatch).
+func open(dir string, opts Options, checkAnchor bool) (_ *Log, err error) {
 	if opts.MaxFileBytes < 0 {
 		return nil, fmt.Errorf("audit log max file size %d: %w", opts.MaxFileBytes, errdefs.ErrInvalidArgument)
 	}
-	l := &Log{dir: dir, max: opts.MaxFileBytes, log: opts.Logger}
+	l := &Log{dir: dir, max: opts.MaxFileBytes, log: opts.Logger, anchors: opts.Anchor}
 	if l.max == 0 {
 		l.max = DefaultMaxFileBytes
 	}
@@ -87,8 +108,10 @@ func Open(dir string, opts Options) (_ *Log, err error) {
 	if err := l.recover(); err != nil {
 		return nil, err
 	}
-	if err := l.checkAnchor(opts.Anchor); err != nil {
-		return nil, err
+	if checkAnchor {
+		if err := l.checkAnchor(); err != nil {
+			return nil, err
+		}
 	}
 	if err := l.openCurrent(); err != nil {
 		return nil, err
@@ -113,7 +136,7 @@ func (l *Log) recover() error {
 		if !e.count {
 			return damaged(l.dir, prevName, 1, "is missing: the rotated file is empty (rotation never leaves one empty)", fixAside)
 		}
-		l.head = e.last
+		l.head, l.headPrev = e.last, e.lastPrev
 	}
 	if cur.notFound {
 		return nil
@@ -133,22 +156,40 @@ func (l *Log) recover() error {
 		}
 		return damaged(l.dir, currentName, 1, what, "restore the missing rotated files, or move the whole directory aside to start a new chain")
 	}
-	l.head, l.first = e.last, e.first.Seq
+	l.head, l.headPrev, l.first = e.last, e.lastPrev, e.first.Seq
 	return nil
 }
 
-func (l *Log) checkAnchor(a Head) error {
-	switch {
-	case a.Seq == 0:
+// checkAnchor compares the recovered head with the stored anchor, and
+// brings the anchor up to the head when the log is legitimately ahead of it
+// (see Open).
+func (l *Log) checkAnchor() error {
+	if l.anchors == nil {
 		return nil
-	case l.head.Seq < a.Seq:
-		return fmt.Errorf("audit log %s ends at seq %d but seq %d was written before: records were cut from its end; restore them from a backup or move the directory aside to start a new chain: %w",
-			l.dir, l.head.Seq, a.Seq, errdefs.ErrFailedPrecondition)
-	case l.head.Seq == a.Seq && l.head.Hash != a.Hash:
-		return fmt.Errorf("audit log %s: its last record (seq %d) is not the one written (hash %s, want %s); run `forkd audit verify --dir %s`: %w",
-			l.dir, a.Seq, l.head.Hash, a.Hash, l.dir, errdefs.ErrFailedPrecondition)
+	}
+	a, err := l.anchors.AuditAnchor()
+	if err != nil {
+		return fmt.Errorf("audit log %s: reading its anchor: %w", l.dir, err)
+	}
+	if p := compareAnchor(l.head, l.headPrev, a); p != nil {
+		return anchorError(l.dir, p)
+	}
+	if a.Seq == l.head.Seq {
+		return nil
+	}
+	if a.Seq == 0 {
+		l.log.Warn("the audit log has no anchor in the state file yet: anchoring it at its newest record; records cut from its end before now cannot be detected",
+			"dir", l.dir, "seq", l.head.Seq)
+	}
+	if err := l.storeAnchor(); err != nil {
+		return fmt.Errorf("audit log %s: storing its anchor (seq %d): %w", l.dir, l.head.Seq, err)
 	}
 	return nil
+}
+
+// storeAnchor stores head as the anchor. Caller holds mu (or owns l).
+func (l *Log) storeAnchor() error {
+	return l.anchors.PutAuditAnchor(Anchor{Seq: l.head.Seq, Hash: l.head.Hash, File: currentName, FileFirstSeq: l.first})
 }
 
 // prev is the Prev of the next record. Caller holds mu (or owns l).
@@ -180,6 +221,12 @@ func (l *Log) openCurrent() error {
 // errdefs.ErrInvalidArgument. I/O failures are errdefs.ErrUnavailable; after
 // one that may have left a partial record, every later Append fails too, and
 // the next Open reports what is on disk.
+//
+// With an anchor store, the record's anchor is stored after the fsync. If
+// that fails, Append returns the record (it is durable) with an
+// errdefs.ErrUnavailable error, and the next Append stores the anchor
+// before it writes anything, failing without writing while it cannot: the
+// log never runs more than one record past its anchor.
 func (l *Log) Append(r Record) (Record, error) {
 	if r.Action == "" {
 		return Record{}, fmt.Errorf("audit record without an action: %w", errdefs.ErrInvalidArgument)
@@ -205,6 +252,13 @@ func (l *Log) Append(r Record) (Record, error) {
 	}
 	if l.err != nil {
 		return Record{}, l.err
+	}
+	if l.anchorBehind {
+		if err := l.storeAnchor(); err != nil {
+			return Record{}, fmt.Errorf("audit log %s: the anchor of record seq %d still cannot be stored in the state file (%v); no record is written until it is: %w",
+				l.dir, l.head.Seq, err, errdefs.ErrUnavailable)
+		}
+		l.anchorBehind = false
 	}
 	r.Seq, r.Prev = l.head.Seq+1, l.prev()
 	line, err := encode(&r)
@@ -236,9 +290,18 @@ func (l *Log) Append(r Record) (Record, error) {
 		return Record{}, l.err
 	}
 	l.size += int64(n)
-	l.head = Head{Seq: r.Seq, Hash: hashLine(line)}
+	l.head, l.headPrev = Head{Seq: r.Seq, Hash: hashLine(line)}, r.Prev
 	if l.first == 0 {
 		l.first = r.Seq
+	}
+	if l.anchors != nil {
+		// After the fsync, never before: the anchor must not name a
+		// record a crash could lose.
+		if err := l.storeAnchor(); err != nil {
+			l.anchorBehind = true
+			return r, fmt.Errorf("audit log %s: record seq %d is written, but its anchor could not be stored in the state file (%v); the next record waits until it is: %w",
+				l.dir, r.Seq, err, errdefs.ErrUnavailable)
+		}
 	}
 	return r, nil
 }
@@ -269,8 +332,8 @@ func (l *Log) rotate() error {
 	return nil
 }
 
-// Head returns the newest record's seq and hash; keep it (in the daemon's
-// state) to pass as Options.Anchor on the next Open.
+// Head returns the newest record's seq and hash (with Options.Anchor, the
+// anchor is kept up to date by Append).
 func (l *Log) Head() Head {
 	l.mu.Lock()
 	defer l.mu.Unlock()

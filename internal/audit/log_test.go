@@ -307,21 +307,6 @@ func TestOpenRefusesBrokenFileBoundary(t *testing.T) {
 	}
 }
 
-func TestOpenChecksAnchor(t *testing.T) {
-	dir := t.TempDir()
-	h := appendN(t, dir, Options{}, 0, 3)
-	openT(t, dir, Options{Anchor: h}).Close()
-
-	_, err := Open(dir, Options{Anchor: Head{Seq: 4, Hash: Genesis}})
-	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "cut from its end") {
-		t.Errorf("log behind its anchor: %v", err)
-	}
-	_, err = Open(dir, Options{Anchor: Head{Seq: 3, Hash: Genesis}})
-	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "last record (seq 3)") {
-		t.Errorf("last record changed: %v", err)
-	}
-}
-
 func TestOpenRejectsNegativeSize(t *testing.T) {
 	if _, err := Open(t.TempDir(), Options{MaxFileBytes: -1}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatal(err)

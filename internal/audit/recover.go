@@ -17,10 +17,11 @@ import (
 
 // fileEnd is what Open needs to know about one log file.
 type fileEnd struct {
-	size  int64
-	count bool // the file holds at least one record
-	first Head // seq of the first record and its prev (not its hash)
-	last  Head // seq and hash of the last record
+	size     int64
+	count    bool   // the file holds at least one record
+	first    Head   // seq of the first record and its prev (not its hash)
+	last     Head   // seq and hash of the last record
+	lastPrev string // the last record's prev
 }
 
 // tail is the end of a file: its last complete line and where it ends.
@@ -99,12 +100,12 @@ func readEnd(dir, name string) (fileEnd, error) {
 		}
 		return e, damaged(dir, name, countLines(path)+1, "is incomplete (no trailing newline: a crash or a full disk during a write)", fix)
 	}
-	seq, _, problem := parseLine(t.last)
+	seq, lastPrev, problem := parseLine(t.last)
 	if problem != "" {
 		return e, damaged(dir, name, countLines(path), "is not an audit record ("+problem+")", fixAside)
 	}
 	e.count = true
-	e.last = Head{Seq: seq, Hash: hashLine(t.last)}
+	e.last, e.lastPrev = Head{Seq: seq, Hash: hashLine(t.last)}, lastPrev
 
 	lr := newLineReader(f)
 	l, err := lr.next()

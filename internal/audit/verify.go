@@ -57,10 +57,16 @@ type Report struct {
 	// Records is the number of records verified in chain order: all of them
 	// when OK, else those before the problem.
 	Records int `json:"records"`
-	// Head is the newest verified record. Compare it with an anchor kept
-	// elsewhere to detect records cut from the end, which the chain cannot.
+	// Head is the newest verified record. VerifyAnchored compares it with
+	// the anchor kept in the state file to detect records cut from the
+	// end, which the chain cannot.
 	Head    Head     `json:"head"`
 	Problem *Problem `json:"problem,omitempty"`
+	// Anchor is the anchor the log's end was compared with
+	// (VerifyAnchored); nil when none was.
+	Anchor *Anchor `json:"anchor,omitempty"`
+
+	headPrev string // Head's prev, to recognise a log one record past its anchor
 }
 
 // liveRetryDelay is how long Verify waits before it looks again at a torn
@@ -153,7 +159,7 @@ func verifyOnce(dir string) (Report, error) {
 		beforeLast = rep.Head
 		last = &e
 		rep.Records++
-		rep.Head = Head{Seq: e.seq, Hash: e.hash}
+		rep.Head, rep.headPrev = Head{Seq: e.seq, Hash: e.hash}, e.prev
 	}
 }
 

@@ -79,6 +79,7 @@ type Metrics struct {
 	agentRPC       *prometheus.HistogramVec
 	agentRPCErrors *prometheus.CounterVec
 	requests       *prometheus.HistogramVec
+	auditFailures  prometheus.Counter
 
 	state atomic.Pointer[func() State]
 
@@ -142,6 +143,10 @@ func New(version string) *Metrics {
 		}, []string{"op", "code"}),
 		requests: latency("forkd_http_request_duration_seconds",
 			"API request duration by route pattern, method and status code.", "route", "method", "code"),
+		auditFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "forkd_audit_write_failures_total",
+			Help: "Audit records that could not be written; while writes fail, mutating API requests are refused (503).",
+		}),
 	}
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "forkd_build_info",
@@ -153,7 +158,7 @@ func New(version string) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo,
-		m.forkReady, m.vmmPhase, m.branchPause, m.branchBytes, m.agentRPC, m.agentRPCErrors, m.requests,
+		m.forkReady, m.vmmPhase, m.branchPause, m.branchBytes, m.agentRPC, m.agentRPCErrors, m.requests, m.auditFailures,
 		stateCollector{m},
 	)
 	return m
@@ -240,6 +245,15 @@ func boundMethod(method string) string {
 		return method
 	}
 	return "other"
+}
+
+// ObserveAuditWriteFailure counts an audit record that could not be
+// written.
+func (m *Metrics) ObserveAuditWriteFailure() {
+	if m == nil {
+		return
+	}
+	m.auditFailures.Inc()
 }
 
 // SetStateFunc sets the function read at every scrape for the state gauges
