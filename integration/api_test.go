@@ -8,7 +8,9 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -104,6 +106,65 @@ func TestAPIFormats(t *testing.T) {
 	if len(sbs) != 0 {
 		t.Fatalf("ls --label team=other: %+v", sbs)
 	}
+
+	// Tag and state filters, with a dead sandbox to tell states apart.
+	var victim apiv1.ForkResponse
+	json.Unmarshal([]byte(c.ok("fork", "--tag", tag, "-n", "1", "--label", "team=victim", "--json")), &victim)
+	if len(victim.Sandboxes) != 1 {
+		t.Fatalf("fork: %+v", victim)
+	}
+	deadID := victim.Sandboxes[0].ID
+	syscall.Kill(victim.Sandboxes[0].PID, syscall.SIGKILL)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var sb apiv1.Sandbox
+		json.Unmarshal([]byte(c.okRaw(hc, "/v1/sandboxes/"+deadID)), &sb)
+		if sb.State == apiv1.StateDead {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s whose VMM was killed: %+v", deadID, sb)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	ids := func(query string) []string {
+		t.Helper()
+		var sbs []apiv1.Sandbox
+		if err := json.Unmarshal([]byte(c.okRaw(hc, "/v1/sandboxes?"+query)), &sbs); err != nil {
+			t.Fatal(err)
+		}
+		out := []string{}
+		for _, s := range sbs {
+			out = append(out, s.ID)
+		}
+		sort.Strings(out)
+		return out
+	}
+	both := []string{id, deadID}
+	sort.Strings(both)
+	for query, want := range map[string][]string{
+		"tag=" + tag:                        both,
+		"tag=it-no-such-tag":                {},
+		"state=running&tag=" + tag:          {id},
+		"state=dead&tag=" + tag:             {deadID},
+		"state=stopped":                     {},
+		"state=dead&label=team%3Dvictim":    {deadID},
+		"state=running&label=team%3Dvictim": {},
+	} {
+		if got := ids(query); strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Errorf("GET /v1/sandboxes?%s: %v, want %v", query, got, want)
+		}
+	}
+	resp, err = hc.Get("http://forkd/v1/sandboxes?state=zombie")
+	if err != nil {
+		t.Fatal(err)
+	}
+	json.NewDecoder(resp.Body).Decode(&p)
+	resp.Body.Close()
+	if resp.StatusCode != 400 || p.Code != "invalid_argument" || !strings.Contains(p.Detail, "running, dead or stopped") {
+		t.Fatalf("unknown state filter: %d %+v", resp.StatusCode, p)
+	}
+	c.ok("kill", deadID)
 
 	// Image build is an operation the CLI polls to the end.
 	start := time.Now()

@@ -3,9 +3,11 @@ package integration
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -121,13 +123,42 @@ func TestCLI(t *testing.T) {
 		t.Fatalf("exec: exit %d stdout %q stderr %q", code, out, errs)
 	}
 
+	// With --json, stdout is the API's NDJSON events: output and exit
+	// apart from each other, the exit code still the command's.
+	out, errs, code = c.run("--json", "exec", id, "--", "sh", "-c", "echo out; echo err >&2; exit 3")
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var ev apiv1.ExecEvent
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("exec --json: line %q: %v", line, err)
+		}
+		if ev.Type == "start" && len(got) == 0 {
+			continue // the process's guest pid, before any output
+		}
+		got = append(got, fmt.Sprintf("%s %q %d", ev.Type, ev.Data, ev.ExitCode))
+	}
+	if len(got) > 1 {
+		slices.Sort(got[:len(got)-1]) // stdout and stderr are read apart: either may come first
+	}
+	if want := []string{`stderr "err\n" 0`, `stdout "out\n" 0`, `exit "" 3`}; code != 3 || errs != "" || !slices.Equal(got, want) {
+		t.Fatalf("exec --json: exit %d, stderr %q, events %q, want %q", code, errs, got, want)
+	}
+
 	local := filepath.Join(t.TempDir(), "f.txt")
 	os.WriteFile(local, []byte("cp round trip\n"), 0o644)
-	c.ok("cp", local, id+":/root/f.txt")
+	var fi apiv1.FileInfo
+	json.Unmarshal([]byte(c.ok("--json", "cp", "--mode", "755", local, id+":/root/f.txt")), &fi)
+	if fi.Mode != 0o755 || fi.Size != int64(len("cp round trip\n")) {
+		t.Fatalf("cp --mode 755 in: %+v", fi)
+	}
 	back := filepath.Join(t.TempDir(), "back.txt")
-	c.ok("cp", id+":/root/f.txt", back)
-	if data, _ := os.ReadFile(back); string(data) != "cp round trip\n" {
-		t.Fatalf("cp back: %q", data)
+	fi = apiv1.FileInfo{}
+	json.Unmarshal([]byte(c.ok("--json", "cp", id+":/root/f.txt", back)), &fi)
+	if data, _ := os.ReadFile(back); string(data) != "cp round trip\n" || fi.Path != back || fi.Size != int64(len(data)) {
+		t.Fatalf("cp back: %q, --json said %+v", data, fi)
+	}
+	if out := c.ok("sandbox", "info", id); !strings.Contains(out, id) || !strings.Contains(out, "running") {
+		t.Fatalf("sandbox info:\n%s", out)
 	}
 	if _, errs, code := c.run("cp", id+":/no/such/file", back); code == 0 || !strings.Contains(errs, "/no/such/file") {
 		t.Fatalf("cp of a missing file: exit %d %s", code, errs)
@@ -155,6 +186,12 @@ func TestCLI(t *testing.T) {
 	if _, errs, code := c.run("fork", "--tag", "no-such-tag"); code != 3 || !strings.Contains(errs, tag) {
 		t.Fatalf("unknown tag: exit %d %s", code, errs)
 	}
+	// With --json the error is the daemon's problem object, same exit code.
+	var p apiv1.Problem
+	if _, errs, code := c.run("--json", "fork", "--tag", "no-such-tag"); code != 3 || json.Unmarshal([]byte(errs), &p) != nil ||
+		p.Status != 404 || p.Code != "not_found" || p.RequestID == "" || !strings.Contains(p.Detail, "no-such-tag") {
+		t.Fatalf("unknown tag --json: exit %d, stderr %s", code, errs)
+	}
 	if _, errs, code := c.run("fork", "--tag", tag, "-n", "0"); code != 2 {
 		t.Fatalf("-n 0: exit %d %s", code, errs)
 	}
@@ -163,25 +200,66 @@ func TestCLI(t *testing.T) {
 	}
 
 	// Killing the CLI mid-fork leaves no VMM without an owner: the daemon
-	// tears down the abandoned request's children.
+	// tears down the abandoned request's children. First a steady state
+	// (the pool full, no VMM starting), so that the only thing that can
+	// take a pooled VMM or start a new one is the fork.
+	var sbs []apiv1.Sandbox
+	var snap apiv1.Snapshot
+	steady := func() (pooled, vmms int, ok bool) {
+		sbs = c.sandboxes()
+		json.Unmarshal([]byte(c.ok("snapshot", "info", tag, "--json")), &snap)
+		n := c.vmmProcesses()
+		return snap.Pooled, n, len(sbs) == 2 && n == len(sbs)+snap.Pooled
+	}
+	var pooled0, vmms0 int
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		// Two equal readings in a row: the pool has stopped refilling.
+		p1, n1, ok1 := steady()
+		time.Sleep(300 * time.Millisecond)
+		p2, n2, ok2 := steady()
+		if ok1 && ok2 && p1 == p2 && n1 == n2 && p2 > 0 {
+			pooled0, vmms0 = p2, n2
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no steady state before the fork: %d sandboxes, %d pooled, %d VMM processes", len(sbs), snap.Pooled, c.vmmProcesses())
+		}
+	}
 	fork := c.cmd("fork", "--tag", tag, "-n", "4")
 	if err := fork.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(150 * time.Millisecond)
-	fork.Process.Signal(syscall.SIGKILL)
-	fork.Wait()
-	var sbs []apiv1.Sandbox
-	var snap apiv1.Snapshot
-	deadline := time.Now().Add(60 * time.Second)
+	exited := make(chan error, 1)
+	go func() { exited <- fork.Wait() }()
+	// The fork is in flight once the daemon has taken pooled VMMs for it
+	// or started new ones (4 children need more than the pool holds).
 	for {
-		sbs = c.sandboxes()
+		select {
+		case err := <-exited:
+			t.Fatalf("the fork ended (%v) before a VMM was seen taken or started for it; nothing was killed mid-fork", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if c.vmmProcesses() > vmms0 {
+			break
+		}
 		json.Unmarshal([]byte(c.ok("snapshot", "info", tag, "--json")), &snap)
-		if len(sbs) == 2 && c.vmmProcesses() == len(sbs)+snap.Pooled {
+		if snap.Pooled < pooled0 {
+			break
+		}
+	}
+	t.Logf("fork in flight: %d VMM processes (%d before), %d pooled (%d before); killing the CLI", c.vmmProcesses(), vmms0, snap.Pooled, pooled0)
+	fork.Process.Signal(syscall.SIGKILL)
+	if err := <-exited; err == nil {
+		t.Fatal("the fork completed before it was killed; nothing was killed mid-fork")
+	}
+	deadline = time.Now().Add(60 * time.Second)
+	for {
+		if _, _, ok := steady(); ok {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after killing the CLI mid-fork: %d sandboxes listed, %d pooled, %d VMM processes", len(sbs), snap.Pooled, c.vmmProcesses())
+			t.Fatalf("after killing the CLI mid-fork: %d sandboxes listed, %d pooled, %d VMM processes (orphans)", len(sbs), snap.Pooled, c.vmmProcesses())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -2,16 +2,20 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/forkd-dev/forkd/internal/client"
 	"github.com/forkd-dev/forkd/internal/errdefs"
@@ -78,13 +82,126 @@ func tailFile(path string, n int64) string {
 	return strings.TrimSpace(string(buf[:k]))
 }
 
-func daemonPID(g *globals) int {
-	data, err := os.ReadFile(filepath.Join(g.runDir, "forkd.pid"))
+func (g *globals) pidPath() string { return filepath.Join(g.runDir, "forkd.pid") }
+
+// daemonPID returns the pid of the daemon serving this socket, or 0. The
+// socket's peer is asked first (SO_PEERCRED names the process that listens
+// on it); the pid file only when nothing answers, and only if the process
+// it names is a `forkd serve` (see checkDaemonProcess). stale, when set,
+// says why the pid file names no daemon.
+func daemonPID(g *globals) (pid int, stale string) {
+	if pid := socketPeerPID(g.socketPath()); pid > 0 {
+		return pid, ""
+	}
+	data, err := os.ReadFile(g.pidPath())
+	if err != nil {
+		return 0, ""
+	}
+	pid, err = strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Sprintf("it holds %q, not a pid", strings.TrimSpace(string(data)))
+	}
+	if err := checkDaemonProcess(pid); err != nil {
+		return 0, err.Error()
+	}
+	return pid, ""
+}
+
+// socketPeerPID is the pid of the process listening on a Unix socket, 0 if
+// none answers (or it runs in another pid namespace).
+func socketPeerPID(sock string) int {
+	conn, err := net.DialTimeout("unix", sock, 2*time.Second)
 	if err != nil {
 		return 0
 	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
-	return pid
+	defer conn.Close()
+	raw, err := conn.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var cred *unix.Ucred
+	raw.Control(func(fd uintptr) {
+		cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	})
+	if err != nil || cred == nil {
+		return 0
+	}
+	return int(cred.Pid)
+}
+
+// checkDaemonProcess fails unless pid is a running `forkd serve`: its
+// executable is this forkd binary or one named forkd*, and its command line
+// has the serve subcommand. A pid file outlives a daemon killed with
+// SIGKILL, and its pid may since belong to any process.
+func checkDaemonProcess(pid int) error {
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return fmt.Errorf("process %d is not running", pid)
+	}
+	argv := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil {
+		// Another user's process (a root daemon seen by a non-root CLI):
+		// its command line is all there is.
+		exe = argv[0]
+	}
+	// A binary replaced since the daemon started (make build) reads as
+	// "PATH (deleted)".
+	exe = strings.TrimSuffix(exe, " (deleted)")
+	self, _ := os.Executable()
+	isForkd := exe == self || strings.HasPrefix(filepath.Base(exe), "forkd")
+	if !isForkd || !slices.Contains(argv[1:], "serve") {
+		return fmt.Errorf("process %d is %q, not a forkd daemon", pid, strings.Join(argv, " "))
+	}
+	return nil
+}
+
+// stopDaemon sends SIGTERM to the daemon and waits up to wait for it to
+// exit. The signal goes through a pidfd opened before the process is
+// checked, so a pid reused after the check cannot receive it. A pid file
+// that names no daemon is removed (msg says so); nothing is signalled.
+func stopDaemon(g *globals, wait time.Duration) (pid int, stopped bool, msg string, err error) {
+	pid, stale := daemonPID(g)
+	if pid == 0 {
+		msg = "forkd daemon is not running"
+		if stale != "" {
+			if err := os.Remove(g.pidPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return 0, false, "", fmt.Errorf("remove stale pid file: %w", err)
+			}
+			msg += fmt.Sprintf("; removed the stale pid file %s (%s)", g.pidPath(), stale)
+		}
+		return 0, false, msg, nil
+	}
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return pid, false, "forkd daemon is not running", nil
+	}
+	defer unix.Close(pidfd)
+	if err := checkDaemonProcess(pid); err != nil {
+		return pid, false, "", fmt.Errorf("not stopping it: %w", err)
+	}
+	if err := unix.PidfdSendSignal(pidfd, unix.SIGTERM, nil, 0); err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return pid, true, "forkd daemon stopped", nil
+		}
+		return pid, false, "", fmt.Errorf("signal daemon pid %d: %w", pid, err)
+	}
+	// A pidfd polls readable once its process has exited.
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	deadline := time.Now().Add(wait)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return pid, false, "", fmt.Errorf("daemon pid %d still running after %s: %w", pid, wait, errdefs.ErrUnavailable)
+		}
+		n, err := unix.Poll(fds, int(left.Milliseconds())+1)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return pid, false, "", fmt.Errorf("wait for daemon pid %d: %w", pid, err)
+		}
+		if n > 0 {
+			return pid, true, "forkd daemon stopped", nil
+		}
+	}
 }
 
 func daemonCmd(g *globals) *cobra.Command {
@@ -100,45 +217,37 @@ func daemonCmd(g *globals) *cobra.Command {
 				fmt.Println("forkd daemon already running on", g.socketPath())
 			}
 			if g.jsonOut {
-				return printJSON(map[string]any{"running": true, "pid": daemonPID(g), "socket": g.socketPath()})
+				pid, _ := daemonPID(g)
+				return printJSON(map[string]any{"running": true, "pid": pid, "socket": g.socketPath()})
 			}
 			return nil
 		},
 	}, &cobra.Command{
 		Use: "stop", Short: "Stop the daemon (sandboxes keep running unless it was started with --stop-sandboxes; the next daemon re-adopts them)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			pid := daemonPID(g)
-			say := func(stopped bool, msg string) error {
-				if g.jsonOut {
-					return printJSON(map[string]any{"stopped": stopped, "pid": pid})
-				}
-				fmt.Println(msg)
-				return nil
+			pid, stopped, msg, err := stopDaemon(g, 30*time.Second)
+			if err != nil {
+				return err
 			}
-			if pid == 0 || syscall.Kill(pid, 0) != nil {
-				return say(false, "forkd daemon is not running")
+			if g.jsonOut {
+				return printJSON(map[string]any{"stopped": stopped, "pid": pid, "message": msg})
 			}
-			syscall.Kill(pid, syscall.SIGTERM)
-			for i := 0; i < 600; i++ {
-				if syscall.Kill(pid, 0) != nil {
-					return say(true, "forkd daemon stopped")
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-			return fmt.Errorf("daemon pid %d still running after 30s: %w", pid, errdefs.ErrUnavailable)
+			fmt.Println(msg)
+			return nil
 		},
 	}, &cobra.Command{
 		Use: "status", Short: "Say whether the daemon runs", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v, err := client.New(g.socketPath()).Version(cmd.Context())
+			pid, _ := daemonPID(g)
 			if g.jsonOut {
-				return printJSON(map[string]any{"running": err == nil, "pid": daemonPID(g), "socket": g.socketPath(), "version": v})
+				return printJSON(map[string]any{"running": err == nil, "pid": pid, "socket": g.socketPath(), "version": v})
 			}
 			if err != nil {
 				fmt.Println("forkd daemon is not running:", err)
 				return exitError{1}
 			}
-			fmt.Printf("forkd daemon %s running (pid %d) on %s; VMM %s %s, data in %s\n", v.Version, daemonPID(g), g.socketPath(), v.VMM, v.VMMVersion, v.DataDir)
+			fmt.Printf("forkd daemon %s running (pid %d) on %s; VMM %s %s, data in %s\n", v.Version, pid, g.socketPath(), v.VMM, v.VMMVersion, v.DataDir)
 			return nil
 		},
 	}, &cobra.Command{

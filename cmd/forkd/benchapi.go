@@ -54,7 +54,8 @@ func benchAPICmd(g *globals) *cobra.Command {
 			"    with the buffered JSON answer (Accept: application/json), interleaved call by call;\n" +
 			"  - exec under load: --clients concurrent API clients looping `exec true` over\n" +
 			"    --sandboxes sandboxes for --duration; requests, failures, latency and throughput.\n" +
-			"Prints a Markdown report (append it to docs/BENCHMARKS.md); progress goes to stderr.",
+			"Prints a Markdown report (append it to docs/BENCHMARKS.md), or with --json the same rows\n" +
+			"with their numbers as one JSON object; progress goes to stderr.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runBenchAPI(cmd.Context(), g, o) },
 	}
@@ -198,36 +199,31 @@ func runBenchAPI(ctx context.Context, g *globals, o benchAPIOpts) error {
 	if o.calls < 0 || o.clients < 0 || o.sandboxes < 1 || o.duration <= 0 {
 		return fmt.Errorf("--calls and --clients must be >= 0, --sandboxes >= 1, --duration > 0: %w", errdefs.ErrInvalidArgument)
 	}
-	say := func(format string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...) }
+	say := benchSay
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	runDir := filepath.Join(g.runDir, fmt.Sprintf("bench-api-%d", os.Getpid()))
-	if err := os.MkdirAll(runDir, 0o700); err != nil {
-		return err
-	}
-	defer os.RemoveAll(runDir)
-	g.maxFork = 1000
 
-	// The daemon's stack: engine with metrics, api.Server with metrics and
-	// an audit log, http.Server on a Unix socket with PeerContext.
+	// The daemon's stack: engine with a state store and metrics,
+	// api.Server with metrics and an audit log, http.Server on a Unix
+	// socket with PeerContext.
 	m := metrics.New(version)
-	e, _, err := g.newEngine(engineDeps{runDir: runDir, netnsPrefix: "fka-", log: log, metrics: m})
+	env, err := newBenchEnv(g, "api", m)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		e.KillAll(cctx)
-		e.Close(cctx)
-	}()
+	defer env.close()
+	e, runDir := env.e, env.runDir
+	if err := os.MkdirAll(runDir, 0o700); err != nil {
+		return err
+	}
 	srv := &api.Server{Engine: e, Version: version, Log: log, Metrics: m}
 	m.SetStateFunc(func() metrics.State { return engineState(e) })
 	var auditDir string
 	if !o.noAudit {
 		// Same filesystem as the daemon's audit log (DATA_DIR/audit), so its
-		// per-record fsync costs what it costs there; removed at the end.
-		auditDir, err = os.MkdirTemp(g.dataDir, ".bench-api-audit-")
-		if err != nil {
+		// per-record fsync costs what it costs there; removed at the end
+		// (or by the next bench, after a SIGKILL: the pid is in the name).
+		auditDir = filepath.Join(g.dataDir, fmt.Sprintf(".bench-api-audit-%d", os.Getpid()))
+		if err := os.Mkdir(auditDir, 0o700); err != nil {
 			return err
 		}
 		defer os.RemoveAll(auditDir)
@@ -253,20 +249,17 @@ func runBenchAPI(ctx context.Context, g *globals, o benchAPIOpts) error {
 		return err
 	}
 
-	var report bytes.Buffer
-	host, _ := os.Hostname()
-	v, _ := e.Driver().Version(ctx)
 	auditNote := "audit log on (fsync per request, as in the daemon)"
 	if o.noAudit {
 		auditNote = "audit log off"
 	}
-	fmt.Fprintf(&report, "### forkd bench api — %s\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
-	fmt.Fprintf(&report, "Machine: %s, %d CPUs (%s), kernel %s; VMM %s %s, accel %s; snapshot `%s` (recipe %s, %d MiB, %d vCPU); pool %d; API on a Unix socket, %s.\n\n",
-		host, runtime.NumCPU(), cpuModel(), kernelRelease(), e.Driver().Name(), v, snap.VMM.Accel, snap.Tag, snap.Image.Recipe, snap.MemoryMiB, snap.VCPUs, g.poolSize, auditNote)
-	fmt.Fprintf(&report, "| measure | value |\n|---|---|\n")
-	row := func(k, format string, a ...any) { fmt.Fprintf(&report, "| %s | %s |\n", k, fmt.Sprintf(format, a...)) }
-	pcts := func(xs []float64) string {
-		return fmt.Sprintf("%.2f / %.2f / %.2f ms", percentile(xs, 0.5), percentile(xs, 0.9), percentile(xs, 0.99))
+	report := newBenchReport(ctx, e, "api", string(snap.VMM.Accel))
+	report.Setup = fmt.Sprintf("snapshot `%s` (recipe %s, %d MiB, %d vCPU); pool %d; API on a Unix socket, %s",
+		snap.Tag, snap.Image.Recipe, snap.MemoryMiB, snap.VCPUs, g.poolSize, auditNote)
+	row := report.row
+	pcts := func(xs []float64) (string, vals) {
+		p50, p90, p99 := percentile(xs, 0.5), percentile(xs, 0.9), percentile(xs, 0.99)
+		return fmt.Sprintf("%.2f / %.2f / %.2f ms", p50, p90, p99), vals{"p50_ms": p50, "p90_ms": p90, "p99_ms": p99}
 	}
 	argv := []string{"true"}
 	var loadFailures int64
@@ -346,11 +339,15 @@ func runBenchAPI(ctx context.Context, g *globals, o benchAPIOpts) error {
 			}
 			return "**over the 5 ms target**"
 		}
-		row(fmt.Sprintf("`exec true` straight to the agent, %d sequential, p50 / p90 / p99", o.calls), "%s", pcts(agentMs))
-		row(fmt.Sprintf("`exec true` through the API, NDJSON stream (internal/client, the CLI), %d sequential, p50 / p90 / p99", o.calls), "%s", pcts(ndjsonMs))
-		row(fmt.Sprintf("`exec true` through the API, buffered JSON (Accept: application/json), %d sequential, p50 / p90 / p99", o.calls), "%s", pcts(jsonMs))
-		row("API overhead at p50, NDJSON / buffered JSON", "%+.2f ms / %+.2f ms (%s / %s)", d1, d2, verdict(d1), verdict(d2))
-		row(fmt.Sprintf("new API connections over the %d calls, NDJSON / buffered JSON", o.calls), "%d / %d", paths[1].conns, paths[2].conns)
+		text, v := pcts(agentMs)
+		row(fmt.Sprintf("`exec true` straight to the agent, %d sequential, p50 / p90 / p99", o.calls), text, v)
+		text, v = pcts(ndjsonMs)
+		row(fmt.Sprintf("`exec true` through the API, NDJSON stream (internal/client, the CLI), %d sequential, p50 / p90 / p99", o.calls), text, v)
+		text, v = pcts(jsonMs)
+		row(fmt.Sprintf("`exec true` through the API, buffered JSON (Accept: application/json), %d sequential, p50 / p90 / p99", o.calls), text, v)
+		row("API overhead at p50, NDJSON / buffered JSON", fmt.Sprintf("%+.2f ms / %+.2f ms (%s / %s)", d1, d2, verdict(d1), verdict(d2)), vals{"ndjson_ms": d1, "json_ms": d2})
+		row(fmt.Sprintf("new API connections over the %d calls, NDJSON / buffered JSON", o.calls), fmt.Sprintf("%d / %d", paths[1].conns, paths[2].conns),
+			vals{"ndjson": float64(paths[1].conns), "json": float64(paths[2].conns)})
 	}
 
 	// Load: many API clients over a set of sandboxes.
@@ -481,26 +478,26 @@ func runBenchAPI(ctx context.Context, g *globals, o benchAPIOpts) error {
 			clientsNote = "one shared API client"
 		}
 		label := fmt.Sprintf("%d concurrent clients (%s), `exec true` over %d sandboxes for %s", o.clients, clientsNote, len(ids), o.duration)
-		row(label+": requests / failed", "%d / %d", n, nf)
-		row(label+": latency p50 / p90 / p99", "%s", pcts(ms))
-		row(label+": latency mean / max", "%.2f ms / %.2f ms", meanOf(ms), maxOf(ms))
-		row(label+": throughput", "%.1f req/s (%.1f s until the last answer)", float64(okN.Load())/wall.Seconds(), wall.Seconds())
-		row(label+": requests per sandbox, min / max", "%d / %d", minPer, maxPer)
+		row(label+": requests / failed", fmt.Sprintf("%d / %d", n, nf), vals{"requests": float64(n), "failed": float64(nf)})
+		text, v := pcts(ms)
+		row(label+": latency p50 / p90 / p99", text, v)
+		row(label+": latency mean / max", fmt.Sprintf("%.2f ms / %.2f ms", meanOf(ms), maxOf(ms)), vals{"mean_ms": meanOf(ms), "max_ms": maxOf(ms)})
+		rps := float64(okN.Load()) / wall.Seconds()
+		row(label+": throughput", fmt.Sprintf("%.1f req/s (%.1f s until the last answer)", rps, wall.Seconds()), vals{"req_per_s": rps, "wall_s": wall.Seconds()})
+		row(label+": requests per sandbox, min / max", fmt.Sprintf("%d / %d", minPer, maxPer), vals{"min": float64(minPer), "max": float64(maxPer)})
 		if srvN1 > srvN0 {
-			row(label+": mean time in the API handler (whole handler: agent exec, stream teardown, audit append) / seen by the client", "%.2f ms / %.2f ms",
-				1000*(srvSum1-srvSum0)/float64(srvN1-srvN0), meanOf(ms))
+			handler := 1000 * (srvSum1 - srvSum0) / float64(srvN1-srvN0)
+			row(label+": mean time in the API handler (whole handler: agent exec, stream teardown, audit append) / seen by the client",
+				fmt.Sprintf("%.2f ms / %.2f ms", handler, meanOf(ms)), vals{"handler_ms": handler, "client_ms": meanOf(ms)})
 		}
-		row(label+": API connections accepted", "%d", conns)
-		row("peak goroutines in the bench process (clients + server + engine)", "%d", peakGoroutines.Load())
-		if nf > 0 {
-			fmt.Fprintf(&report, "\nFirst failures:\n\n")
-			for _, s := range firstErrs {
-				fmt.Fprintf(&report, "- %s\n", s)
-			}
-		}
+		row(label+": API connections accepted", fmt.Sprintf("%d", conns), vals{"connections": float64(conns)})
+		row("peak goroutines in the bench process (clients + server + engine)", fmt.Sprintf("%d", peakGoroutines.Load()), vals{"goroutines": float64(peakGoroutines.Load())})
+		report.Failures = firstErrs
 		loadFailures = nf
 	}
-	fmt.Print(report.String())
+	if err := report.print(g.jsonOut); err != nil {
+		return err
+	}
 	if loadFailures > 0 {
 		return fmt.Errorf("bench api: %d load requests failed (see the report): %w", loadFailures, errdefs.ErrUnavailable)
 	}

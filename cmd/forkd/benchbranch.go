@@ -8,11 +8,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
-	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -42,7 +38,8 @@ func benchBranchCmds(g *globals) []*cobra.Command {
 		Long: "For each --memory size: creates a snapshot of the minimal recipe with that much guest memory\n" +
 			"(kept as bench-branch-SIZE), forks one sandbox, lets it idle, and branches it --rounds times per\n" +
 			"mode. Reports the median pause (stop to cont as the caller sees it), total time and bytes\n" +
-			"written. Prints a Markdown report (append it to docs/BENCHMARKS.md).",
+			"written. Prints a Markdown report (append it to docs/BENCHMARKS.md), or with --json the\n" +
+			"same rows with their numbers as one JSON object.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runBenchBranch(cmd.Context(), g, o) },
 	}
@@ -56,7 +53,8 @@ func benchBranchCmds(g *globals) []*cobra.Command {
 			"each a branch of a child of the previous one after it wrote --dirty-mb of fresh memory. Then\n" +
 			"compacts the head into a flat snapshot of the same memory, forks alternately from that and\n" +
 			"from the head (--forks each, pool as a daemon has it) and reports medians, the ratio, the\n" +
-			"first fork from the head (which assembles its memory image once), and the layers' sizes.",
+			"first fork from the head (which assembles its memory image once), and the layers' sizes.\n" +
+			"Prints a Markdown report, or with --json the same rows with their numbers.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runBenchChain(cmd.Context(), g, oc) },
 	}
@@ -71,18 +69,6 @@ func benchBranchCmds(g *globals) []*cobra.Command {
 		addLiveBranchFlags(c.Flags(), g)
 	}
 	return []*cobra.Command{branch, chain}
-}
-
-// benchEngine starts the benchmark's own engine; stop ends it.
-func benchEngine(g *globals, name string) (e *sandbox.Engine, stop func(), err error) {
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	runDir := filepath.Join(g.runDir, fmt.Sprintf("bench-%s-%d", name, os.Getpid()))
-	g.maxFork = 1000
-	e, _, err = g.newEngine(engineDeps{runDir: runDir, netnsPrefix: "fkb-", log: log})
-	if err != nil {
-		return nil, nil, err
-	}
-	return e, func() { e.Close(context.Background()); os.RemoveAll(runDir) }, nil
 }
 
 func benchSay(format string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...) }
@@ -110,28 +96,20 @@ func parseSizes(s string) ([]int, error) {
 	return out, nil
 }
 
-func benchHeader(ctx context.Context, e *sandbox.Engine, what string) *bytes.Buffer {
-	var b bytes.Buffer
-	host, _ := os.Hostname()
-	v, _ := e.Driver().Version(ctx)
-	fmt.Fprintf(&b, "### forkd bench %s — %s\n\n", what, time.Now().UTC().Format("2006-01-02 15:04 MST"))
-	fmt.Fprintf(&b, "Machine: %s, %d CPUs (%s), kernel %s; VMM %s %s.\n\n", host, runtime.NumCPU(), cpuModel(), kernelRelease(), e.Driver().Name(), v)
-	return &b
-}
-
 func runBenchBranch(ctx context.Context, g *globals, o benchBranchOpts) error {
 	sizes, err := parseSizes(o.memories)
 	if err != nil {
 		return err
 	}
-	e, stop, err := benchEngine(g, "branch")
+	env, err := newBenchEnv(g, "branch", nil)
 	if err != nil {
 		return err
 	}
-	defer stop()
-	report := benchHeader(ctx, e, "branch")
-	fmt.Fprintf(report, "Idle sandbox of the minimal recipe, %d branches per mode (median); pause = stop to cont as the caller sees it.\n\n", o.rounds)
-	fmt.Fprintf(report, "| guest memory | mode | pause p50 | pause max | total p50 | written p50 |\n|---|---|---|---|---|---|\n")
+	defer env.close()
+	e := env.e
+	report := newBenchReport(ctx, e, "branch", "")
+	report.Intro = fmt.Sprintf("Idle sandbox of the minimal recipe, %d branches per mode (median); pause = stop to cont as the caller sees it.", o.rounds)
+	report.columns = []string{"guest memory", "mode", "pause p50", "pause max", "total p50", "written p50"}
 	for _, mib := range sizes {
 		snap, err := sizedSnapshot(ctx, e, fmt.Sprintf("bench-branch-%d", mib), mib)
 		if err != nil {
@@ -160,19 +138,26 @@ func runBenchBranch(ctx context.Context, g *globals, o benchBranchOpts) error {
 					return err
 				}
 			}
+			measure := fmt.Sprintf("%d MiB %s", mib, mode)
 			if failure != nil {
 				benchSay("%d MiB %s: %v", mib, mode, failure)
-				fmt.Fprintf(report, "| %d MiB | %s | unavailable here: %s | | | |\n", mib, mode, oneLine(failure.Error(), 140))
+				report.Rows = append(report.Rows, benchRow{Measure: measure, Error: failure.Error(),
+					cells: []string{fmt.Sprintf("%d MiB", mib), mode, "unavailable here: " + oneLine(failure.Error(), 140), "", "", ""}})
 				continue
 			}
-			benchSay("%d MiB %s: pause p50 %.1f ms, total p50 %.0f ms", mib, mode, percentile(pauses, 0.5), percentile(totals, 0.5))
-			fmt.Fprintf(report, "| %d MiB | %s | %.1f ms | %.1f ms | %.0f ms | %s |\n", mib, mode,
-				percentile(pauses, 0.5), percentile(pauses, 1), percentile(totals, 0.5), human(int64(percentile(written, 0.5))))
+			p50, pmax, t50, w50 := percentile(pauses, 0.5), percentile(pauses, 1), percentile(totals, 0.5), percentile(written, 0.5)
+			benchSay("%d MiB %s: pause p50 %.1f ms, total p50 %.0f ms", mib, mode, p50, t50)
+			report.Rows = append(report.Rows, benchRow{
+				Measure: measure,
+				Value:   fmt.Sprintf("pause p50 %.1f ms, max %.1f ms; total p50 %.0f ms; written p50 %s", p50, pmax, t50, human(int64(w50))),
+				Values:  vals{"memory_mib": float64(mib), "pause_p50_ms": p50, "pause_max_ms": pmax, "total_p50_ms": t50, "written_p50_bytes": w50},
+				cells: []string{fmt.Sprintf("%d MiB", mib), mode, fmt.Sprintf("%.1f ms", p50), fmt.Sprintf("%.1f ms", pmax),
+					fmt.Sprintf("%.0f ms", t50), human(int64(w50))},
+			})
 		}
 		e.Kill(ctx, []string{src})
 	}
-	fmt.Println(report.String())
-	return nil
+	return report.print(g.jsonOut)
 }
 
 func oneLine(s string, n int) string {
@@ -192,16 +177,17 @@ func runBenchChain(ctx context.Context, g *globals, o benchBranchOpts) error {
 	if o.depth < 1 || o.depth > snapshot.MaxChainDepth {
 		return fmt.Errorf("--depth %d: 1 to %d: %w", o.depth, snapshot.MaxChainDepth, errdefs.ErrInvalidArgument)
 	}
-	e, stop, err := benchEngine(g, "chain")
+	env, err := newBenchEnv(g, "chain", nil)
 	if err != nil {
 		return err
 	}
-	defer stop()
+	defer env.close()
+	e := env.e
 	flat, err := sizedSnapshot(ctx, e, fmt.Sprintf("bench-branch-%d", sizes[0]), sizes[0])
 	if err != nil {
 		return err
 	}
-	report := benchHeader(ctx, e, "chain")
+	report := newBenchReport(ctx, e, "chain", "")
 	id := snapshot.NewID()
 	var tags []string
 	defer func() {
@@ -210,7 +196,7 @@ func runBenchChain(ctx context.Context, g *globals, o benchBranchOpts) error {
 		}
 	}()
 	from := flat.Tag
-	var layerRows []string
+	var layerRows []benchRow
 	for i := 1; i <= o.depth; i++ {
 		sbs, err := e.Fork(ctx, from, 1)
 		if err != nil {
@@ -234,9 +220,13 @@ func runBenchChain(ctx context.Context, g *globals, o benchBranchOpts) error {
 		e.Kill(ctx, []string{sbs[0].ID})
 		var st syscall.Stat_t
 		syscall.Stat(res.Snapshot.Path(snapshot.MemoryFile), &st)
-		layerRows = append(layerRows, fmt.Sprintf("| layer %d | paused %.1f ms, %s written, %s on disk |", i,
-			float64(res.Paused.Microseconds())/1000, human(res.BytesWritten), human(st.Blocks*512)))
-		benchSay("layer %d: %s", i, layerRows[len(layerRows)-1])
+		lr := benchRow{
+			Measure: fmt.Sprintf("layer %d", i),
+			Value:   fmt.Sprintf("paused %.1f ms, %s written, %s on disk", millis(res.Paused), human(res.BytesWritten), human(st.Blocks*512)),
+			Values:  vals{"paused_ms": millis(res.Paused), "written_bytes": float64(res.BytesWritten), "disk_bytes": float64(st.Blocks * 512)},
+		}
+		layerRows = append(layerRows, lr)
+		benchSay("layer %d: %s", i, lr.Value)
 		from = tag
 	}
 	head := from
@@ -278,17 +268,13 @@ func runBenchChain(ctx context.Context, g *globals, o benchBranchOpts) error {
 	}
 	f50, h50 := percentile(flatT, 0.5), percentile(headT, 0.5)
 	benchSay("fork-to-ready p50: flat %.1f ms, head %.1f ms (%.2f×)", f50, h50, h50/f50)
-	fmt.Fprintf(report, "Minimal recipe, %d MiB guest; chain of %d diff layers, each sandbox writing %d MB of fresh memory before its branch; pool %d; %d forks from each, alternating.\n\n",
+	report.Intro = fmt.Sprintf("Minimal recipe, %d MiB guest; chain of %d diff layers, each sandbox writing %d MB of fresh memory before its branch; pool %d; %d forks from each, alternating.",
 		sizes[0], o.depth, o.dirtyMB, g.poolSize, o.forks)
-	fmt.Fprintf(report, "| measure | value |\n|---|---|\n")
-	for _, r := range layerRows {
-		fmt.Fprintln(report, r)
-	}
-	fmt.Fprintf(report, "| first fork from the head (assembles its memory once) | %.0f ms |\n", float64(first.Microseconds())/1000)
-	fmt.Fprintf(report, "| compact the head into a flat snapshot | %.1f s |\n", compactTook.Seconds())
-	fmt.Fprintf(report, "| fork-to-ready p50, the same memory as a flat snapshot (compacted) | %.1f ms |\n", f50)
-	fmt.Fprintf(report, "| fork-to-ready p50, head of depth %d | %.1f ms |\n", o.depth, h50)
-	fmt.Fprintf(report, "| head / flat | %.2f× |\n", h50/f50)
-	fmt.Println(report.String())
-	return nil
+	report.Rows = append(report.Rows, layerRows...)
+	report.row("first fork from the head (assembles its memory once)", fmt.Sprintf("%.0f ms", millis(first)), vals{"ms": millis(first)})
+	report.row("compact the head into a flat snapshot", fmt.Sprintf("%.1f s", compactTook.Seconds()), vals{"s": compactTook.Seconds()})
+	report.row("fork-to-ready p50, the same memory as a flat snapshot (compacted)", fmt.Sprintf("%.1f ms", f50), vals{"p50_ms": f50})
+	report.row(fmt.Sprintf("fork-to-ready p50, head of depth %d", o.depth), fmt.Sprintf("%.1f ms", h50), vals{"p50_ms": h50, "depth": float64(o.depth)})
+	report.row("head / flat", fmt.Sprintf("%.2f×", h50/f50), vals{"ratio": h50 / f50})
+	return report.print(g.jsonOut)
 }

@@ -424,7 +424,9 @@ func lsCmd(g *globals) *cobra.Command {
 			for _, s := range sbs {
 				st := s.State
 				if s.DeadReason != "" {
-					st += ": " + s.DeadReason
+					// One line per sandbox: the whole reason (an exit
+					// status and a QEMU error, say) is in `sandbox info`.
+					st += ": " + firstLine(s.DeadReason)
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f ms\t%d\t%s\n", s.ID, s.Tag, st, s.ReadyMillis, s.PID, s.Created.Local().Format(time.TimeOnly))
 			}

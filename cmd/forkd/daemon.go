@@ -150,26 +150,35 @@ func serveCmd(g *globals) *cobra.Command {
 			}
 			defer st.Close()
 			// The audit log opens before the engine, so lifecycle events
-			// seen while adopting sandboxes are recorded too.
-			alog, err := audit.Open(filepath.Join(g.dataDir, "audit"), audit.Options{Logger: log})
+			// seen while adopting sandboxes are recorded too. Its anchor
+			// (the newest record's seq and hash) lives in the state file:
+			// a log cut from its end, or deleted, stops the start here
+			// with the missing records and the fix.
+			alog, err := audit.Open(filepath.Join(g.dataDir, "audit"), audit.Options{Logger: log, Anchor: st})
 			if err != nil {
 				return err
 			}
 			defer alog.Close()
-			onEvent := func(ev sandbox.Event) {
-				if _, err := alog.Append(audit.Record{Action: ev.Kind, Targets: []string{ev.SandboxID}, Outcome: audit.OutcomeOK,
-					Detail: map[string]any{"reason": ev.Reason}}); err != nil {
-					log.Error("audit log append failed", "event", ev.Kind, "err", err)
-				}
-			}
 			m := metrics.New(version)
+			// The server exists before the engine: lifecycle events go
+			// through its audit gate (a failed write refuses mutating
+			// requests until one succeeds) from the first adoption on.
+			srv := &api.Server{Version: version, Log: log, Metrics: m, Audit: alog}
+			onEvent := func(ev sandbox.Event) {
+				targets := []string{ev.SandboxID}
+				if ev.Tag != "" {
+					targets = append(targets, ev.Tag)
+				}
+				srv.RecordEvent(ev.Kind, targets, ev.Err, map[string]any{"reason": ev.Reason})
+			}
 			e, ctor, err := g.newEngine(engineDeps{runDir: g.runDir, netnsPrefix: netnsPrefix, log: log, state: st, metrics: m, onEvent: onEvent})
 			if err != nil {
 				return err
 			}
-			srv := &api.Server{Engine: e, Version: version, Log: log, Metrics: m, Audit: alog, Checks: func(ctx context.Context) []vmm.Check {
+			srv.Engine = e
+			srv.Checks = func(ctx context.Context) []vmm.Check {
 				return ctor.Checks(ctx, vmm.Options{Accel: vmm.Accel(g.accel)})
-			}}
+			}
 			m.SetStateFunc(func() metrics.State { return engineState(e) })
 			var tln net.Listener
 			if listen != "" {

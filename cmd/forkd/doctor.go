@@ -4,20 +4,22 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/image"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
 // hostChecks are the prerequisites outside the VMM driver: privileges, the
-// image builder's tools, cgroups and disk. The driver adds its own (VMM
-// binary, /dev/kvm, tun, userfaultfd).
+// image builder's tools and kernel, cgroups and disk. The driver adds its
+// own (VMM binary, /dev/kvm, tun, userfaultfd).
 func hostChecks(ctx context.Context, g *globals) []apiv1.Check {
 	var out []apiv1.Check
 	add := func(name string, ok bool, detail, fix string) {
@@ -29,21 +31,20 @@ func hostChecks(ctx context.Context, g *globals) []apiv1.Check {
 	}
 	add("root", os.Geteuid() == 0, fmt.Sprintf("running as uid %d", os.Geteuid()),
 		"run forkd as root (sudo): it creates network namespaces and tap devices")
-	for _, t := range []struct{ bin, pkg, why string }{
-		{"apt-get", "apt", "downloads the kernel and packages"},
-		{"dpkg", "dpkg", "unpacks .deb files"},
-		{"mkfs.ext4", "e2fsprogs", "builds the read-only root file system"},
-		{"mmdebstrap", "mmdebstrap", "builds Debian root file systems (recipes with base = \"debian\")"},
-		{"ip", "iproute2", "lets operators inspect sandbox namespaces (ip netns)"},
-	} {
-		p, err := exec.LookPath(t.bin)
-		add("tool "+t.bin, err == nil, orElse(p, "not found")+": "+t.why, "apt-get install -y "+t.pkg)
+	// Every command the image builder runs, from its own table, so a tool
+	// it gains is checked here too.
+	for _, t := range image.Tools() {
+		p, err := image.LookTool(t.Name)
+		add("tool "+t.Name, err == nil, orElse(p, "not found")+": "+t.Why, "apt-get install -y "+t.Package)
 	}
-	lists, _ := filepath.Glob("/var/lib/apt/lists/*Packages*")
+	p, err := image.LookTool("ip") // /usr/sbin is searched too, as for mkfs.ext4
+	add("tool ip", err == nil, orElse(p, "not found")+": lets operators inspect sandbox namespaces (ip netns)", "apt-get install -y iproute2")
+	lists, _ := filepath.Glob("/var/lib/apt/lists/*_Packages*")
 	add("apt package lists", len(lists) > 0, fmt.Sprintf("%d package lists", len(lists)), "apt-get update")
+	out = append(out, kernelCheck(ctx, g.dataDir))
 	agent, err := agentBinary()
 	add("forkd-agent", err == nil, orElse(agent, fmt.Sprint(err)), "make build (puts bin/forkd-agent next to bin/forkd), or set FORKD_AGENT")
-	add("cgroups", true, cgroupMode(), "")
+	out = append(out, cgroupCheck())
 	var st unix.Statfs_t
 	dir := g.dataDir
 	for dir != "/" {
@@ -60,6 +61,22 @@ func hostChecks(ctx context.Context, g *globals) []apiv1.Check {
 	return out
 }
 
+// kernelCheck: every image boots Debian's cloud kernel, taken from the data
+// dir's cache or, on the first build, downloaded with the host's apt.
+func kernelCheck(ctx context.Context, dataDir string) apiv1.Check {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	c := apiv1.Check{Name: "guest kernel"}
+	detail, err := image.GuestKernel(ctx, dataDir)
+	if err != nil {
+		c.Detail = err.Error()
+		c.Fix = "apt-get update with Debian's main archive in the apt sources (the image builder downloads the cloud kernel package, linux-image-cloud-*, through the host's apt)"
+		return c
+	}
+	c.OK, c.Detail = true, detail
+	return c
+}
+
 func orElse(s, def string) string {
 	if s == "" {
 		return def
@@ -67,56 +84,162 @@ func orElse(s, def string) string {
 	return s
 }
 
-// cgroupMode describes the host's cgroup layout (v1, v2 or hybrid); quotas
-// come later and must support both.
-func cgroupMode() string {
-	var st unix.Statfs_t
-	if unix.Statfs("/sys/fs/cgroup", &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
-		return "cgroup v2 (unified)"
-	}
-	if _, err := os.Stat("/sys/fs/cgroup/memory"); err == nil {
-		if _, err := os.Stat("/sys/fs/cgroup/unified"); err == nil {
-			return "cgroup v1 with v2 hybrid (memory controller on v1)"
+// cgroupControllers are the controllers forkd's per-sandbox limits use
+// (memory, CPU share, process count).
+var cgroupControllers = []string{"memory", "cpu", "pids"}
+
+// cgroupLayout is what /proc/self/mountinfo says about the host's cgroups.
+type cgroupLayout struct {
+	v2Mount string            // where the cgroup2 hierarchy is mounted; "" if nowhere
+	v2      []string          // controllers the v2 root offers (its cgroup.controllers)
+	v1      map[string]string // v1 controller -> its mount point
+}
+
+// v1Controllers are the controllers a v1 cgroup mount can carry; its other
+// options (rw, name=systemd, clone_children...) are not controllers.
+var v1Controllers = map[string]bool{
+	"blkio": true, "cpu": true, "cpuacct": true, "cpuset": true, "devices": true, "freezer": true,
+	"hugetlb": true, "memory": true, "misc": true, "net_cls": true, "net_prio": true,
+	"perf_event": true, "pids": true, "rdma": true,
+}
+
+// parseCgroupMounts reads the cgroup mounts out of a mountinfo file. A
+// cgroup2 mount at /sys/fs/cgroup wins over one elsewhere (a hybrid host
+// mounts it at /sys/fs/cgroup/unified).
+func parseCgroupMounts(mountinfo string) cgroupLayout {
+	l := cgroupLayout{v1: map[string]string{}}
+	for _, line := range strings.Split(mountinfo, "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		if !ok {
+			continue
 		}
-		return "cgroup v1"
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if len(f) < 5 || len(g) < 3 {
+			continue
+		}
+		mnt := f[4]
+		switch g[0] {
+		case "cgroup2":
+			if l.v2Mount == "" || mnt == "/sys/fs/cgroup" {
+				l.v2Mount = mnt
+			}
+		case "cgroup":
+			for _, opt := range strings.Split(g[2], ",") {
+				if v1Controllers[opt] {
+					l.v1[opt] = mnt
+				}
+			}
+		}
 	}
-	return "cgroup layout not recognised"
+	return l
+}
+
+// describe says which layout the host has and what forkd can use of it;
+// ok is false only when no cgroup hierarchy is mounted at all.
+func (l cgroupLayout) describe() (ok bool, detail string) {
+	var mode string
+	switch {
+	case l.v2Mount != "" && len(l.v1) == 0:
+		mode = "cgroup v2 (unified) at " + l.v2Mount
+	case l.v2Mount != "":
+		mode = fmt.Sprintf("hybrid: cgroup v1 controllers, cgroup v2 at %s (controllers: %s)", l.v2Mount, orElse(strings.Join(l.v2, " "), "none"))
+	case len(l.v1) > 0:
+		mode = "cgroup v1 (legacy)"
+	default:
+		return false, "no cgroup hierarchy mounted (neither cgroup2 nor cgroup v1 controllers in /proc/self/mountinfo)"
+	}
+	var usable, missing []string
+	for _, c := range cgroupControllers {
+		switch {
+		case slices.Contains(l.v2, c):
+			usable = append(usable, c+" (v2)")
+		case l.v1[c] != "":
+			usable = append(usable, c+" (v1 at "+l.v1[c]+")")
+		default:
+			missing = append(missing, c)
+		}
+	}
+	detail = mode + "; forkd can use " + orElse(strings.Join(usable, ", "), "no controller")
+	if len(missing) > 0 {
+		detail += "; missing: " + strings.Join(missing, ", ") + " (per-sandbox limits on them unavailable)"
+	}
+	return true, detail
+}
+
+// cgroupCheck detects the host's cgroup layout (v2 unified, v1, or hybrid).
+func cgroupCheck() apiv1.Check {
+	c := apiv1.Check{Name: "cgroups"}
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		c.Detail = err.Error()
+		c.Fix = "mount /proc"
+		return c
+	}
+	l := parseCgroupMounts(string(data))
+	if l.v2Mount != "" {
+		if b, err := os.ReadFile(filepath.Join(l.v2Mount, "cgroup.controllers")); err == nil {
+			l.v2 = strings.Fields(string(b))
+		}
+	}
+	c.OK, c.Detail = l.describe()
+	if !c.OK {
+		c.Fix = "mount the cgroup2 hierarchy: mount -t cgroup2 cgroup2 /sys/fs/cgroup (systemd does at boot; a container needs the host's /sys/fs/cgroup)"
+	}
+	return c
+}
+
+// doctorChecks runs the host's checks and the VMM driver's.
+func doctorChecks(ctx context.Context, g *globals) []apiv1.Check {
+	checks := hostChecks(ctx, g)
+	ctor, err := vmm.Lookup(g.vmmName)
+	if err != nil {
+		return append(checks, apiv1.Check{Name: "vmm driver", Detail: err.Error(), Fix: "use --vmm " + strings.Join(vmm.List(), " or ")})
+	}
+	for _, c := range ctor.Checks(ctx, vmm.Options{Accel: vmm.Accel(g.accel)}) {
+		checks = append(checks, apiv1.Check{Name: c.Name, OK: c.OK, Detail: c.Detail, Fix: c.Fix})
+	}
+	return checks
 }
 
 func doctorCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "doctor",
 		Short: "Check this host for what forkd needs and say how to fix what is missing",
-		Args:  cobra.NoArgs,
+		Long: "Check this host for what forkd needs and say how to fix what is missing.\n" +
+			"Exits 1 when a check fails, with --json too (the checks are printed either way).",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			checks := hostChecks(cmd.Context(), g)
-			if ctor, err := vmm.Lookup(g.vmmName); err != nil {
-				checks = append(checks, apiv1.Check{Name: "vmm driver", Detail: err.Error(), Fix: "use --vmm " + strings.Join(vmm.List(), " or ")})
-			} else {
-				for _, c := range ctor.Checks(cmd.Context(), vmm.Options{Accel: vmm.Accel(g.accel)}) {
-					checks = append(checks, apiv1.Check{Name: c.Name, OK: c.OK, Detail: c.Detail, Fix: c.Fix})
+			checks := doctorChecks(cmd.Context(), g)
+			failed := 0
+			for _, c := range checks {
+				if !c.OK {
+					failed++
 				}
 			}
 			if g.jsonOut {
-				return printJSON(checks)
-			}
-			failed := 0
-			for _, c := range checks {
-				mark := "ok  "
-				if !c.OK {
-					mark = "FAIL"
-					failed++
+				if err := printJSON(checks); err != nil {
+					return err
 				}
-				fmt.Printf("%s %-22s %s\n", mark, c.Name, c.Detail)
-				if !c.OK && c.Fix != "" {
-					fmt.Printf("     %-22s fix: %s\n", "", c.Fix)
+			} else {
+				for _, c := range checks {
+					mark := "ok  "
+					if !c.OK {
+						mark = "FAIL"
+					}
+					fmt.Printf("%s %-22s %s\n", mark, c.Name, c.Detail)
+					if !c.OK && c.Fix != "" {
+						fmt.Printf("     %-22s fix: %s\n", "", c.Fix)
+					}
+				}
+				if failed > 0 {
+					fmt.Printf("\n%d check(s) failed\n", failed)
+				} else {
+					fmt.Println("\nall checks passed")
 				}
 			}
 			if failed > 0 {
-				fmt.Printf("\n%d check(s) failed\n", failed)
 				return exitError{1}
 			}
-			fmt.Println("\nall checks passed")
 			return nil
 		},
 	}

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,7 +26,11 @@ func execCmd(g *globals) *cobra.Command {
 		Short: "Run a command in a sandbox, streaming its output; exits with the command's code",
 		Long: "Run a command in a sandbox. Output streams as it is produced; forkd exits with the guest\n" +
 			"command's exit code (124 on timeout). Stdin is forwarded when it is not a terminal.\n" +
-			"With --shell, the single argument is run by /bin/sh -c.",
+			"With --shell, the single argument is run by /bin/sh -c.\n" +
+			"With --json, stdout carries the API's NDJSON events instead, one per line as they\n" +
+			"arrive: {\"type\":\"start\",\"pid\":N} (the guest pid), {\"type\":\"stdout\"|\"stderr\",\n" +
+			"\"data\":BASE64} chunks, then one {\"type\":\"exit\",\"exit_code\":N,...}; forkd still\n" +
+			"exits with the command's code.",
 		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := apiv1.ExecRequest{Cwd: cwd, TimeoutMillis: timeout.Milliseconds(), Env: map[string]string{}}
@@ -45,16 +51,23 @@ func execCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ev, err := c.Exec(cmd.Context(), args[0], req, os.Stdin, os.Stdout, os.Stderr)
+			var ev apiv1.ExecEvent
+			if g.jsonOut {
+				// Output and exit as one stream of events: a script
+				// never has to tell the command's output from forkd's.
+				enc := json.NewEncoder(os.Stdout)
+				ev, err = c.ExecEvents(cmd.Context(), args[0], req, os.Stdin, func(ev apiv1.ExecEvent) error { return enc.Encode(ev) })
+			} else {
+				ev, err = c.Exec(cmd.Context(), args[0], req, os.Stdin, os.Stdout, os.Stderr)
+			}
 			if err != nil {
 				return err
 			}
-			if g.jsonOut {
-				printJSON(ev)
-			}
 			switch {
 			case ev.TimedOut:
-				fmt.Fprintf(os.Stderr, "forkd: command timed out after %s; its process group was killed\n", timeout)
+				if !g.jsonOut {
+					fmt.Fprintf(os.Stderr, "forkd: command timed out after %s; its process group was killed\n", timeout)
+				}
 				return exitError{124}
 			case ev.Signal != "":
 				return exitError{128 + signalNumber(ev.Signal)}
@@ -116,10 +129,7 @@ func runCodeCmd(g *globals) *cobra.Command {
 					fmt.Println(v)
 				}
 				if res.Error != nil {
-					fmt.Fprint(os.Stderr, res.Error.Traceback)
-					if !strings.HasSuffix(res.Error.Traceback, "\n") {
-						fmt.Fprintln(os.Stderr)
-					}
+					fmt.Fprint(os.Stderr, codeErrorText(res.Error))
 				}
 			}
 			if res.Error != nil {
@@ -130,6 +140,53 @@ func runCodeCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "interrupt the code after this long; the session survives")
 	return cmd
+}
+
+// codeErrorText is what run-code prints for a Python error: its traceback,
+// which ends with "Name: Value" as Python prints it, or that line alone for
+// an error without a traceback (a timeout, a session that died), or after a
+// traceback that ends otherwise (KeyboardInterrupt under a timeout).
+func codeErrorText(e *apiv1.CodeError) string {
+	tb := strings.TrimRight(e.Traceback, "\n")
+	last := e.Name
+	if e.Value != "" {
+		last = strings.TrimPrefix(last+": "+e.Value, ": ")
+	}
+	if last != "" && !strings.HasSuffix(tb, last) {
+		if tb != "" {
+			tb += "\n"
+		}
+		tb += last
+	}
+	if tb == "" {
+		tb = "Python error (no name, value or traceback)"
+	}
+	return tb + "\n"
+}
+
+// parseMode reads permission bits in octal, as chmod takes them: 644, 0644
+// or 0o644.
+func parseMode(s string) (uint32, error) {
+	t := strings.TrimPrefix(strings.TrimPrefix(s, "0o"), "0O")
+	v, err := strconv.ParseUint(t, 8, 32)
+	if err != nil || t == "" || v > 0o7777 {
+		return 0, fmt.Errorf("--mode %q: want octal permission bits like 0644 or 755: %w", s, errdefs.ErrInvalidArgument)
+	}
+	return uint32(v), nil
+}
+
+// localFileInfo describes a file cp wrote on this host, in the shape cp
+// prints for a file it wrote in a sandbox.
+func localFileInfo(path string) (apiv1.FileInfo, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return apiv1.FileInfo{}, err
+	}
+	st, err := os.Stat(abs)
+	if err != nil {
+		return apiv1.FileInfo{}, err
+	}
+	return apiv1.FileInfo{Name: st.Name(), Path: abs, Size: st.Size(), Mode: uint32(st.Mode().Perm()), ModTime: st.ModTime()}, nil
 }
 
 // splitRemote parses "ID:/path". A local path has no colon before its first
@@ -143,10 +200,13 @@ func splitRemote(arg string) (id, path string, ok bool) {
 }
 
 func cpCmd(g *globals) *cobra.Command {
-	var mode uint32
+	var modeArg string
 	cmd := &cobra.Command{
-		Use:     "cp SRC DST",
-		Short:   "Copy a file into or out of a sandbox (ID:/path on one side; '-' is stdin/stdout)",
+		Use:   "cp SRC DST",
+		Short: "Copy a file into or out of a sandbox (ID:/path on one side; '-' is stdin/stdout)",
+		Long: "Copy a file into or out of a sandbox (ID:/path on one side; '-' is stdin/stdout).\n" +
+			"With --json, prints the file written (name, path, size, mode, mod_time), except when\n" +
+			"the destination is '-': stdout then carries the file's bytes only.",
 		Example: "  forkd cp data.csv sb-abc:/root/data.csv\n  forkd cp sb-abc:/root/out.json ./out.json\n  echo hi | forkd cp - sb-abc:/tmp/hi.txt",
 		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -154,6 +214,10 @@ func cpCmd(g *globals) *cobra.Command {
 			dstID, dstPath, dstRemote := splitRemote(args[1])
 			if srcRemote == dstRemote {
 				return fmt.Errorf("cp needs exactly one side in a sandbox, written ID:/path: %w", errdefs.ErrInvalidArgument)
+			}
+			mode, err := parseMode(modeArg)
+			if err != nil {
+				return err
 			}
 			c, err := g.client(cmd.Context())
 			if err != nil {
@@ -206,12 +270,17 @@ func cpCmd(g *globals) *cobra.Command {
 			if err := os.Rename(tmp.Name(), dst); err != nil {
 				return err
 			}
-			if !g.jsonOut {
-				fmt.Fprintf(os.Stderr, "copied %s to %s\n", human(n), dst)
+			if g.jsonOut {
+				fi, err := localFileInfo(dst)
+				if err != nil {
+					return err
+				}
+				return printJSON(fi)
 			}
+			fmt.Fprintf(os.Stderr, "copied %s to %s\n", human(n), dst)
 			return nil
 		},
 	}
-	cmd.Flags().Uint32Var(&mode, "mode", 0o644, "permission bits of a file copied in")
+	cmd.Flags().StringVar(&modeArg, "mode", "0644", "permission bits (octal) of a file copied in")
 	return cmd
 }

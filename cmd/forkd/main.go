@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -15,6 +17,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/forkd-dev/forkd/internal/api"
+	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/client"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 )
@@ -56,6 +60,23 @@ func envOr(key, def string) string {
 
 func main() {
 	g := &globals{}
+	root := newRootCmd(g)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := root.ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		var ee exitError
+		if errors.As(err, &ee) {
+			os.Exit(ee.code)
+		}
+		printError(os.Stderr, err, g.jsonOut)
+		os.Exit(exitCodeOf(err))
+	}
+}
+
+// newRootCmd is the forkd command with every subcommand, its flags bound
+// to g.
+func newRootCmd(g *globals) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "forkd",
 		Short:         "forkd forks warmed microVM sandboxes in milliseconds",
@@ -79,28 +100,54 @@ func main() {
 		imageCmd(g), imagesCmd(g),
 		snapshotCmd(g), snapshotsCmd(g), rmiCmd(g),
 		packCmd(g), unpackCmd(g),
-		forkCmd(g), branchCmd(g), lsCmd(g), killCmd(g),
+		forkCmd(g), branchCmd(g), lsCmd(g), killCmd(g), sandboxCmd(g),
 		execCmd(g), runCodeCmd(g), cpCmd(g),
 		doctorCmd(g), benchCmd(g), auditCmd(g), tokenCmd(g),
 	)
 	root.AddCommand(mcpCmd(g))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := root.ExecuteContext(ctx)
-	stop()
-	if err != nil {
-		var ee exitError
-		if errors.As(err, &ee) {
-			os.Exit(ee.code)
-		}
-		fmt.Fprintln(os.Stderr, "forkd:", err)
-		os.Exit(exitCodeOf(err))
-	}
+	return root
 }
 
 // exitError carries a guest process's exit code out of a command.
 type exitError struct{ code int }
 
 func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// printError reports a command's error on w: a line of text, or with
+// --json an RFC 9457 problem object (one line) carrying what the API's
+// problem+json does, so a script reads stderr the way it reads the API.
+func printError(w io.Writer, err error, asJSON bool) {
+	if !asJSON {
+		fmt.Fprintln(w, "forkd:", err)
+		return
+	}
+	json.NewEncoder(w).Encode(problemOf(err))
+}
+
+// problemOf renders an error as a problem: a daemon's problem as the daemon
+// sent it (with its request id), the detail being the whole message the
+// CLI would print; any other error by its class, as the API renders one.
+func problemOf(err error) apiv1.Problem {
+	var ce *client.Error
+	if !errors.As(err, &ce) {
+		return api.ProblemOf(err, "")
+	}
+	p := ce.Problem
+	p.Detail = err.Error()
+	if p.Status == 0 {
+		p.Status = api.StatusOf(err)
+	}
+	if p.Title == "" {
+		p.Title = http.StatusText(p.Status)
+	}
+	if p.Code == "" {
+		p.Code = errdefs.Code(err)
+	}
+	if p.Type == "" {
+		p.Type = api.ProblemOf(err, "").Type
+	}
+	return p
+}
 
 // exitCodeOf maps error classes to distinct exit codes for scripts.
 func exitCodeOf(err error) int {

@@ -101,7 +101,7 @@ func packCmd(g *globals) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVarP(&out, "output", "o", "", "archive file to write (- for stdout)")
-	f.StringVar(&signKey, "sign", "", "sign with this ed25519 private key (PEM, from `forkd pack keygen`)")
+	f.StringVar(&signKey, "sign", "", "sign with this ed25519 private key (a PEM `file` from forkd pack keygen)")
 	f.BoolVar(&noImage, "no-image", false, "leave the image out; the receiving host must have it already")
 	cmd.AddCommand(keygenCmd(g))
 	return cmd
@@ -280,6 +280,6 @@ func unpackCmd(g *globals) *cobra.Command {
 	f := cmd.Flags()
 	f.BoolVar(&opts.Force, "force", false, "replace existing snapshots with the same tags (the head, or ancestors with other content)")
 	f.StringVar(&opts.Tag, "tag", "", "tag to create instead of the archive head's; ancestors keep theirs ("+snapshot.TagRule+")")
-	f.StringVar(&verify, "verify", "", "refuse the archive unless signed by this ed25519 public key (PEM, KEYBASE.pub)")
+	f.StringVar(&verify, "verify", "", "refuse the archive unless signed by this ed25519 public key (the PEM `file` KEYBASE.pub)")
 	return cmd
 }

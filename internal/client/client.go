@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 )
@@ -344,6 +345,23 @@ func (c *Client) RunCode(ctx context.Context, id string, req apiv1.RunCodeReques
 // Exec runs a process, streaming stdin (when req.Stdin) and its output, and
 // returns the exit event. A stream cut before the exit event is an error.
 func (c *Client) Exec(ctx context.Context, id string, req apiv1.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (apiv1.ExecEvent, error) {
+	return c.ExecEvents(ctx, id, req, stdin, func(ev apiv1.ExecEvent) error {
+		var err error
+		switch ev.Type {
+		case agentapi.EventStdout:
+			_, err = stdout.Write(ev.Data)
+		case agentapi.EventStderr:
+			_, err = stderr.Write(ev.Data)
+		}
+		return err
+	})
+}
+
+// ExecEvents runs a process as Exec does and hands every event of its
+// stream to onEvent as it arrives: stdout and stderr chunks, then the exit
+// event, which is also returned. An error from onEvent ends the call (and
+// with it the request, so the daemon stops the process's output).
+func (c *Client) ExecEvents(ctx context.Context, id string, req apiv1.ExecRequest, stdin io.Reader, onEvent func(apiv1.ExecEvent) error) (apiv1.ExecEvent, error) {
 	hdr, err := json.Marshal(req)
 	if err != nil {
 		return apiv1.ExecEvent{}, err
@@ -363,21 +381,20 @@ func (c *Client) Exec(ctx context.Context, id string, req apiv1.ExecRequest, std
 		if err := dec.Decode(&ev); err != nil {
 			return apiv1.ExecEvent{}, fmt.Errorf("exec stream cut before the process exited: %w", err)
 		}
-		switch ev.Type {
-		case "stdout":
-			stdout.Write(ev.Data)
-		case "stderr":
-			stderr.Write(ev.Data)
-		case "exit":
-			// Read to the end so the connection is reused: closing a body
-			// early makes the transport drop it (a new TCP+TLS handshake per
-			// exec with --host).
-			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-			if ev.Error != "" && ev.ExitCode == -1 {
-				return ev, fmt.Errorf("exec: %s: %w", ev.Error, errdefs.ErrFailedPrecondition)
-			}
-			return ev, nil
+		if err := onEvent(ev); err != nil {
+			return apiv1.ExecEvent{}, err
 		}
+		if ev.Type != agentapi.EventExit {
+			continue
+		}
+		// Read to the end so the connection is reused: closing a body
+		// early makes the transport drop it (a new TCP+TLS handshake per
+		// exec with --host).
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		if ev.Error != "" && ev.ExitCode == -1 {
+			return ev, fmt.Errorf("exec: %s: %w", ev.Error, errdefs.ErrFailedPrecondition)
+		}
+		return ev, nil
 	}
 }
 

@@ -18,20 +18,35 @@ import (
 	"github.com/forkd-dev/forkd/internal/errdefs"
 )
 
-// toolPackages names the Debian package that provides each host command the
-// builder runs, so that a missing one fails with its fix rather than with
-// "executable file not found".
-var toolPackages = map[string]string{
-	"apt-cache":  "apt",
-	"apt-get":    "apt",
-	"dpkg-deb":   "dpkg",
-	"mkfs.ext4":  "e2fsprogs",
-	"debugfs":    "e2fsprogs",
-	"mmdebstrap": "mmdebstrap",
-	"unshare":    "util-linux",
-	"xz":         "xz-utils",
-	"zstd":       "zstd",
+// Tool is a host command the image builder runs, with the Debian package
+// that provides it.
+type Tool struct {
+	Name    string // the command, e.g. "mkfs.ext4"
+	Package string // the Debian package, e.g. "e2fsprogs"
+	Why     string // what the builder uses it for, for `forkd doctor`
 }
+
+// tools names every host command the builder runs, so that a missing one
+// fails with its fix rather than with "executable file not found", and so
+// that `forkd doctor` checks the same list. (The initramfs is written by
+// internal/image/cpio, not by a host cpio.)
+var tools = []Tool{
+	{"apt-cache", "apt", "finds the guest kernel and package versions"},
+	{"apt-get", "apt", "downloads the guest kernel and packages"},
+	{"dpkg-deb", "dpkg", "unpacks the kernel and busybox .deb files"},
+	{"mkfs.ext4", "e2fsprogs", "builds the read-only root file system"},
+	{"mmdebstrap", "mmdebstrap", "builds Debian root file systems (recipes with base = \"debian\")"},
+	{"unshare", "util-linux", "runs mmdebstrap in a private mount namespace"},
+	{"xz", "xz-utils", "decompresses kernel modules (.ko.xz)"},
+	{"zstd", "zstd", "decompresses kernel modules (.ko.zst)"},
+}
+
+// Tools returns the host commands the builder runs, sorted by name.
+func Tools() []Tool { return append([]Tool(nil), tools...) }
+
+// LookTool finds a host command as the builder does and, for a missing one,
+// returns an error naming the Debian package to install.
+func LookTool(name string) (string, error) { return lookTool(name) }
 
 // lookTool finds a host command. The sbin directories are searched too:
 // mkfs.ext4 lives in /usr/sbin, which is not on a non-root user's PATH.
@@ -50,12 +65,65 @@ func lookTool(name string) (string, error) {
 
 // missingTool says which Debian package provides a missing command.
 func missingTool(name string) error {
-	pkg := toolPackages[name]
-	if pkg == "" {
-		pkg = name
+	pkg := name
+	for _, t := range tools {
+		if t.Name == name {
+			pkg = t.Package
+		}
 	}
 	return fmt.Errorf("%s not found on this host; install the Debian package %q (apt-get install %s): %w",
 		name, pkg, pkg, errdefs.ErrFailedPrecondition)
+}
+
+// GuestKernel says which guest kernel the next image build uses, without
+// fetching anything: the one cached under dataDir/cache/kernel, or else the
+// cloud kernel package apt would download. An error says why neither is
+// available, with its fix. It is `forkd doctor`'s kernel check.
+func GuestKernel(ctx context.Context, dataDir string) (string, error) {
+	kdir := filepath.Join(dataDir, "cache", "kernel")
+	if k, err := loadCurrentKernel(kdir); err == nil {
+		return fmt.Sprintf("%s cached (%s %s) in %s", k.Version, k.Package, k.PackageVersion, k.Dir), nil
+	}
+	pkg, ver, err := kernelCandidate(ctx)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("none cached in %s; the first image build downloads %s %s", kdir, pkg, ver), nil
+}
+
+// kernelCandidate returns the versioned cloud kernel package that Debian's
+// meta package currently depends on, and apt's candidate version of it: what
+// fetchKernel downloads into an empty cache.
+func kernelCandidate(ctx context.Context) (pkg, version string, err error) {
+	if err := requireTools("apt-cache"); err != nil {
+		return "", "", err
+	}
+	if err := checkAptLists(); err != nil {
+		return "", "", err
+	}
+	meta, err := kernelMetaPackage()
+	if err != nil {
+		return "", "", err
+	}
+	deps, err := aptDepends(ctx, meta)
+	if err != nil {
+		return "", "", err
+	}
+	for _, d := range deps {
+		if strings.HasPrefix(d, "linux-image-") && d != meta {
+			pkg = d
+			break
+		}
+	}
+	if pkg == "" {
+		return "", "", fmt.Errorf("apt knows no kernel package behind %s (apt-cache depends: %v); run `apt-get update` with Debian's main archive in the apt sources: %w",
+			meta, deps, errdefs.ErrFailedPrecondition)
+	}
+	version, err = aptCandidate(ctx, pkg)
+	if err != nil {
+		return "", "", err
+	}
+	return pkg, version, nil
 }
 
 // requireTools checks several commands at once, before any slow work starts.

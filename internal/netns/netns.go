@@ -59,6 +59,11 @@ const (
 	NamePrefix = "forkd-"
 )
 
+// TunFix is what to do when /dev/net/tun cannot be opened; `forkd doctor`
+// says the same.
+const TunFix = "load the tun module (modprobe tun), or create the device node " +
+	"(mkdir -p /dev/net && mknod -m 0666 /dev/net/tun c 10 200); in a container, pass --device /dev/net/tun"
+
 // MountDir is where named namespaces are bind-mounted (as iproute2 does).
 // A variable so tests could redirect it; forkd never changes it.
 var MountDir = "/run/netns"

@@ -7,6 +7,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/forkd-dev/forkd/internal/errdefs"
 )
 
 // createTap makes a persistent tap device in the calling thread's network
@@ -14,6 +16,11 @@ import (
 func createTap(name string, uid, gid int) error {
 	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENXIO) {
+			// No device node, or no driver behind it: a host
+			// precondition, with the fix forkd doctor gives.
+			return fmt.Errorf("open /dev/net/tun: %w; %s: %w", err, TunFix, errdefs.ErrFailedPrecondition)
+		}
 		return fmt.Errorf("open /dev/net/tun: %w", err)
 	}
 	defer unix.Close(fd)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/forkd-dev/forkd/internal/netns"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -51,16 +52,24 @@ func Checks(ctx context.Context, opts vmm.Options) []vmm.Check {
 	}
 	checks = append(checks, c)
 
-	st, err := os.Stat("/dev/net/tun")
-	checks = append(checks, vmm.Check{
-		Name:   "tun device",
-		OK:     err == nil && st.Mode()&os.ModeCharDevice != 0,
-		Detail: orErr("/dev/net/tun present (sandbox networking)", err),
-		Fix:    "modprobe tun (and allow the device in a container: --device /dev/net/tun)",
-	})
-
+	checks = append(checks, tunCheck())
 	checks = append(checks, userfaultfdCheck())
 	return checks
+}
+
+// tunCheck opens /dev/net/tun as netns does to create each sandbox's tap
+// (an open without TUNSETIFF creates nothing): a node without the tun
+// driver behind it fails here too, not only a missing node.
+func tunCheck() vmm.Check {
+	c := vmm.Check{Name: "tun device", Fix: netns.TunFix}
+	f, err := os.OpenFile("/dev/net/tun", os.O_RDWR, 0)
+	if err != nil {
+		c.Detail = err.Error()
+		return c
+	}
+	f.Close()
+	c.OK, c.Detail = true, "/dev/net/tun opens (sandbox networking)"
+	return c
 }
 
 func userfaultfdCheck() vmm.Check {
@@ -90,7 +99,6 @@ func userfaultfdCheck() vmm.Check {
 	return c
 }
 
-// spaceCheck reports free space and the file system type of dir.
 func orErr(s string, err error) string {
 	if err != nil {
 		return err.Error()

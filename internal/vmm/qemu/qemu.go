@@ -133,6 +133,9 @@ type Config struct {
 	// signal to the starting OS thread, not the process: the driver starts
 	// VMMs from threads the Go runtime keeps, except when restoring a
 	// thread's network namespace fails (that thread, and the VMM, die).
+	// Linux also clears the signal when QEMU changes uid (RunAs, UIDs), so
+	// it only holds for QEMU running as root; `forkd bench` runs a
+	// watchdog process for that reason.
 	KillOnParentDeath bool
 	// Logger receives lifecycle messages (default slog.Default()).
 	Logger *slog.Logger

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary stand in for a daemon: with
+// FORKD_TEST_FAKE_SERVE set it waits for SIGTERM, its command line naming
+// the serve subcommand, as `forkd serve` does.
+//
+// With FORKD_TEST_CLI set, it is forkd itself: the arguments are a forkd
+// command line (for processes forkd starts of itself, like the bench
+// watchdog).
+func TestMain(m *testing.M) {
+	if os.Getenv("FORKD_TEST_CLI") != "" {
+		root := newRootCmd(&globals{})
+		root.SetArgs(os.Args[1:])
+		if err := root.Execute(); err != nil {
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	if os.Getenv("FORKD_TEST_FAKE_SERVE") != "" {
+		c := make(chan os.Signal, 1)
+		signal.Notify(c, syscall.SIGTERM)
+		os.Stdout.WriteString("ready\n")
+		select {
+		case <-c:
+		case <-time.After(time.Minute):
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func startProcess(t *testing.T, cmd *exec.Cmd) *exec.Cmd {
+	t.Helper()
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	if cmd.Env != nil { // the fake daemon says when its handler is in place
+		buf := make([]byte, 6)
+		if _, err := out.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cmd
+}
+
+func stopGlobals(t *testing.T, pidFile string) *globals {
+	dir := t.TempDir()
+	g := &globals{runDir: dir, socket: filepath.Join(dir, "none.sock")}
+	if pidFile != "" {
+		os.WriteFile(g.pidPath(), []byte(pidFile), 0o600)
+	}
+	return g
+}
+
+func TestDaemonStopLeavesUnrelatedProcess(t *testing.T) {
+	// kill -9 left the pid file; its pid now belongs to something else.
+	sleep := startProcess(t, exec.Command("sleep", "60"))
+	g := stopGlobals(t, strconv.Itoa(sleep.Process.Pid)+"\n")
+	pid, stopped, msg, err := stopDaemon(g, 5*time.Second)
+	if err != nil || stopped || pid != 0 {
+		t.Fatalf("stop: pid %d stopped %v err %v", pid, stopped, err)
+	}
+	if !strings.Contains(msg, "removed the stale pid file") || !strings.Contains(msg, "not a forkd daemon") {
+		t.Fatalf("message %q", msg)
+	}
+	if _, err := os.Stat(g.pidPath()); !os.IsNotExist(err) {
+		t.Fatalf("stale pid file kept: %v", err)
+	}
+	if err := syscall.Kill(sleep.Process.Pid, 0); err != nil {
+		t.Fatalf("the unrelated process was signalled: %v", err)
+	}
+}
+
+func TestDaemonStopStalePidFiles(t *testing.T) {
+	gone := exec.Command("true")
+	gone.Run()
+	for _, content := range []string{strconv.Itoa(gone.Process.Pid), "garbage"} {
+		g := stopGlobals(t, content)
+		_, stopped, msg, err := stopDaemon(g, time.Second)
+		if err != nil || stopped || !strings.Contains(msg, "removed the stale pid file") {
+			t.Errorf("pid file %q: stopped %v, %q, %v", content, stopped, msg, err)
+		}
+	}
+	g := stopGlobals(t, "")
+	if _, _, msg, err := stopDaemon(g, time.Second); err != nil || msg != "forkd daemon is not running" {
+		t.Errorf("no pid file: %q, %v", msg, err)
+	}
+}
+
+func TestDaemonStopStopsDaemon(t *testing.T) {
+	// The test binary's name starts with forkd (forkd.test) and "serve" is
+	// in its command line: it passes for a daemon.
+	self, _ := os.Executable()
+	cmd := exec.Command(self, "-test.run=^$", "serve")
+	cmd.Env = append(os.Environ(), "FORKD_TEST_FAKE_SERVE=1")
+	d := startProcess(t, cmd)
+	g := stopGlobals(t, strconv.Itoa(d.Process.Pid))
+	pid, stopped, msg, err := stopDaemon(g, 10*time.Second)
+	if err != nil || !stopped || pid != d.Process.Pid || msg != "forkd daemon stopped" {
+		t.Fatalf("stop: pid %d stopped %v %q %v", pid, stopped, msg, err)
+	}
+	if err := checkDaemonProcess(os.Getpid()); err == nil {
+		t.Fatal("this test process (no serve argument) passed for a daemon")
+	}
+}

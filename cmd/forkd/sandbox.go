@@ -1,0 +1,119 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/forkd-dev/forkd/internal/apiv1"
+)
+
+// sandboxCmd groups the commands about one sandbox, as `forkd snapshot`
+// does for snapshots; fork, ls, kill, exec and cp stay top-level.
+func sandboxCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "sandbox", Short: "Inspect and list sandboxes"}
+	info := &cobra.Command{
+		Use:   "info ID",
+		Short: "Show everything about a sandbox: state, why it died, timings, labels, timeouts, console tail",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			s, err := c.Sandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return printJSON(s)
+			}
+			printSandbox(os.Stdout, s)
+			return nil
+		},
+	}
+	ls := lsCmd(g)
+	ls.Aliases = []string{"list"}
+	cmd.AddCommand(info, ls)
+	return cmd
+}
+
+// printSandbox writes every field of s, multi-line ones (a dead reason, the
+// console tail) indented under their label.
+func printSandbox(w io.Writer, s apiv1.Sandbox) {
+	field := func(name, value string) {
+		fmt.Fprintf(w, "%-14s%s\n", name+":", indentRest(value, 14))
+	}
+	field("id", s.ID)
+	field("tag", s.Tag)
+	field("state", s.State)
+	if s.DeadReason != "" {
+		field("dead reason", s.DeadReason)
+	}
+	field("created", s.Created.Local().Format(time.DateTime))
+	how := "a VMM started for it"
+	if s.Pooled {
+		how = "a pooled VMM"
+	}
+	field("ready", fmt.Sprintf("%.1f ms after taking its VMM (%s)", s.ReadyMillis, how))
+	if s.PID != 0 {
+		field("pid", fmt.Sprint(s.PID))
+	}
+	if s.NetNS != "" {
+		field("netns", s.NetNS)
+	}
+	if s.GuestIP != "" {
+		field("guest ip", s.GuestIP)
+	}
+	if len(s.Metadata) > 0 {
+		keys := make([]string, 0, len(s.Metadata))
+		for k := range s.Metadata {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		labels := make([]string, len(keys))
+		for i, k := range keys {
+			labels[i] = k + "=" + s.Metadata[k]
+		}
+		field("labels", strings.Join(labels, ", "))
+	}
+	expires := "never"
+	if s.ExpiresAt != nil {
+		expires = s.ExpiresAt.Local().Format(time.DateTime)
+	}
+	field("expires", expires)
+	idle := "none"
+	if s.IdleTimeoutSeconds > 0 {
+		idle = (time.Duration(s.IdleTimeoutSeconds) * time.Second).String()
+	}
+	field("idle timeout", idle)
+	if !s.LastActivity.IsZero() {
+		field("last activity", s.LastActivity.Local().Format(time.DateTime))
+	}
+	if s.ConsoleTail != "" {
+		fmt.Fprintln(w, "console tail:")
+		for _, l := range strings.Split(strings.TrimRight(s.ConsoleTail, "\n"), "\n") {
+			fmt.Fprintln(w, "  "+l)
+		}
+	}
+}
+
+// indentRest indents every line of s after the first by n spaces, so a
+// multi-line value stays in its column.
+func indentRest(s string, n int) string {
+	return strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n"+strings.Repeat(" ", n))
+}
+
+// firstLine is s up to its first line break, marked when more follows.
+func firstLine(s string) string {
+	s = strings.TrimSpace(s)
+	if first, _, more := strings.Cut(s, "\n"); more {
+		return strings.TrimSpace(first) + " …"
+	}
+	return s
+}
