@@ -23,6 +23,7 @@ from typing import (
     Mapping,
     Optional,
     Sequence,
+    Tuple,
     Union,
     overload,
 )
@@ -642,6 +643,26 @@ class _ExecStream:
         return res
 
 
+def _raw_body(data: Any) -> Tuple[Any, Dict[str, str]]:
+    """The body and headers of a request carrying raw bytes given as str
+    (UTF-8), bytes-like, a file object (streamed, its remaining size as
+    Content-Length when known) or an iterable of bytes/str chunks."""
+    headers = {"Content-Type": "application/octet-stream"}
+    body: Any
+    if isinstance(data, str):
+        body = data.encode("utf-8")
+    elif isinstance(data, (bytes, bytearray, memoryview)):
+        body = bytes(data) if isinstance(data, memoryview) else data
+    elif hasattr(data, "read"):
+        size = _remaining_size(data)
+        if size is not None:
+            headers["Content-Length"] = str(size)
+        body = _iter_file(data)
+    else:
+        body = (x.encode("utf-8") if isinstance(x, str) else bytes(x) for x in data)
+    return body, headers
+
+
 def _stdin_source(stdin: Stdin) -> Iterable[bytes]:
     if isinstance(stdin, str):
         return [stdin.encode("utf-8")]
@@ -844,20 +865,8 @@ class Commands:
 
     def _write_stdin(self, pid: int, data: StdinData, close: bool) -> None:
         path = self._proc_path(pid, "stdin")
-        body: Any
-        headers = {"Content-Type": "application/octet-stream"}
-        if isinstance(data, str):
-            body = data.encode("utf-8")
-        elif isinstance(data, (bytes, bytearray, memoryview)):
-            body = bytes(data)
-        elif hasattr(data, "read"):
-            size = _remaining_size(data)
-            if size is not None:
-                headers["Content-Length"] = str(size)
-            body = _iter_file(data)
-        else:
-            body = (x.encode("utf-8") if isinstance(x, str) else bytes(x) for x in data)
-        if isinstance(body, bytes) and not body:
+        body, headers = _raw_body(data)
+        if isinstance(body, (bytes, bytearray)) and not body:
             body = None  # Content-Length: 0
         what = "%s stdin of process %d in %s" % ("close" if close else "write", pid, self._sb.id)
         self._sb.client._transport.request(
@@ -965,19 +974,7 @@ class Files:
         Returns:
             The written file's :class:`FileInfo`.
         """
-        headers = {"Content-Type": "application/octet-stream"}
-        body: Any
-        if isinstance(data, str):
-            body = data.encode("utf-8")
-        elif isinstance(data, (bytes, bytearray, memoryview)):
-            body = bytes(data) if isinstance(data, memoryview) else data
-        elif hasattr(data, "read"):
-            size = _remaining_size(data)
-            if size is not None:
-                headers["Content-Length"] = str(size)
-            body = _iter_file(data)
-        else:
-            body = (x.encode("utf-8") if isinstance(x, str) else bytes(x) for x in data)
+        body, headers = _raw_body(data)
         q: Dict[str, str] = {}
         if mode is not None:
             q["mode"] = "0%o" % mode
