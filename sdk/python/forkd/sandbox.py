@@ -432,13 +432,18 @@ class CommandHandle:
         self._commands.send_stdin(self._need_pid("send_stdin"), data)
 
     def close_stdin(self) -> None:
-        """Close the command's stdin (EOF). Closing twice is fine.
+        """Close the command's stdin (EOF). Closing twice is fine, and so is
+        closing after the command exited (one that read to EOF may exit
+        before a second close arrives).
 
         Raises:
             Conflict: the command was not started with ``stdin=True``.
-            NotFound: the command has exited.
         """
-        self._commands.close_stdin(self._need_pid("close_stdin"))
+        try:
+            self._commands.close_stdin(self._need_pid("close_stdin"))
+        except NotFound as e:
+            if not _process_gone(e):
+                raise
 
     @property
     def stdout(self) -> str:
@@ -641,6 +646,11 @@ class _ExecStream:
             if res.exit_code != 0:
                 raise CommandExitError(res, self.describe)
         return res
+
+
+def _process_gone(e: NotFound) -> bool:
+    """e says a command's process is gone (it exited), not its sandbox."""
+    return "no sandbox" not in (e.detail or str(e))
 
 
 def _raw_body(data: Any) -> Tuple[Any, Dict[str, str]]:
@@ -885,7 +895,7 @@ class Commands:
                 what="signal %s to process %d in %s" % (signal, pid, self._sb.id),
             )
         except NotFound as e:
-            if "no sandbox" in (e.detail or str(e)):
+            if not _process_gone(e):
                 raise  # the sandbox itself is gone
             return False
         return True

@@ -328,7 +328,7 @@ export class Commands {
       });
       return true;
     } catch (err) {
-      if (err instanceof NotFoundError && !err.detail.includes("no sandbox")) return false;
+      if (processGone(err)) return false;
       throw err;
     }
   }
@@ -400,6 +400,11 @@ export class Output {
       this.onStderr?.(e);
     }
   }
+}
+
+/** err says the command's process is gone (it exited), not its sandbox. */
+function processGone(err: unknown): boolean {
+  return err instanceof NotFoundError && !err.detail.includes("no sandbox");
 }
 
 /** The pid the daemon sent with the 200 of an exec. */
@@ -535,9 +540,17 @@ export class CommandHandle {
     await this.commands.sendStdin(this.needPid("sendStdin"), data, opts);
   }
 
-  /** Closes the command's stdin (EOF), for a command started with `stdin: true`. Closing twice is fine. */
+  /**
+   * Closes the command's stdin (EOF), for a command started with `stdin: true`.
+   * Closing twice is fine, and so is closing after the command exited (a
+   * command that read to EOF may exit before a second close arrives).
+   */
   async closeStdin(opts: CallOptions = {}): Promise<void> {
-    await this.commands.closeStdin(this.needPid("closeStdin"), opts);
+    try {
+      await this.commands.closeStdin(this.needPid("closeStdin"), opts);
+    } catch (err) {
+      if (!processGone(err)) throw err;
+    }
   }
 
   private needPid(what: string): number {
