@@ -2,9 +2,10 @@
 # Installs the Debian packages forkd needs, only those missing, and a Go
 # toolchain new enough for go.mod (scripts/install-go.sh). Used by
 # `make quickstart`, `make test` and CI. Needs root (apt-get).
-#   --test   also what the tests of the SDKs and the MCP client need:
-#            Debian's python3-pytest, Node.js and npm (the TypeScript SDK
-#            needs Node >= 20: a Node already on PATH is kept).
+#   --test   also what the tests need: a static busybox (the VMM driver's
+#            tests boot it as a bare guest), Debian's python3-pytest, Node.js
+#            and npm (the TypeScript SDK needs Node >= 20: a Node already on
+#            PATH is kept).
 set -euo pipefail
 for_tests=false
 [ "${1:-}" = --test ] && for_tests=true
@@ -19,6 +20,8 @@ have ip || need+=(iproute2)
 have cpio || need+=(cpio)
 have python3 || need+=(python3)
 if $for_tests; then
+  # ldd fails on a static binary: a dynamic busybox cannot run in a guest.
+  { have busybox && ! ldd "$(command -v busybox)" >/dev/null 2>&1; } || need+=(busybox-static)
   /usr/bin/python3 -c 'import pytest' 2>/dev/null || need+=(python3-pytest)
   have node || need+=(nodejs)
   have npm || need+=(npm)
