@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -150,10 +149,26 @@ func checkDaemonProcess(pid int) error {
 	exe = strings.TrimSuffix(exe, " (deleted)")
 	self, _ := os.Executable()
 	isForkd := exe == self || strings.HasPrefix(filepath.Base(exe), "forkd")
-	if !isForkd || !slices.Contains(argv[1:], "serve") {
+	if !isForkd || forkdSubcommand(argv) != "serve" {
 		return fmt.Errorf("process %d is %q, not a forkd daemon", pid, strings.Join(argv, " "))
 	}
 	return nil
+}
+
+// forkdSubcommand is the command a forkd command line runs ("serve",
+// "bench spawn"), resolved as cobra resolves it, flags and their values
+// skipped; "" when it names none. An argument of the command (`forkd exec
+// ID -- npm run serve`) is not a command.
+func forkdSubcommand(argv []string) string {
+	if len(argv) < 2 {
+		return ""
+	}
+	root := newRootCmd(&globals{})
+	cmd, _, err := root.Find(argv[1:])
+	if err != nil || cmd == root {
+		return ""
+	}
+	return strings.TrimPrefix(cmd.CommandPath(), root.Name()+" ")
 }
 
 // stopDaemon sends SIGTERM to the daemon and waits up to wait for it to
@@ -236,12 +251,22 @@ func daemonCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}, &cobra.Command{
-		Use: "status", Short: "Say whether the daemon runs", Args: cobra.NoArgs,
+		Use: "status", Short: "Say whether the daemon runs; exits 1 when it does not (with --json too)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v, err := client.New(g.socketPath()).Version(cmd.Context())
 			pid, _ := daemonPID(g)
 			if g.jsonOut {
-				return printJSON(map[string]any{"running": err == nil, "pid": pid, "socket": g.socketPath(), "version": v})
+				out := map[string]any{"running": err == nil, "pid": pid, "socket": g.socketPath(), "version": v}
+				if err != nil {
+					out["error"] = err.Error()
+				}
+				if perr := printJSON(out); perr != nil {
+					return perr
+				}
+				if err != nil {
+					return exitError{1} // as without --json: scripts test the exit code
+				}
+				return nil
 			}
 			if err != nil {
 				fmt.Println("forkd daemon is not running:", err)

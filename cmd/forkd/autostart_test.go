@@ -1,6 +1,9 @@
 package main
 
 import (
+	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -118,5 +121,78 @@ func TestDaemonStopStopsDaemon(t *testing.T) {
 	}
 	if err := checkDaemonProcess(os.Getpid()); err == nil {
 		t.Fatal("this test process (no serve argument) passed for a daemon")
+	}
+}
+
+// Only a command line that runs serve is a daemon's: not one where "serve"
+// is an argument of another command, a flag's value, or the name of a
+// guest program.
+func TestForkdSubcommand(t *testing.T) {
+	for _, c := range []struct {
+		argv []string
+		want string
+	}{
+		{[]string{"forkd", "serve"}, "serve"},
+		{[]string{"/usr/bin/forkd", "serve", "--data-dir", "/d", "--socket", "/s"}, "serve"},
+		{[]string{"forkd", "--data-dir", "/d", "--json", "serve"}, "serve"},
+		{[]string{"forkd.test", "-test.run=^$", "serve"}, "serve"},
+		{[]string{"forkd", "--run-dir", "/r", "bench", "watchdog", "--owner", "1"}, "bench watchdog"},
+		{[]string{"forkd", "exec", "sb-1", "--", "npm", "run", "serve"}, "exec"},
+		{[]string{"forkd", "--data-dir", "serve", "ls"}, "ls"},
+		{[]string{"forkd", "exec", "sb-1", "serve"}, "exec"},
+		{[]string{"forkd"}, ""},
+		{[]string{"forkd", "no-such", "serve"}, ""},
+	} {
+		if got := forkdSubcommand(c.argv); got != c.want {
+			t.Errorf("%q: %q, want %q", c.argv, got, c.want)
+		}
+	}
+}
+
+// A forkd CLI process with "serve" among its arguments (an exec of a
+// guest `npm run serve`) that took a stale pid file's pid is not stopped.
+func TestDaemonStopLeavesForkdClientWithServeArgument(t *testing.T) {
+	self, _ := os.Executable()
+	cmd := exec.Command(self, "-test.run=^$", "exec", "sb-1", "--", "npm", "run", "serve")
+	cmd.Env = append(os.Environ(), "FORKD_TEST_FAKE_SERVE=1")
+	p := startProcess(t, cmd)
+	g := stopGlobals(t, strconv.Itoa(p.Process.Pid))
+	pid, stopped, msg, err := stopDaemon(g, time.Second)
+	if err != nil || stopped || pid != 0 || !strings.Contains(msg, "not a forkd daemon") {
+		t.Fatalf("stop: pid %d stopped %v %q %v", pid, stopped, msg, err)
+	}
+	// Still running, not a zombie that took the SIGTERM.
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, rest, _ := strings.Cut(string(stat), ") "); !strings.HasPrefix(rest, "S") && !strings.HasPrefix(rest, "R") {
+		t.Fatalf("the client process was signalled: %s", stat)
+	}
+}
+
+// daemon status exits 1 when no daemon answers, with --json as without
+// (stdout still carries the status).
+func TestDaemonStatusExitCode(t *testing.T) {
+	dir := t.TempDir()
+	for _, asJSON := range []bool{false, true} {
+		args := []string{"--run-dir", dir, "daemon", "status"}
+		if asJSON {
+			args = append([]string{"--json"}, args...)
+		}
+		out, err := runCLI(t, nil, args...)
+		var ee exitError
+		if !errors.As(err, &ee) || ee.code != 1 {
+			t.Errorf("json %v: %v, want exit 1", asJSON, err)
+		}
+		if asJSON {
+			var st struct {
+				Running bool   `json:"running"`
+				Error   string `json:"error"`
+			}
+			if err := json.Unmarshal([]byte(out), &st); err != nil || st.Running || st.Error == "" {
+				t.Errorf("status --json: %v\n%s", err, out)
+			}
+		}
 	}
 }

@@ -283,10 +283,16 @@ func (b *benchEnv) close() {
 }
 
 // release removes the run's files and ends the watchdog, which then finds
-// nothing left to clean.
+// nothing left to clean. A VMM the engine did not stop (a close that ran
+// out of time, a pool refill or background branch still starting one) is
+// killed first: once the run dir is gone, nothing would find it by its
+// command line.
 func (b *benchEnv) release() {
 	if b.st != nil {
 		b.st.Close()
+	}
+	if n := killVMMsUnder(b.runDir); n > 0 {
+		benchSay("killed %d VMM(s) of this run that were still running", n)
 	}
 	os.RemoveAll(b.runDir)
 	os.RemoveAll(b.dataDir)

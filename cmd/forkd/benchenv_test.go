@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -185,5 +186,57 @@ func TestBenchReport(t *testing.T) {
 	json.Unmarshal(data, &back)
 	if back["bench"] != "spawn" || back["machine"].(map[string]any)["accel"] != "tcg" || back["rows"].([]any)[0].(map[string]any)["error"] != "no" {
 		t.Errorf("json: %s", data)
+	}
+}
+
+// A ratio over an empty measure is NaN or infinite; --json still prints
+// the report (without that number) instead of failing after the run.
+func TestBenchReportJSONWithNonFiniteNumbers(t *testing.T) {
+	r := &benchReport{Bench: "spawn"}
+	zero := 0.0
+	r.row("cold boot / fork-to-ready p50", fmt.Sprintf("%.0f×", 1/zero), vals{"ratio": 1 / zero})
+	r.row("head / flat", fmt.Sprintf("%.2f×", zero/zero), vals{"ratio": zero / zero, "n": 3})
+	var buf bytes.Buffer
+	if err := r.write(&buf, true); err != nil {
+		t.Fatalf("--json: %v", err)
+	}
+	var back benchReport
+	if err := json.Unmarshal(buf.Bytes(), &back); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, buf.String())
+	}
+	if len(back.Rows) != 2 || len(back.Rows[0].Values) != 0 || back.Rows[1].Values["n"] != 3 || back.Rows[0].Value != "+Inf×" {
+		t.Fatalf("rows %+v", back.Rows)
+	}
+}
+
+// release kills a VMM of the run that the engine left running before it
+// removes the run dir, after which nothing could find it.
+func TestBenchReleaseKillsLeftVMMs(t *testing.T) {
+	b := &benchEnv{runDir: filepath.Join(t.TempDir(), fmt.Sprintf("bench-spawn-%d", os.Getpid())), dataDir: t.TempDir()}
+	os.MkdirAll(filepath.Join(b.runDir, "vms", "sb-1"), 0o755)
+	vmm := exec.Command("sh", "-c", "sleep 60; :", filepath.Join(b.runDir, "vms", "sb-1", "qmp.sock"))
+	if err := vmm.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { vmm.Wait(); close(exited) }()
+	t.Cleanup(func() { vmm.Process.Kill() })
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	b.alive, b.watchdog = w, exec.Command("true")
+	if err := b.watchdog.Start(); err != nil {
+		t.Fatal(err)
+	}
+	b.release()
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the run's VMM still runs after release")
+	}
+	if _, err := os.Stat(b.runDir); !os.IsNotExist(err) {
+		t.Fatalf("run dir kept: %v", err)
 	}
 }

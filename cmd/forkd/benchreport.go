@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"strings"
@@ -75,12 +77,27 @@ func (r *benchReport) row(measure, value string, v vals) {
 }
 
 // print writes the report to stdout: Markdown, or JSON with --json.
-func (r *benchReport) print(asJSON bool) error {
-	if asJSON {
-		return printJSON(r)
+func (r *benchReport) print(asJSON bool) error { return r.write(os.Stdout, asJSON) }
+
+func (r *benchReport) write(w io.Writer, asJSON bool) error {
+	if !asJSON {
+		_, err := io.WriteString(w, r.markdown())
+		return err
 	}
-	_, err := io.WriteString(os.Stdout, r.markdown())
-	return err
+	// JSON has no NaN or infinity, and one such number (a ratio over an
+	// empty measure: --sequential 0, a load where every request failed)
+	// would make the whole report fail to encode at the end of the run.
+	// The number is left out; the row's text still says it.
+	for _, row := range r.Rows {
+		for k, v := range row.Values {
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				delete(row.Values, k)
+			}
+		}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
 }
 
 func (r *benchReport) markdown() string {

@@ -90,7 +90,7 @@ func runCLI(t *testing.T, d *fakeDaemon, args ...string) (string, error) {
 	root.SetArgs(append(base, args...))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err = root.ExecuteContext(ctx)
+	err = execute(ctx, root)
 	w.Close()
 	return <-outc, err
 }
@@ -280,5 +280,38 @@ func TestErrorsAsProblemJSON(t *testing.T) {
 	var ce *client.Error
 	if errors.As(err, &ce) {
 		t.Fatalf("-n 0 reached the daemon: %v", err)
+	}
+}
+
+// Cobra's own errors (usage) are invalid arguments: exit 2, and with
+// --json a 400 invalid_argument problem naming the help to read, not a
+// 500 "internal" one.
+func TestUsageErrorsAreInvalidArgument(t *testing.T) {
+	for _, args := range [][]string{
+		{"fork"},                          // required --tag not set
+		{"fork", "--tag", "t", "-n", "x"}, // bad flag value
+		{"exec", "sb-1"},                  // too few arguments
+		{"ls", "--no-such-flag"},          // unknown flag
+		{"no-such-command"},               // unknown command
+	} {
+		_, err := runCLI(t, nil, append([]string{"--json"}, args...)...)
+		if err == nil {
+			t.Fatalf("%q: no error", args)
+		}
+		var buf bytes.Buffer
+		printError(&buf, err, true)
+		var p apiv1.Problem
+		json.Unmarshal(buf.Bytes(), &p)
+		if exitCodeOf(err) != 2 || p.Status != 400 || p.Code != "invalid_argument" || !strings.Contains(p.Detail, "--help") {
+			t.Errorf("%q: exit %d, problem %+v", args, exitCodeOf(err), p)
+		}
+	}
+	// An error of the command itself keeps its class.
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/sandboxes/sb-1", func(w http.ResponseWriter, r *http.Request) {
+		writeProblemJSON(w, apiv1.Problem{Title: "Not Found", Status: 404, Detail: "sandbox sb-1 not found", Code: "not_found"})
+	})
+	if _, err := runCLI(t, newFakeDaemon(t, mux), "sandbox", "info", "sb-1"); exitCodeOf(err) != 3 || strings.Contains(err.Error(), "--help") {
+		t.Errorf("not found from the daemon: %v (exit %d)", err, exitCodeOf(err))
 	}
 }

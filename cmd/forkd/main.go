@@ -62,7 +62,7 @@ func main() {
 	g := &globals{}
 	root := newRootCmd(g)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := root.ExecuteContext(ctx)
+	err := execute(ctx, root)
 	stop()
 	if err != nil {
 		var ee exitError
@@ -106,6 +106,33 @@ func newRootCmd(g *globals) *cobra.Command {
 	)
 	root.AddCommand(mcpCmd(g))
 	return root
+}
+
+// execute runs root's command line. An error from before the command's
+// own code ran is cobra's: an unknown command or flag, a bad flag value,
+// missing or extra arguments, a required flag not set. It is a usage
+// error, classed invalid argument (exit 2; with --json a 400
+// invalid_argument problem, not a 500), and says where the usage is.
+func execute(ctx context.Context, root *cobra.Command) error {
+	ran := false
+	var mark func(*cobra.Command)
+	mark = func(c *cobra.Command) {
+		if run := c.RunE; run != nil {
+			c.RunE = func(cmd *cobra.Command, args []string) error {
+				ran = true
+				return run(cmd, args)
+			}
+		}
+		for _, sub := range c.Commands() {
+			mark(sub)
+		}
+	}
+	mark(root)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil || ran {
+		return err
+	}
+	return fmt.Errorf("%w (see `%s --help`): %w", err, cmd.CommandPath(), errdefs.ErrInvalidArgument)
 }
 
 // exitError carries a guest process's exit code out of a command.

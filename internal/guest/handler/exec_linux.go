@@ -249,6 +249,10 @@ func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	st := proc.Wait()
+	// Out of the table before the exit event, not only when the watcher
+	// gets to it: a host that read the exit must not find the process
+	// listed, or writable, or signallable.
+	a.procs.remove(entry)
 	exit := agentapi.ExecEvent{
 		Type:           agentapi.EventExit,
 		ExitCode:       st.ExitCode(),

@@ -25,8 +25,10 @@ import (
 
 // processTable holds the running execs by guest pid, from their start until
 // their process exits, for PathProcesses and its stdin and signal paths.
-// An entry lives exactly as long as its process: the exec's watcher removes
-// it at the exit, so a pid in the table never names a reaped process.
+// An entry lives as long as its process: the exec removes it once the
+// process is reaped, before its exit event. A request that looked an entry
+// up just before that still holds it; the signal path checks under the
+// reaper's lock (Process.SignalGroup), the stdin path finds it closed.
 type processTable struct {
 	mu sync.Mutex // guards m
 	m  map[int]*process
@@ -262,7 +264,9 @@ func (a *Agent) handleProcessSignal(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, err)
 		return
 	}
-	if err := p.proc.KillGroup(sig); err != nil {
+	// Not KillGroup: between the lookup and the kill the leader may have
+	// been reaped and its pid taken by another exec's group.
+	if err := p.proc.SignalGroup(sig); err != nil {
 		if errors.Is(err, os.ErrProcessDone) {
 			err = fmt.Errorf("process %d has exited: %w", p.info.Pid, errdefs.ErrNotFound)
 		} else {

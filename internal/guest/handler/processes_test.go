@@ -301,3 +301,20 @@ func TestStdinWriteToProcessThatDoesNotRead(t *testing.T) {
 		t.Fatalf("write blocked when the process died: %v, want failed precondition or not found", err)
 	}
 }
+
+// The exit event comes after the process left the table: a host that read
+// it and then lists, writes or signals never finds the exited process
+// (its watcher goroutine removing it races the exit event otherwise).
+func TestExitedProcessUnlistedBeforeExitEvent(t *testing.T) {
+	e := newEnv(t)
+	for i := range 200 {
+		var pid int
+		ev, err := e.c.ExecStarted(ctxT(t), agentapi.ExecRequest{Argv: []string{"true"}, StdinOpen: true}, nil, func(p int) { pid = p }, io.Discard, io.Discard)
+		if err != nil || ev.ExitCode != 0 {
+			t.Fatalf("exec %d: %+v %v", i, ev, err)
+		}
+		if p, ok := e.listed(t, pid); ok {
+			t.Fatalf("exec %d: listed after its exit event: %+v", i, p)
+		}
+	}
+}

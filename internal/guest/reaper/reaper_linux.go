@@ -175,6 +175,24 @@ func (p *Process) Signal(sig unix.Signal) error {
 	return unix.Kill(p.Pid, sig)
 }
 
+// SignalGroup sends sig to the process group led by the process (started
+// with Setpgid), unless the leader has been reaped: until then its pid, the
+// group's id, cannot be reused, so the signal cannot reach another exec's
+// group. A group whose leader was reaped gets os.ErrProcessDone (KillGroup
+// still reaches what it left running).
+func (p *Process) SignalGroup(sig unix.Signal) error {
+	p.r.mu.Lock()
+	defer p.r.mu.Unlock()
+	if _, ok := p.r.waiters[p.Pid]; !ok {
+		return os.ErrProcessDone
+	}
+	err := unix.Kill(-p.Pid, sig)
+	if err == unix.ESRCH {
+		return os.ErrProcessDone
+	}
+	return err
+}
+
 // KillGroup sends sig to the process group led by the process (started with
 // Setpgid). The group may outlive its leader: background children of a
 // shell keep it, so this works after the leader has exited too.

@@ -169,3 +169,33 @@ func forEachProc(t *testing.T, f func(pid int, state byte, ppid, pgid int)) {
 		f(pid, fields[0][0], ppid, pgid)
 	}
 }
+
+// SignalGroup reaches the group while its leader is unreaped and refuses
+// once it is: the leader's pid (the group id) may then be reused by
+// another process group. KillGroup still reaches what the leader left.
+func TestSignalGroupOnlyWhileLeaderUnreaped(t *testing.T) {
+	p := start(t, "sleep 100 & exec sleep 100")
+	deadline := time.Now().Add(5 * time.Second)
+	for len(groupMembers(t, p.Pid)) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("group %d: members %v, want the leader and a background sleep", p.Pid, groupMembers(t, p.Pid))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := p.SignalGroup(0); err != nil {
+		t.Fatalf("running leader: %v", err)
+	}
+	if err := p.Signal(unix.SIGKILL); err != nil { // the leader only
+		t.Fatal(err)
+	}
+	waitTimeout(t, p, 5*time.Second)
+	if err := p.SignalGroup(unix.SIGKILL); err != os.ErrProcessDone {
+		t.Fatalf("reaped leader: %v, want os.ErrProcessDone", err)
+	}
+	if len(groupMembers(t, p.Pid)) == 0 {
+		t.Fatal("the background sleep is gone; the group should outlive its leader")
+	}
+	if err := p.KillGroup(unix.SIGKILL); err != nil {
+		t.Fatalf("KillGroup after the leader: %v", err)
+	}
+}
