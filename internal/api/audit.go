@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/audit"
@@ -77,7 +79,7 @@ func mutating(method string) bool {
 }
 
 // auditRequests records one hash-chained audit record per mutating
-// request, after it is answered: who (token name, peer), what (the route as
+// request, after it is answered (or its handler panicked): who (token name, peer), what (the route as
 // action, path ids and created ids as targets), the outcome and how long it
 // took. It wraps auth (the Handler chain is auditRequests, auth,
 // auditAdmit, routes), so requests auth refuses are recorded too, with the
@@ -97,30 +99,92 @@ func (s *Server) auditRequests(mux *http.ServeMux, next http.Handler) http.Handl
 		r = r.WithContext(context.WithValue(r.Context(), auditKey{}, note))
 		sw := &statusWriter{ResponseWriter: w}
 		start := time.Now()
+		completed := false
+		// Deferred, so a handler that panics (a bug, or http.ErrAbortHandler
+		// mid-stream) is still recorded before the panic goes on: it may
+		// have changed something already.
+		defer func() {
+			var panicked any
+			if !completed {
+				panicked = recover()
+			}
+			s.auditRequest(r, sw.status, pattern, note, panicked, time.Since(start))
+			if panicked != nil {
+				panic(panicked)
+			}
+		}()
 		next.ServeHTTP(sw, r)
-		note.mu.Lock()
-		targets := uniq(append(pathTargets(pattern, r.URL.Path), note.targets...))
-		err, token, passed, refused := note.err, note.token, note.passed, note.refused
-		note.mu.Unlock()
-		if refused {
-			return // not run; the gate counted the failure and the next write records the gap
-		}
-		outcome, msg := audit.OutcomeOf(err)
-		switch {
-		case !passed && (sw.status == http.StatusUnauthorized || sw.status == http.StatusForbidden):
-			outcome, msg = outcomeUnauthenticated, fmt.Sprintf("refused by authentication (HTTP %d)", sw.status)
-		case err == nil && sw.status >= 400:
-			outcome = "http_" + http.StatusText(sw.status)
-		}
-		if pattern == "" || pattern == "/" { // no route: the catch-all answered
-			pattern = r.Method + " " + r.URL.Path
-		}
-		s.appendAudit(audit.Record{
-			RequestID: requestID(r), Token: token, Peer: peerOf(r),
-			Action: pattern, Targets: targets, Outcome: outcome, Error: msg,
-			DurationMillis: float64(time.Since(start).Microseconds()) / 1000,
-		})
+		completed = true
 	})
+}
+
+// auditRequest writes the record of one mutating request that was
+// answered with status (0: nothing sent) after routing by pattern.
+// panicked is what its handler panicked with, if it did.
+func (s *Server) auditRequest(r *http.Request, status int, pattern string, note *auditNote, panicked any, took time.Duration) {
+	note.mu.Lock()
+	noted := note.targets
+	err, token, passed, refused := note.err, note.token, note.passed, note.refused
+	note.mu.Unlock()
+	if refused {
+		return // not run; the gate counted the failure and the next write records the gap
+	}
+	if panicked != nil {
+		err = fmt.Errorf("the handler panicked (%v) after it may have acted: %w", panicked, errdefs.ErrInternal)
+	}
+	outcome, msg := audit.OutcomeOf(err)
+	switch {
+	case !passed && (status == http.StatusUnauthorized || status == http.StatusForbidden):
+		outcome, msg = outcomeUnauthenticated, fmt.Sprintf("refused by authentication (HTTP %d)", status)
+	case err == nil && status >= 300 && status < 400:
+		// ServeMux's own redirect to the clean path ("/v1/sandboxes/a/../b"):
+		// no route ran, so the record names the path asked for, not the
+		// route (and targets) it was redirected to.
+		outcome, pattern = "http_"+strconv.Itoa(status), ""
+	case err == nil && status >= 400:
+		outcome = "http_" + strconv.Itoa(status)
+	}
+	var targets []string
+	if pattern == "" || pattern == "/" { // no route ran: the catch-all answered, or the mux redirected
+		pattern = r.Method + " " + r.URL.Path
+	} else {
+		targets = pathTargets(pattern, r.URL.EscapedPath())
+	}
+	targets = uniq(append(targets, noted...))
+	// What the client chose (the path, ids in it, error messages that
+	// quote them) is bounded, so that no request can make its record too
+	// long to write: the log would refuse it, the request would go
+	// unrecorded and the gate would close.
+	for i, t := range targets {
+		targets[i] = clip(t, maxAuditTarget)
+	}
+	s.appendAudit(audit.Record{
+		RequestID: requestID(r), Token: token, Peer: clip(peerOf(r), maxAuditTarget),
+		Action: clip(pattern, maxAuditAction), Targets: targets, Outcome: outcome, Error: clip(msg, maxAuditError),
+		DurationMillis: float64(took.Microseconds()) / 1000,
+	})
+}
+
+// Bounds on the client-controlled text of a request's audit record, in
+// bytes (JSON escaping can make each up to 6 times longer in the line, all
+// of it still far below audit.MaxLineBytes).
+const (
+	maxAuditAction = 512  // "METHOD /path" of a request no route took
+	maxAuditTarget = 256  // one id from the path
+	maxAuditError  = 4096 // the error answered
+)
+
+// clip cuts s to at most n bytes (at a UTF-8 boundary) and says how long
+// it was.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + fmt.Sprintf("...(%d bytes)", len(s))
 }
 
 // auditAdmit runs inside auth: it notes the token's name for the record
@@ -296,14 +360,21 @@ func (s *Server) auditOperationFinished(id string) {
 	})
 }
 
-// pathTargets extracts the {wildcard} segments of pattern from path.
+// pathTargets extracts the {wildcard} segments of pattern from path, the
+// request's escaped path, unescaping each segment as ServeMux does: an id
+// holding an escaped slash ("a%2Fb") is one target, "a/b", as it was for
+// the handler, not two.
 func pathTargets(pattern, path string) []string {
 	_, p, _ := strings.Cut(pattern, " ")
 	ps, xs := strings.Split(p, "/"), strings.Split(path, "/")
 	var out []string
 	for i, seg := range ps {
 		if strings.HasPrefix(seg, "{") && i < len(xs) {
-			out = append(out, xs[i])
+			x, err := url.PathUnescape(xs[i])
+			if err != nil {
+				x = xs[i]
+			}
+			out = append(out, x)
 		}
 	}
 	return out

@@ -7,10 +7,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/agentclient"
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/audit"
 	"github.com/forkd-dev/forkd/internal/auth"
@@ -238,4 +241,171 @@ func TestRecordEventAndOperations(t *testing.T) {
 		t.Errorf("failed build: %+v", r)
 	}
 	(&Server{}).RecordEvent("sandbox.died", nil, nil, nil) // no log: no-op
+}
+
+// A request cannot make its own record too long to write: the path, the
+// ids in it and the error quoting them are bounded. Before, a long path
+// (JSON escaping '<' six-fold) made the log refuse the record: the
+// request went unrecorded, the failure counter rose and the gate closed,
+// even for a request auth refused.
+func TestAuditRecordIsBounded(t *testing.T) {
+	tokens, err := auth.Open(filepath.Join(t.TempDir(), auth.StoreFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, dir := openAudit(t, nil)
+	m := metrics.New("test")
+	long := strings.Repeat("%3C", 200_000) // 200,000 '<', 1.2 MB once JSON-escaped
+	for _, c := range []struct {
+		srv    *Server
+		target string
+		code   int
+	}{
+		{&Server{Audit: l, Metrics: m, Tokens: tokens}, "/v1/" + long, 401},                       // no route, no token
+		{&Server{Audit: l, Metrics: m}, "/v1/" + long, 404},                                       // no route: the error quotes the path
+		{&Server{Audit: l, Metrics: m}, "/v1/sandboxes/" + long + "/processes/0/signal", 400},     // a route: the id is a target
+		{&Server{Audit: l, Metrics: m, Tokens: tokens}, "/v1/sandboxes/" + long + "/branch", 401}, // the same, refused by auth
+	} {
+		rec := httptest.NewRecorder()
+		c.srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, c.target, nil))
+		if rec.Code != c.code {
+			t.Fatalf("%.60s: %d, want %d", c.target, rec.Code, c.code)
+		}
+	}
+	if n := failures(t, m); n != 0 {
+		t.Errorf("forkd_audit_write_failures_total = %v: a client's request made its record unwritable", n)
+	}
+	recs := tailAll(t, dir)
+	if len(recs) != 4 {
+		t.Fatalf("%d records, want one per request: %+v", len(recs), recs)
+	}
+	for i, r := range recs {
+		line, _ := json.Marshal(r)
+		if r.Action == ActionAuditResumed || len(line) > 64<<10 {
+			t.Errorf("record %d: %d bytes, action %.80q", i, len(line), r.Action)
+		}
+	}
+	if r := recs[0]; r.Outcome != "unauthenticated" || !strings.HasPrefix(r.Action, "POST /v1/<<<") || !strings.HasSuffix(r.Action, "...(200009 bytes)") {
+		t.Errorf("unauthenticated, no route: %.100q %s", r.Action, r.Outcome)
+	}
+	if r := recs[1]; r.Outcome != "not_found" || !strings.HasPrefix(r.Error, "no route POST /v1/<<<") || !strings.Contains(r.Error, "bytes)") {
+		t.Errorf("no route: %.100q", r.Error)
+	}
+	if r := recs[2]; r.Action != "POST /v1/sandboxes/{id}/processes/{pid}/signal" || len(r.Targets) != 2 ||
+		!strings.HasSuffix(r.Targets[0], "...(200000 bytes)") || r.Targets[1] != "0" || r.Outcome != "invalid_argument" {
+		t.Errorf("a route: %.100q %.100q %s", r.Action, r.Targets, r.Outcome)
+	}
+	if r := recs[3]; r.Action != "POST /v1/sandboxes/{id}/branch" || len(r.Targets) != 1 || len(r.Targets[0]) > 300 || r.Outcome != "unauthenticated" {
+		t.Errorf("a route, refused by auth: %.100q %.100q %s", r.Action, r.Targets, r.Outcome)
+	}
+}
+
+func TestClip(t *testing.T) {
+	for _, c := range []struct {
+		s    string
+		n    int
+		want string
+	}{
+		{"abc", 3, "abc"},
+		{"abcd", 3, "abc...(4 bytes)"},
+		{"aé", 2, "a...(3 bytes)"}, // never half a rune
+		{"", 0, ""},
+	} {
+		if got := clip(c.s, c.n); got != c.want {
+			t.Errorf("clip(%q, %d) = %q, want %q", c.s, c.n, got, c.want)
+		}
+	}
+}
+
+// A path ServeMux redirects to its clean form ran no route: its record
+// must not read as the route it was redirected to, succeeding on the
+// sandbox the path named first.
+func TestAuditRedirectIsNotTheRoute(t *testing.T) {
+	l, dir := openAudit(t, nil)
+	h := (&Server{Audit: l}).Handler()
+	rec := do(h, http.MethodDelete, "/v1/sandboxes/sb-1/../sb-victim", nil)
+	if rec.Code/100 != 3 {
+		t.Fatalf("unclean path: %d, want a redirect", rec.Code)
+	}
+	recs := tailAll(t, dir)
+	if len(recs) != 1 {
+		t.Fatalf("%d records: %+v", len(recs), recs)
+	}
+	if r := recs[0]; r.Action != "DELETE /v1/sandboxes/sb-1/../sb-victim" || len(r.Targets) != 0 || r.Outcome != "http_"+strconv.Itoa(rec.Code) {
+		t.Errorf("redirected request recorded as %+v", r)
+	}
+}
+
+// Targets are the path's ids as the handler saw them: an escaped slash
+// stays inside its segment.
+func TestAuditTargetsUnescaped(t *testing.T) {
+	l, dir := openAudit(t, nil)
+	h := (&Server{Audit: l}).Handler()
+	if rec := do(h, http.MethodPost, "/v1/sandboxes/sb-a%2Fsb-b/processes/0/signal", nil); rec.Code != 400 {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	if r := tailAll(t, dir)[0]; strings.Join(r.Targets, ",") != "sb-a/sb-b,0" {
+		t.Errorf("targets %q, want [sb-a/sb-b 0]", r.Targets)
+	}
+}
+
+// A mutating request whose handler panics is still recorded (it may have
+// acted), and the panic goes on to net/http unchanged.
+func TestAuditRecordsPanickedRequest(t *testing.T) {
+	l, dir := openAudit(t, nil)
+	s := &Server{Audit: l}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /boom/{id}", func(w http.ResponseWriter, r *http.Request) {
+		noteTargets(r, "created-1")
+		panic(http.ErrAbortHandler)
+	})
+	h := s.auditRequests(mux, s.auditAdmit(mux))
+	func() {
+		defer func() {
+			if p := recover(); p != http.ErrAbortHandler {
+				t.Errorf("panic %v, want http.ErrAbortHandler passed on", p)
+			}
+		}()
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/boom/sb-1", nil))
+	}()
+	recs := tailAll(t, dir)
+	if len(recs) != 1 {
+		t.Fatalf("%d records, want the panicked request's", len(recs))
+	}
+	if r := recs[0]; r.Action != "POST /boom/{id}" || strings.Join(r.Targets, ",") != "sb-1,created-1" || r.Outcome != "internal" || !strings.Contains(r.Error, "panicked") {
+		t.Errorf("record %+v", r)
+	}
+}
+
+// An exec whose stream fails after the 200 (the agent went away) is
+// recorded with that failure, as run_code streams and snapshot creation
+// are, not as a success.
+func TestAuditExecStreamFailure(t *testing.T) {
+	agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(agentapi.PidHeader, "42")
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		json.NewEncoder(w).Encode(agentapi.ExecEvent{Type: agentapi.EventStdout, Data: []byte("hi")})
+		// No exit event: the stream is cut.
+	}))
+	defer agent.Close()
+	client := agentclient.NewHTTP(agent.Client(), agent.URL)
+	l, dir := openAudit(t, nil)
+	s := &Server{Audit: l}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", func(w http.ResponseWriter, r *http.Request) {
+		proxyExec(w, r, client, apiv1.ExecRequest{Argv: []string{"echo", "hi"}})
+	})
+	h := s.auditRequests(mux, s.auditAdmit(mux))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/sandboxes/sb-1/exec", nil))
+	if rec.Code != 200 || !strings.Contains(rec.Body.String(), `"exit"`) || rec.Header().Get(apiv1.PidHeader) != "42" {
+		t.Fatalf("exec: %d %v %s", rec.Code, rec.Header(), rec.Body)
+	}
+	recs := tailAll(t, dir)
+	if len(recs) != 1 {
+		t.Fatalf("%d records", len(recs))
+	}
+	if r := recs[0]; r.Outcome == audit.OutcomeOK || !strings.Contains(r.Error, "without an exit event") {
+		t.Errorf("record of a failed exec stream: %+v", r)
+	}
 }

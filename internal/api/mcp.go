@@ -3,7 +3,6 @@ package api
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -106,8 +105,8 @@ func (s *Server) mcpHandler() http.Handler {
 			// Stateless: no server-to-client stream (GET) and no session to
 			// end (DELETE). The MCP spec asks for 405 here.
 			w.Header().Set("Allow", http.MethodPost)
-			writeProblemStatus(w, r, http.StatusMethodNotAllowed,
-				fmt.Errorf("%s /mcp: this MCP endpoint is stateless; send JSON-RPC messages with POST: %w", r.Method, errdefs.ErrInvalidArgument))
+			writeProblem(w, r, withStatus(http.StatusMethodNotAllowed,
+				fmt.Errorf("%s /mcp: this MCP endpoint is stateless; send JSON-RPC messages with POST: %w", r.Method, errdefs.ErrInvalidArgument)))
 			return
 		}
 		once.Do(build)
@@ -166,7 +165,7 @@ func (w *problemWriter) finish() {
 	if w.status >= 500 {
 		class = errdefs.ErrInternal
 	}
-	writeProblemStatus(w.ResponseWriter, w.r, w.status, fmt.Errorf("MCP: %s: %w", strings.TrimSpace(w.msg.String()), class))
+	writeProblem(w.ResponseWriter, w.r, withStatus(w.status, fmt.Errorf("MCP: %s: %w", strings.TrimSpace(w.msg.String()), class)))
 }
 
 // minLevel drops records below min.
@@ -182,17 +181,6 @@ func (h minLevel) WithAttrs(a []slog.Attr) slog.Handler {
 	return minLevel{h.Handler.WithAttrs(a), h.min}
 }
 func (h minLevel) WithGroup(n string) slog.Handler { return minLevel{h.Handler.WithGroup(n), h.min} }
-
-// writeProblemStatus is writeProblem with a status other than the error
-// class's (405 has no class of its own).
-func writeProblemStatus(w http.ResponseWriter, r *http.Request, status int, err error) {
-	p := ProblemOf(err, requestID(r))
-	p.Status, p.Title = status, http.StatusText(status)
-	noteError(r, err)
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(p)
-}
 
 // mcpTransport is an http.RoundTripper that serves client requests with
 // the API handler in-process, as the /mcp caller in the request's context

@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -751,5 +752,35 @@ func TestStatusWriterIgnoresInformational(t *testing.T) {
 	}
 	if sw.Unwrap() != rec {
 		t.Error("Unwrap does not return the underlying writer")
+	}
+}
+
+// TestOpenAPIRequestIDMatchesServer: the X-Request-Id schemas (the
+// parameter and the response header) say what validRequestID keeps.
+func TestOpenAPIRequestIDMatchesServer(t *testing.T) {
+	doc := loadDoc(t)
+	comps := obj(doc["components"])
+	for _, at := range []struct {
+		name   string
+		schema map[string]any
+	}{
+		{"parameters/RequestId", obj(obj(obj(comps["parameters"])["RequestId"])["schema"])},
+		{"headers/RequestId", obj(obj(obj(comps["headers"])["RequestId"])["schema"])},
+	} {
+		if ml, _ := at.schema["maxLength"].(float64); int(ml) != maxRequestIDLen {
+			t.Errorf("%s: maxLength %v, the server keeps up to %d", at.name, at.schema["maxLength"], maxRequestIDLen)
+		}
+		pat, _ := at.schema["pattern"].(string)
+		re, err := regexp.Compile(pat)
+		if pat == "" || err != nil {
+			t.Errorf("%s: pattern %q (%v)", at.name, pat, err)
+			continue
+		}
+		for _, id := range []string{"req-1", "mcp:abc_DEF.42", strings.Repeat("a", maxRequestIDLen), strings.Repeat("a", maxRequestIDLen+1),
+			"", "has space", `quo"te`, "new\nline", "ünï", "a/b", "a+b"} {
+			if re.MatchString(id) != validRequestID(id) {
+				t.Errorf("%s: pattern %q says %v for %q, the server %v", at.name, pat, re.MatchString(id), id, validRequestID(id))
+			}
+		}
 	}
 }

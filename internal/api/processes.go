@@ -54,9 +54,8 @@ func (s *Server) processStdin(w http.ResponseWriter, r *http.Request) {
 	}
 	// Held for the whole write: the sandbox counts as busy (no idle
 	// timeout) while a slow reader takes its stdin.
-	agent, err := s.Engine.AgentFor(r.Context(), r.PathValue("id"))
-	if err != nil {
-		writeProblem(w, r, err)
+	agent := s.agentOf(w, r)
+	if agent == nil {
 		return
 	}
 	var body io.Reader

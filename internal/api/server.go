@@ -622,6 +622,17 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	if agent == nil {
 		return
 	}
+	proxyExec(w, r, agent, req)
+}
+
+// execStarter is the agent client's exec (an interface so the proxy is
+// tested without an engine).
+type execStarter interface {
+	ExecStarted(ctx context.Context, req agentapi.ExecRequest, stdin io.Reader, started func(pid int), stdout, stderr io.Writer) (agentapi.ExecEvent, error)
+}
+
+// proxyExec runs req through agent and answers as exec describes.
+func proxyExec(w http.ResponseWriter, r *http.Request, agent execStarter, req apiv1.ExecRequest) {
 	var stdin io.Reader
 	if req.Stdin {
 		stdin = r.Body
@@ -670,6 +681,8 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
+		// The stream already said 200: the audit record must not.
+		noteError(r, err)
 		exit = apiv1.ExecEvent{ExitCode: -1, Error: err.Error()}
 	}
 	exit.Type = agentapi.EventExit
