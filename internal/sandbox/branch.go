@@ -93,9 +93,14 @@ func (e *Engine) branch(ctx context.Context, id string, opts BranchOptions) (_ *
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.client(); err != nil {
+	// A branch is a request on its source: the idle timeout must not end
+	// the sandbox in the middle of one (a live or --no-wait branch can
+	// take minutes).
+	_, release, err := s.acquire()
+	if err != nil {
 		return nil, err
 	}
+	defer release()
 	select {
 	case e.branchSem <- struct{}{}:
 		defer func() { <-e.branchSem }()

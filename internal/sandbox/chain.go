@@ -114,7 +114,10 @@ func (e *Engine) memoryImage(snap *snapshot.Snapshot) (string, error) {
 	}
 	digest := snap.Digest()
 	path := e.mem.path(digest)
-	if e.cachedImageOK(snap, path) {
+	// Without the lock, only look: an assembly in flight renames its image
+	// into place before it writes the stamp, so an image without one may
+	// be a moment from whole. Only the holder of the lock removes one.
+	if imageChange(path) == "" {
 		return path, nil
 	}
 	unlock := e.mem.lock(digest)
@@ -132,30 +135,49 @@ func (e *Engine) memoryImage(snap *snapshot.Snapshot) (string, error) {
 	return path, nil
 }
 
+// Why an assembled image cannot be used as it is (imageChange).
+const (
+	imageMissing = "missing"
+	imageNoStamp = "no stamp"
+)
+
+// imageChange reports why the assembled image at path cannot be mapped
+// as it is: imageMissing, imageNoStamp, or how it changed since its stamp
+// was recorded; "" when it is whole. It only looks.
+func imageChange(path string) string {
+	now, err := snapshot.StampOf(path)
+	if err != nil {
+		return imageMissing
+	}
+	want, err := readImageStamp(path)
+	if err != nil {
+		return imageNoStamp
+	}
+	return want.Diff(now)
+}
+
 // cachedImageOK reports whether the assembled image at path exists and is
 // as assembled (its stamp, recorded next to it, matches). An image
 // without a stamp (assembly interrupted between the two renames, or made
 // by an older forkd) or one that changed is removed, and so are the VMMs
 // pooled on it, to be assembled again from the chain, whose files were
 // just checked: nothing is lost but the time to assemble, and VMMs that
-// hold the old file keep only their own mapping of it.
+// hold the old file keep only their own mapping of it. The caller holds
+// the image's lock (memCache.lock), so no assembly of it is in flight.
 func (e *Engine) cachedImageOK(snap *snapshot.Snapshot, path string) bool {
-	now, err := snapshot.StampOf(path)
-	if err != nil {
-		return false
-	}
-	want, err := readImageStamp(path)
-	if err == nil && want.Diff(now) == "" {
+	switch change := imageChange(path); change {
+	case "":
 		return true
-	}
-	if err == nil {
+	case imageMissing:
+		return false
+	case imageNoStamp:
+		e.log.Warn("assembling a memory image again: it has no stamp", "tag", snap.Tag, "file", path)
+	default:
 		e.log.Error("the memory image clones of a snapshot map was written after it was assembled: assembling it again and discarding the VMMs pooled on it",
-			"tag", snap.Tag, "file", path, "change", want.Diff(now))
+			"tag", snap.Tag, "file", path, "change", change)
 		// In the background: this may run in that pool's own refill,
 		// which DropPool waits for.
 		go e.DropPool(context.Background(), snap.ID)
-	} else {
-		e.log.Warn("assembling a memory image again: it has no stamp", "tag", snap.Tag, "file", path)
 	}
 	os.Remove(path)
 	os.Remove(path + imageStampSuffix)
@@ -192,7 +214,9 @@ func writeImageStamp(path string) error {
 // committed (snapshot.CheckStamps). The first mismatch marks it failed
 // for as long as the daemon runs (the change cannot be undone: a ctime
 // is not set back), drops its pool (those VMMs map the changed file),
-// and is logged; every later fork gets the same 409.
+// and is logged; every later fork gets the same 409. An error that says
+// nothing about the files (the stamps could not be read: EIO, EMFILE)
+// fails this check only: the next one reads them again.
 func (e *Engine) checkIntact(snap *snapshot.Snapshot) error {
 	e.mu.Lock()
 	reason, failed := e.tainted[snap.ID]
@@ -201,6 +225,9 @@ func (e *Engine) checkIntact(snap *snapshot.Snapshot) error {
 		err := snap.CheckStamps()
 		if err == nil {
 			return nil
+		}
+		if !errdefs.IsFailedPrecondition(err) {
+			return err
 		}
 		reason = err.Error()
 		e.mu.Lock()

@@ -209,7 +209,7 @@ func (e *Engine) Close(ctx context.Context) error {
 	if !e.cfg.KeepSandboxesOnClose {
 		for _, s := range sbs {
 			wg.Add(1)
-			go func() { defer wg.Done(); s.kill(ctx, "daemon shutting down"); e.unpersist(s.ID) }()
+			go func() { defer wg.Done(); s.kill(ctx, "daemon shutting down"); e.unpersist(s) }()
 		}
 	}
 	wg.Wait()

@@ -186,3 +186,83 @@ func TestNoSpaceDuringCommit(t *testing.T) {
 		t.Fatalf("branch once space is free: %v", err)
 	}
 }
+
+// TestImageBeingCommittedIsNotRemoved: an assembly renames its image into
+// place, then writes its stamp. A fork that looks in between (without
+// the image's lock) must wait for the lock, not remove the image as
+// unstamped under the assembler (which then failed, or handed out a
+// path that no longer existed).
+func TestImageBeingCommittedIsNotRemoved(t *testing.T) {
+	memDir := t.TempDir()
+	e, _ := newFakeEngineWith(t, &fakeDriver{}, 0, func(c *Config) { c.MemoryDir = memDir })
+	snap := e.mustSnap(t, "base")
+	digest := snap.Digest()
+	img := e.mem.path(digest)
+	// An assembly between its rename and its stamp: it holds the lock.
+	unlock := e.mem.lock(digest)
+	if err := os.WriteFile(img, []byte(snapshot.MemoryFile), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		path string
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		p, err := e.memoryImage(snap)
+		done <- result{p, err}
+	}()
+	time.Sleep(100 * time.Millisecond) // the fork looks and waits for the lock
+	if _, err := os.Stat(img); err != nil {
+		unlock()
+		t.Fatalf("image removed while its assembly held the lock: %v", err)
+	}
+	if err := writeImageStamp(img); err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+	r := <-done
+	if r.err != nil || r.path != img {
+		t.Fatalf("memoryImage = %q, %v", r.path, r.err)
+	}
+	if imageChange(img) != "" {
+		t.Fatalf("image after the fork: %s", imageChange(img))
+	}
+}
+
+// TestUnreadableStampsFailOneCheck: stamps that cannot be read (here a
+// directory in their place; EIO or EMFILE in real life) fail the fork
+// that met them, but say nothing about the files: the snapshot is not
+// marked failed for the rest of the daemon's life, and forks once the
+// stamps read again.
+func TestUnreadableStampsFailOneCheck(t *testing.T) {
+	e, _ := newFakeEngine(t, &fakeDriver{}, 0)
+	ctx := context.Background()
+	snap := e.mustSnap(t, "base")
+	stamps := snap.Path(snapshot.StampFile)
+	saved, err := os.ReadFile(stamps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(stamps); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(stamps, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Fork(ctx, "base", 1); err == nil || errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("fork with unreadable stamps: %v", err)
+	}
+	if err := os.Remove(stamps); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(stamps, saved, 0o400); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SnapshotIntact(snap); err != nil {
+		t.Fatalf("snapshot refused after its stamps read again: %v", err)
+	}
+	if _, err := e.Fork(ctx, "base", 1); err != nil {
+		t.Fatalf("fork after the stamps read again: %v", err)
+	}
+}

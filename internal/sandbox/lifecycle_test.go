@@ -273,3 +273,82 @@ func TestRestartDiscardsPendingForkChildren(t *testing.T) {
 		t.Fatalf("events: %+v", events)
 	}
 }
+
+// TestKillDuringForkCommitStaysKilled: a child killed (its id is listed)
+// while its fork commits is not brought back by the commit: its record
+// is gone once both are done. Before, a kill that finished between the
+// commit's look at the child and its write left a "running" record of a
+// killed sandbox, reported dead ("VMM lost") at the next start.
+func TestKillDuringForkCommitStaysKilled(t *testing.T) {
+	st := newStateStore(t)
+	e, _ := newFakeEngineWith(t, &fakeDriver{}, 0, func(c *Config) { c.State = st })
+	ctx := context.Background()
+	killed := make(chan string, 1)
+	killDone := make(chan struct{})
+	testHookCommitFork = func(sbs []*Sandbox) {
+		testHookCommitFork = nil
+		id := sbs[0].ID
+		killed <- id
+		go func() {
+			defer close(killDone)
+			e.Kill(ctx, []string{id})
+		}()
+		// Let the kill run as far as it can before the write.
+		select {
+		case <-killDone:
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+	t.Cleanup(func() { testHookCommitFork = nil })
+	sbs, err := e.ForkWith(ctx, ForkOptions{Tag: "base", Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-killDone
+	id := <-killed
+	recs := pendingForks(t, st)
+	if _, ok := recs[id]; ok {
+		t.Fatalf("record of %s, killed during its fork's commit, is back: %v", id, recs)
+	}
+	other := sbs[0].ID
+	if other == id {
+		other = sbs[1].ID
+	}
+	if fork, ok := recs[other]; !ok || fork != "" || len(recs) != 1 {
+		t.Fatalf("records after the fork: %v", recs)
+	}
+}
+
+// TestBranchKeepsSourceBusy: the idle timeout does not end a sandbox in
+// the middle of a branch of it (a live or background one takes minutes).
+func TestBranchKeepsSourceBusy(t *testing.T) {
+	gate := make(chan struct{})
+	var open sync.Once
+	openGate := func() { open.Do(func() { close(gate) }) }
+	e, _ := newFakeEngine(t, &fakeDriver{snapshotGate: gate}, 0)
+	t.Cleanup(openGate) // runs before the engine's Close, which waits for the branch
+	ctx := context.Background()
+	sbs, err := e.ForkWith(ctx, ForkOptions{Tag: "base", Count: 1, IdleTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sbs[0].ID
+	if _, err := e.BranchAsync(id, BranchOptions{Tag: "b1", Mode: BranchFull}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(e.branchSem) == 1 }) // the branch is under way
+	e.expireAt(ctx, time.Now().Add(2*time.Hour))
+	if _, err := e.Get(id); err != nil {
+		t.Fatalf("sandbox ended by its idle timeout in the middle of a branch: %v", err)
+	}
+	openGate()
+	waitFor(t, func() bool { _, pending := e.Pending("b1"); return !pending })
+	if _, err := e.Store().Get("b1"); err != nil {
+		t.Fatalf("branch: %v", err)
+	}
+	// Done: idle again, counted from the branch's end.
+	e.expireAt(ctx, time.Now().Add(2*time.Hour))
+	if _, err := e.Get(id); !errdefs.IsNotFound(err) {
+		t.Fatalf("idle sandbox after the branch: %v", err)
+	}
+}

@@ -17,9 +17,10 @@ type ForkOptions struct {
 	// Timeout ends each sandbox this long after creation (0: never).
 	Timeout time.Duration
 	// IdleTimeout ends a sandbox that served no request for this long
-	// (0: never). Requests are agent operations: exec, files, run_code;
-	// one in progress (Acquire) keeps the sandbox from being idle, and
-	// the idle time counts from the end of the last one.
+	// (0: never). Requests are agent operations (exec, files, run_code)
+	// and branches of the sandbox; one in progress (Acquire, a branch)
+	// keeps the sandbox from being idle, and the idle time counts from
+	// the end of the last one.
 	IdleTimeout time.Duration
 	// RequestID names the fork request (for logs and the state store; see
 	// state.SandboxRecord.PendingFork). Empty: the engine makes one up.

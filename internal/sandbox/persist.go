@@ -46,18 +46,24 @@ func (e *Engine) persist(s *Sandbox) error {
 	if e.cfg.State == nil {
 		return nil
 	}
+	s.recMu.Lock()
+	defer s.recMu.Unlock()
 	if err := e.cfg.State.PutSandbox(e.record(s)); err != nil {
 		return fmt.Errorf("sandbox %s: record state: %w", s.ID, err)
 	}
 	return nil
 }
 
-func (e *Engine) unpersist(id string) {
+// unpersist removes the sandbox's record. Callers mark the sandbox killed
+// first, so a commitFork that did not see the mark wrote before this.
+func (e *Engine) unpersist(s *Sandbox) {
 	if e.cfg.State == nil {
 		return
 	}
-	if err := e.cfg.State.DeleteSandbox(id); err != nil {
-		e.log.Error("removing sandbox record", "sandbox_id", id, "err", err)
+	s.recMu.Lock()
+	defer s.recMu.Unlock()
+	if err := e.cfg.State.DeleteSandbox(s.ID); err != nil {
+		e.log.Error("removing sandbox record", "sandbox_id", s.ID, "err", err)
 	}
 }
 

@@ -41,6 +41,12 @@ type Sandbox struct {
 	agent   *agentclient.Client
 	// teardown releases the netns, run dir and agent connection.
 	teardown []func(context.Context) error
+	// recMu serializes the writes of the sandbox's record (persist,
+	// unpersist, commitFork): each reads what to write and writes it in
+	// one step, so the store ends with the sandbox's latest state (a
+	// killed sandbox's record stays removed). Taken before mu, never
+	// while holding it.
+	recMu sync.Mutex
 
 	labels      map[string]string
 	expiresAt   time.Time // zero: no absolute timeout
@@ -138,7 +144,7 @@ func (s *Sandbox) watch(e *Engine) {
 	}
 	cleanup.Run(context.Background(), s.teardown)
 	if s.State() == apiv1.StateStopped {
-		e.unpersist(s.ID)
+		e.unpersist(s)
 		e.forget(s.ID)
 	} else if err := e.persist(s); err != nil {
 		e.log.Error("recording dead sandbox", "sandbox_id", s.ID, "err", err)
@@ -242,7 +248,7 @@ func (e *Engine) Kill(ctx context.Context, ids []string) ([]string, error) {
 		go func() {
 			defer wg.Done()
 			s.kill(ctx, "killed on request")
-			e.unpersist(s.ID)
+			e.unpersist(s)
 			e.forget(s.ID)
 		}()
 	}
@@ -293,6 +299,12 @@ func (e *Engine) Acquire(id string) (_ *agentclient.Client, release func(), err 
 	if err != nil {
 		return nil, nil, err
 	}
+	return s.acquire()
+}
+
+// acquire is Acquire on a sandbox in hand (a branch holds its source
+// busy the same way).
+func (s *Sandbox) acquire() (_ *agentclient.Client, release func(), err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	agent, err := s.clientLocked()

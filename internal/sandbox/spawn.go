@@ -201,7 +201,16 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) ([]*Sandbox, er
 // of them lose that mark in one transaction. A daemon killed before this
 // point kills every child of the fork at its next start (none was
 // reported); one killed after it re-adopts all of them.
+//
+// Each child's record lock is held from reading its state to the write,
+// as persist and unpersist do: a child killed meanwhile (its id is
+// listed) either is seen as killed and skipped, or has its record removed
+// after this write, never before it (which would bring it back).
 func (e *Engine) commitFork(requestID string, sbs []*Sandbox) error {
+	for _, s := range sbs {
+		s.recMu.Lock()
+		defer s.recMu.Unlock()
+	}
 	recs := make([]state.SandboxRecord, 0, len(sbs))
 	for _, s := range sbs {
 		s.mu.Lock()
@@ -216,11 +225,18 @@ func (e *Engine) commitFork(requestID string, sbs []*Sandbox) error {
 	if e.cfg.State == nil {
 		return nil
 	}
+	if testHookCommitFork != nil {
+		testHookCommitFork(sbs)
+	}
 	if err := e.cfg.State.PutSandboxes(recs); err != nil {
 		return fmt.Errorf("fork %s: record its %d sandboxes: %w", requestID, len(sbs), err)
 	}
 	return nil
 }
+
+// testHookCommitFork, set by tests, runs in commitFork just before the
+// children's records are written.
+var testHookCommitFork func(sbs []*Sandbox)
 
 // reserveSlots takes n of the MaxSandboxes slots for a fork, or refuses
 // it at once. Running sandboxes hold a slot each (dead and stopped ones
@@ -318,7 +334,7 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 		return nil, err
 	}
 	if err := e.register(s); err != nil {
-		e.unpersist(s.ID)
+		e.unpersist(s)
 		sess.Close()
 		return nil, err
 	}
