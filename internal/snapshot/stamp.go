@@ -8,7 +8,11 @@ package snapshot
 // it as root before dropping privileges, so the descriptor stays
 // writable even on a 0400 file) and wrote it changes its mtime and its
 // ctime; the ctime cannot be set back by anyone but the kernel. A
-// mismatch means the file is no longer what was hashed.
+// mismatch means the file may no longer be what was hashed: the file is
+// hashed again and compared with the manifest, and only a different
+// content refuses the snapshot. A stamp that changed while the content did
+// not (a chown, an xattr, a data dir restored from a backup) is replaced,
+// so the cost is one hash, once.
 //
 // The stamp file is not one of the snapshot's Files: it is not hashed, not
 // part of the digest, and not packed (an archive's files get new stamps
@@ -86,6 +90,10 @@ func WriteStamps(dir string, names []string) error {
 		}
 		doc.Files[n] = st
 	}
+	return writeStampDoc(dir, doc)
+}
+
+func writeStampDoc(dir string, doc stampDoc) error {
 	data, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return err
@@ -94,8 +102,11 @@ func WriteStamps(dir string, names []string) error {
 }
 
 // CheckStamps compares the snapshot's files with the stamps recorded when
-// they were committed. A mismatch is a FailedPrecondition naming the file
-// and what changed; a snapshot without stamps passes.
+// they were committed. A file whose stamp differs is hashed again: if its
+// content is still the manifest's, its new stamp is recorded and it
+// passes; if not, the error is a FailedPrecondition naming the file and
+// what changed. Any other error (a read failing) is returned as it is. A
+// snapshot without stamps passes.
 func (s *Snapshot) CheckStamps() error {
 	data, err := os.ReadFile(s.Path(StampFile))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -113,14 +124,46 @@ func (s *Snapshot) CheckStamps() error {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	restamped := false
 	for _, n := range names {
 		now, err := StampOf(s.Path(n))
 		if err != nil {
 			return fmt.Errorf("snapshot %q: file %s: %v: %w", s.Tag, n, err, errdefs.ErrFailedPrecondition)
 		}
-		if d := doc.Files[n].Diff(now); d != "" {
-			return fmt.Errorf("snapshot %q: file %s changed since it was committed (%s): %w", s.Tag, n, d, errdefs.ErrFailedPrecondition)
+		d := doc.Files[n].Diff(now)
+		if d == "" {
+			continue
 		}
+		if err := s.reverify(n, now); err != nil {
+			return fmt.Errorf("snapshot %q: file %s changed since it was committed (%s): %w", s.Tag, n, d, err)
+		}
+		doc.Files[n] = now
+		restamped = true
+	}
+	if restamped {
+		// Best effort: without it, the next check hashes again.
+		_ = writeStampDoc(filepath.Dir(s.Path(StampFile)), doc)
+	}
+	return nil
+}
+
+// reverify hashes file n, whose stamp was before, and compares it with
+// the manifest. The stamp must not change while it is hashed.
+func (s *Snapshot) reverify(n string, before FileStamp) error {
+	want, ok := s.Files[n]
+	if !ok {
+		return fmt.Errorf("it is not in the manifest: %w", errdefs.ErrFailedPrecondition)
+	}
+	size, sum, err := fsutil.HashFile(s.Path(n))
+	if err != nil {
+		return fmt.Errorf("hashing it again: %w", err)
+	}
+	if size != want.Size || sum != want.SHA256 {
+		return fmt.Errorf("its content is not what was committed: %d bytes sha256 %s, manifest %d bytes %s: %w",
+			size, sum, want.Size, want.SHA256, errdefs.ErrFailedPrecondition)
+	}
+	if after, err := StampOf(s.Path(n)); err != nil || after != before {
+		return fmt.Errorf("it changed while it was hashed again: %w", errdefs.ErrFailedPrecondition)
 	}
 	return nil
 }
