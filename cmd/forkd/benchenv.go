@@ -40,6 +40,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/netns"
 	"github.com/forkd-dev/forkd/internal/sandbox"
 	"github.com/forkd-dev/forkd/internal/state"
+	"github.com/forkd-dev/forkd/internal/vmm/qemu"
 )
 
 var (
@@ -83,20 +84,15 @@ func otherBenchRunning() bool {
 	return false
 }
 
-// killVMMsUnder sends SIGKILL to every process whose command line names a
-// path under dir/vms/ (QEMU names its sockets and files there), and returns
-// how many it signalled.
+// killVMMsUnder sends SIGKILL to every VMM process whose run dir lies
+// under dir/vms/ (qemu.VMMsUnder: a process that merely names a path
+// there, a `tail -f` of a console log, is left alone), and returns how many
+// it signalled. QEMU is the driver bench runs; a Firecracker driver will
+// list its own VMMs the same way (vmm.Lister).
 func killVMMsUnder(dir string) int {
-	mark := []byte(filepath.Clean(dir) + "/vms/")
 	n := 0
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		data, err := os.ReadFile(p)
-		if err != nil || !strings.Contains(string(data), string(mark)) {
-			continue
-		}
-		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
-		if err == nil && pid != os.Getpid() && syscall.Kill(pid, syscall.SIGKILL) == nil {
+	for _, v := range qemu.VMMsUnder(filepath.Join(dir, "vms")) {
+		if syscall.Kill(v.PID, syscall.SIGKILL) == nil {
 			n++
 		}
 	}

@@ -36,9 +36,8 @@ func TestReapStaleBenchRuns(t *testing.T) {
 	for _, d := range []string{stale, oldStyle, live, other} {
 		os.MkdirAll(filepath.Join(d, "vms", "sb-1"), 0o755)
 	}
-	// A VMM of the dead run: its command line names its run files, as
-	// QEMU's does (the trailing ':' keeps sh from exec'ing sleep).
-	vmm := exec.Command("sh", "-c", "sleep 60; :", filepath.Join(stale, "vms", "sb-1", "qmp.sock"))
+	// A VMM of the dead run.
+	vmm := fakeVMM(filepath.Join(stale, "vms", "sb-1"))
 	if err := vmm.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +88,7 @@ func TestBenchWatchdog(t *testing.T) {
 	for _, d := range []string{filepath.Join(runDir, "vms", "sb-1"), otherRun, dataDir} {
 		os.MkdirAll(d, 0o755)
 	}
-	vmm := exec.Command("sh", "-c", "sleep 60; :", filepath.Join(runDir, "vms", "sb-1", "qmp.sock"))
+	vmm := fakeVMM(filepath.Join(runDir, "vms", "sb-1"))
 	if err := vmm.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -214,10 +213,17 @@ func TestBenchReportJSONWithNonFiniteNumbers(t *testing.T) {
 func TestBenchReleaseKillsLeftVMMs(t *testing.T) {
 	b := &benchEnv{runDir: filepath.Join(t.TempDir(), fmt.Sprintf("bench-spawn-%d", os.Getpid())), dataDir: t.TempDir()}
 	os.MkdirAll(filepath.Join(b.runDir, "vms", "sb-1"), 0o755)
-	vmm := exec.Command("sh", "-c", "sleep 60; :", filepath.Join(b.runDir, "vms", "sb-1", "qmp.sock"))
+	// A VMM, and a process that only names a file of the run (a tail of
+	// its console).
+	vmm := fakeVMM(filepath.Join(b.runDir, "vms", "sb-1"))
 	if err := vmm.Start(); err != nil {
 		t.Fatal(err)
 	}
+	bystander := exec.Command("sleep", "60", filepath.Join(b.runDir, "vms", "sb-1", "console.log"))
+	if err := bystander.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bystander.Process.Kill(); bystander.Wait() })
 	exited := make(chan struct{})
 	go func() { vmm.Wait(); close(exited) }()
 	t.Cleanup(func() { vmm.Process.Kill() })
@@ -239,4 +245,14 @@ func TestBenchReleaseKillsLeftVMMs(t *testing.T) {
 	if _, err := os.Stat(b.runDir); !os.IsNotExist(err) {
 		t.Fatalf("run dir kept: %v", err)
 	}
+	if err := bystander.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("a process that only names a file of the run was killed: %v", err)
+	}
+}
+
+// fakeVMM is a process with the command line of a QEMU the driver started
+// with run dir runDir (python3 ignores the arguments after its script).
+func fakeVMM(runDir string) *exec.Cmd {
+	return exec.Command("python3", "-c", "import time; time.sleep(60)", "-name", "forkd-"+filepath.Base(runDir),
+		"-qmp", "unix:"+filepath.Join(runDir, "qmp.sock")+",server=on,wait=off")
 }

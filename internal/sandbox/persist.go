@@ -216,26 +216,14 @@ func cleanupDeadResources(rec state.SandboxRecord) {
 // daemon was preparing (pooled VMMs, forks in flight) or never recorded.
 // No VMM is left without an owner.
 func (e *Engine) reapLeftovers(keep map[string]bool) {
-	vmsDir := filepath.Join(e.cfg.RunDir, "vms") + "/"
-	owned := func(s string) bool {
-		for id := range keep {
-			if strings.Contains(s, vmsDir+id+"/") {
-				return true
+	vmsDir := filepath.Join(e.cfg.RunDir, "vms")
+	if l, ok := e.cfg.Driver.(vmm.Lister); ok {
+		for _, v := range l.VMMsUnder(vmsDir) {
+			if filepath.Dir(v.RunDir) == vmsDir && keep[filepath.Base(v.RunDir)] {
+				continue
 			}
-		}
-		return false
-	}
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		data, err := os.ReadFile(p)
-		if err != nil || !strings.Contains(string(data), vmsDir) || owned(string(data)) {
-			continue
-		}
-		var pid int
-		fmt.Sscanf(strings.TrimPrefix(p, "/proc/"), "%d", &pid)
-		if pid > 0 && pid != os.Getpid() {
-			e.log.Warn("killing a VMM no sandbox owns (left by a previous daemon)", "pid", pid)
-			syscall.Kill(pid, syscall.SIGKILL)
+			e.log.Warn("killing a VMM no sandbox owns (left by a previous daemon)", "pid", v.PID, "run_dir", v.RunDir)
+			syscall.Kill(v.PID, syscall.SIGKILL)
 		}
 	}
 	entries, _ := os.ReadDir(filepath.Join(e.cfg.RunDir, "vms"))

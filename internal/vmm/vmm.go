@@ -335,6 +335,22 @@ type Adopter interface {
 	Adopt(ctx context.Context, spec AdoptSpec) (Machine, error)
 }
 
+// LeftoverVMM is a VMM process found by a Lister: its pid and the run dir
+// it was started with (MachineConfig.RunDir).
+type LeftoverVMM struct {
+	PID    int
+	RunDir string
+}
+
+// Lister is an optional Driver capability: finding the VMM processes this
+// driver starts whose run dirs lie under a directory, whoever started them
+// (an earlier daemon, a bench run that died), so they can be killed.
+// Only processes that are such VMMs are returned, never another process
+// that merely names a path under dir (a `tail -f` of a console log).
+type Lister interface {
+	VMMsUnder(dir string) []LeftoverVMM
+}
+
 // Prioritizer is implemented by machines whose CPU priority can change
 // after start (every thread of the VMM process).
 type Prioritizer interface {
