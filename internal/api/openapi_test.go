@@ -535,7 +535,11 @@ func TestOpenAPISchemasMatchWireTypes(t *testing.T) {
 		}
 	}
 	states, _ := obj(schemas["SandboxState"])["enum"].([]any)
-	if !sameSet(states, []any{apiv1.StateRunning, apiv1.StateDead, apiv1.StateStopped}) {
+	var want []any
+	for _, st := range apiv1.SandboxStates {
+		want = append(want, st)
+	}
+	if !sameSet(states, want) {
 		t.Errorf("SandboxState enum %v", states)
 	}
 }

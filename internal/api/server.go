@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -315,11 +316,9 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	out := []apiv1.Sandbox{}
 	tag := r.URL.Query().Get("tag")
 	state := r.URL.Query().Get("state")
-	switch state {
-	case "", apiv1.StateRunning, apiv1.StateDead, apiv1.StateStopped:
-	default:
-		writeProblem(w, r, fmt.Errorf("state filter %q: want %s, %s or %s: %w",
-			state, apiv1.StateRunning, apiv1.StateDead, apiv1.StateStopped, errdefs.ErrInvalidArgument))
+	if state != "" && !slices.Contains(apiv1.SandboxStates, state) {
+		writeProblem(w, r, fmt.Errorf("state filter %q: want one of %s: %w",
+			state, strings.Join(apiv1.SandboxStates, ", "), errdefs.ErrInvalidArgument))
 		return
 	}
 	labels := map[string]string{}

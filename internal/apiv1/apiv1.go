@@ -200,10 +200,17 @@ type ForkResponse struct {
 
 // Sandbox states.
 const (
-	StateRunning = "running"
-	StateDead    = "dead"    // the VMM exited on its own; see DeadReason
-	StateStopped = "stopped" // killed on request
+	// StateStarting: a child of a fork that has not answered yet (its
+	// agent answers; its siblings may not). It becomes running when the
+	// fork answers, or is discarded if the daemon dies before.
+	StateStarting = "starting"
+	StateRunning  = "running"
+	StateDead     = "dead"    // the VMM exited on its own; see DeadReason
+	StateStopped  = "stopped" // killed on request
 )
+
+// SandboxStates lists every sandbox state, for filters and metrics.
+var SandboxStates = []string{StateStarting, StateRunning, StateDead, StateStopped}
 
 // Sandbox describes one sandbox.
 type Sandbox struct {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -42,7 +43,7 @@ type tools struct{ b Backend }
 type SandboxInfo struct {
 	ID                 string            `json:"id" jsonschema:"sandbox id (sb-…): pass it as sandbox_id to the other tools"`
 	Tag                string            `json:"tag" jsonschema:"snapshot tag the sandbox was forked from"`
-	State              string            `json:"state" jsonschema:"running, dead (its VM exited on its own; see dead_reason) or stopped (killed)"`
+	State              string            `json:"state" jsonschema:"starting (its fork has not answered yet), running, dead (its VM exited on its own; see dead_reason) or stopped (killed)"`
 	Created            string            `json:"created" jsonschema:"creation time (RFC 3339)"`
 	ReadyMillis        float64           `json:"ready_ms,omitempty" jsonschema:"fork-to-ready time in milliseconds"`
 	ExpiresAt          string            `json:"expires_at,omitempty" jsonschema:"when the sandbox's timeout ends it (RFC 3339); absent: no limit"`
@@ -693,7 +694,7 @@ func (t *tools) branchSandbox(ctx context.Context, _ *mcp.CallToolRequest, in Br
 // ListSandboxesInput is list_sandboxes' arguments.
 type ListSandboxesInput struct {
 	Tag      string            `json:"tag,omitempty" jsonschema:"only sandboxes forked from this snapshot tag"`
-	State    string            `json:"state,omitempty" jsonschema:"only sandboxes in this state: running, dead or stopped"`
+	State    string            `json:"state,omitempty" jsonschema:"only sandboxes in this state: starting, running, dead or stopped"`
 	Metadata map[string]string `json:"metadata,omitempty" jsonschema:"only sandboxes with all these labels"`
 }
 
@@ -703,10 +704,8 @@ type ListSandboxesOutput struct {
 }
 
 func (t *tools) listSandboxes(ctx context.Context, _ *mcp.CallToolRequest, in ListSandboxesInput) (*mcp.CallToolResult, ListSandboxesOutput, error) {
-	switch in.State {
-	case "", apiv1.StateRunning, apiv1.StateDead, apiv1.StateStopped:
-	default:
-		return nil, ListSandboxesOutput{}, invalid("state %q: want running, dead or stopped", in.State)
+	if in.State != "" && !slices.Contains(apiv1.SandboxStates, in.State) {
+		return nil, ListSandboxesOutput{}, invalid("state %q: want one of %s", in.State, strings.Join(apiv1.SandboxStates, ", "))
 	}
 	var labels []string
 	for k, v := range in.Metadata {
@@ -990,7 +989,7 @@ func addTools(s *mcp.Server, t *tools) {
 		Title:       "List sandboxes",
 		Description: "List sandboxes with their state, snapshot tag, expiry and metadata, optionally filtered by tag, state or metadata labels.",
 		InputSchema: schema[ListSandboxesInput](func(p map[string]*jsonschema.Schema) {
-			enum(p["state"], "", apiv1.StateRunning, apiv1.StateDead, apiv1.StateStopped)
+			enum(p["state"], "", apiv1.SandboxStates...)
 		}),
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 	}, t.listSandboxes)

@@ -52,7 +52,7 @@ const (
 // State is the engine's state at scrape time, returned by the function given
 // to SetStateFunc.
 type State struct {
-	// SandboxesByState counts sandboxes by apiv1 state (running, dead,
+	// SandboxesByState counts sandboxes by apiv1 state (starting, running, dead,
 	// stopped); states missing from the map are reported as 0.
 	SandboxesByState map[string]int
 	// PooledVMMs counts pre-started VMM processes waiting in the pools.
@@ -66,7 +66,7 @@ type State struct {
 
 // knownStates are always reported, as 0 when absent, so a state's series
 // does not vanish when its last sandbox goes.
-var knownStates = []string{apiv1.StateRunning, apiv1.StateDead, apiv1.StateStopped}
+var knownStates = apiv1.SandboxStates
 
 // Metrics holds forkd's collectors and their registry.
 type Metrics struct {

@@ -352,3 +352,41 @@ func TestBranchKeepsSourceBusy(t *testing.T) {
 		t.Fatalf("idle sandbox after the branch: %v", err)
 	}
 }
+
+// TestForkChildrenStartingUntilTheForkAnswers: a child whose fork has not
+// answered (a sibling is still being restored) is listed as starting, not
+// running; every child is running once the fork answered.
+func TestForkChildrenStartingUntilTheForkAnswers(t *testing.T) {
+	d := &fakeDriver{holdRestore: 2, holdGate: make(chan struct{})}
+	e, _ := newFakeEngineWith(t, d, 0, func(c *Config) { c.State = newStateStore(t) })
+	type result struct {
+		sbs []*Sandbox
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		sbs, err := e.ForkWith(context.Background(), ForkOptions{Tag: "base", Count: 2})
+		done <- result{sbs, err}
+	}()
+	var states []string
+	waitFor(t, func() bool {
+		states = states[:0]
+		for _, s := range e.List() {
+			states = append(states, s.Info().State)
+		}
+		return len(states) == 1
+	})
+	if states[0] != apiv1.StateStarting {
+		t.Fatalf("a child of a fork in flight is %s, want starting", states[0])
+	}
+	close(d.holdGate)
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	for _, s := range r.sbs {
+		if st := s.Info().State; st != apiv1.StateRunning {
+			t.Fatalf("%s after the fork answered: %s", s.ID, st)
+		}
+	}
+}

@@ -85,10 +85,20 @@ func newSandboxID() string {
 	return "sb-" + string(b[:])
 }
 
-// State returns the sandbox state (apiv1.StateRunning, ...).
+// State returns the sandbox state as the API reports it
+// (apiv1.StateRunning, ...).
 func (s *Sandbox) State() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.apiStateLocked()
+}
+
+// apiStateLocked is the state for the API: a running child of a fork that
+// has not answered is starting.
+func (s *Sandbox) apiStateLocked() string {
+	if s.state == apiv1.StateRunning && s.pendingFork != "" {
+		return apiv1.StateStarting
+	}
 	return s.state
 }
 
@@ -97,7 +107,7 @@ func (s *Sandbox) Info() apiv1.Sandbox {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return apiv1.Sandbox{
-		ID: s.ID, Tag: s.Tag, State: s.state, Created: s.Created,
+		ID: s.ID, Tag: s.Tag, State: s.apiStateLocked(), Created: s.Created,
 		ReadyMillis: s.ReadyMillis, Pooled: s.Pooled, PID: s.pid,
 		NetNS: s.netns, GuestIP: s.GuestIP,
 		DeadReason: s.deadReason, ConsoleTail: s.consoleTail,

@@ -4,7 +4,7 @@
  */
 
 /** running: answering requests; dead: its VMM exited on its own (see deadReason); stopped: killed on request. */
-export type SandboxState = "running" | "dead" | "stopped" | (string & {});
+export type SandboxState = "starting" | "running" | "dead" | "stopped" | (string & {});
 
 /** A sandbox as the daemon describes it. */
 export interface SandboxInfo {
