@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net/http"
@@ -79,9 +80,18 @@ func (s *Server) signalProcess(w http.ResponseWriter, r *http.Request) {
 	}
 	var req apiv1.SignalRequest
 	if r.ContentLength != 0 {
-		if err := decode(w, r, &req); err != nil {
-			writeProblem(w, r, err)
-			return
+		// An empty body means SIGKILL, also when it comes chunked (no
+		// Content-Length): look before decoding.
+		br := bufio.NewReader(r.Body)
+		if _, err := br.Peek(1); err == nil {
+			r.Body = struct {
+				io.Reader
+				io.Closer
+			}{br, r.Body}
+			if err := decode(w, r, &req); err != nil {
+				writeProblem(w, r, err)
+				return
+			}
 		}
 	}
 	agent := s.agentOf(w, r)
