@@ -161,7 +161,7 @@ func TestAPIFormats(t *testing.T) {
 	}
 	json.NewDecoder(resp.Body).Decode(&p)
 	resp.Body.Close()
-	if resp.StatusCode != 400 || p.Code != "invalid_argument" || !strings.Contains(p.Detail, "running, dead or stopped") {
+	if resp.StatusCode != 400 || p.Code != "invalid_argument" || !strings.Contains(p.Detail, "want one of starting, running, dead, stopped") {
 		t.Fatalf("unknown state filter: %d %+v", resp.StatusCode, p)
 	}
 	c.ok("kill", deadID)
