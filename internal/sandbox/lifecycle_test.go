@@ -359,15 +359,22 @@ func TestBranchKeepsSourceBusy(t *testing.T) {
 func TestForkChildrenStartingUntilTheForkAnswers(t *testing.T) {
 	d := &fakeDriver{holdRestore: 2, holdGate: make(chan struct{})}
 	e, _ := newFakeEngineWith(t, d, 0, func(c *Config) { c.State = newStateStore(t) })
+	var openGate sync.Once
+	release := func() { openGate.Do(func() { close(d.holdGate) }) }
 	type result struct {
 		sbs []*Sandbox
 		err error
 	}
 	done := make(chan result, 1)
+	forked := make(chan struct{})
 	go func() {
+		defer close(forked)
 		sbs, err := e.ForkWith(context.Background(), ForkOptions{Tag: "base", Count: 2})
 		done <- result{sbs, err}
 	}()
+	// Before the engine closes, also when the test fails early: the fork
+	// must end, or its children outlive the engine.
+	t.Cleanup(func() { release(); <-forked })
 	var states []string
 	waitFor(t, func() bool {
 		states = states[:0]
@@ -379,7 +386,7 @@ func TestForkChildrenStartingUntilTheForkAnswers(t *testing.T) {
 	if states[0] != apiv1.StateStarting {
 		t.Fatalf("a child of a fork in flight is %s, want starting", states[0])
 	}
-	close(d.holdGate)
+	release()
 	r := <-done
 	if r.err != nil {
 		t.Fatal(r.err)
