@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/agentclient"
 	"github.com/forkd-dev/forkd/internal/agentconn"
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/netns"
@@ -142,16 +144,9 @@ func (e *Engine) adoptOne(rec state.SandboxRecord) (_ *Sandbox, err error) {
 			m.Kill()
 		}
 	}()
-	conn, err := m.DialAgent(ctx)
+	conn, sess, err := e.reattachAgent(ctx, m, rec.ID)
 	if err != nil {
-		return nil, fmt.Errorf("agent socket: %w", err)
-	}
-	// A new session with the same identity: the agent dropped the old
-	// daemon's session when its connection went away.
-	sess, _, err := agentconn.Dial(ctx, conn, agentapi.Hello{Identity: newIdentity(rec.ID)})
-	if err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("agent did not answer: %w", err)
+		return nil, err
 	}
 	s := &Sandbox{
 		ID: rec.ID, Tag: rec.Tag, SnapshotID: rec.SnapshotID, Created: rec.Created,
@@ -168,6 +163,40 @@ func (e *Engine) adoptOne(rec state.SandboxRecord) (_ *Sandbox, err error) {
 	}
 	go s.watch(e)
 	return s, nil
+}
+
+// reattachAgent opens a new agent session with the sandbox's identity: the
+// agent dropped the old daemon's session when its connection went away.
+// The session must answer a request before it is trusted: under load the
+// guest can learn of the old connection's end after the new HELLO, and
+// then ends the new session too (seen once in CI as an EOF on the first
+// exec after a restart). Such a session is replaced, a few times at most.
+func (e *Engine) reattachAgent(ctx context.Context, m vmm.Machine, id string) (net.Conn, *agentconn.Session, error) {
+	var lastErr error
+	for attempt := 1; attempt <= 3; attempt++ {
+		conn, err := m.DialAgent(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("agent socket: %w", err)
+		}
+		sess, _, err := agentconn.Dial(ctx, conn, agentapi.Hello{Identity: newIdentity(id)})
+		if err != nil {
+			conn.Close()
+			return nil, nil, fmt.Errorf("agent did not answer: %w", err)
+		}
+		// A moment for a late end of the old session to show.
+		select {
+		case <-sess.Done():
+		case <-time.After(25 * time.Millisecond):
+		}
+		if _, err = agentclient.New(sess).Info(ctx); err == nil {
+			return conn, sess, nil
+		}
+		lastErr = err
+		e.log.Warn("adopted sandbox's new agent session ended at once; connecting again", "sandbox_id", id, "attempt", attempt, "err", err)
+		sess.Close()
+		conn.Close()
+	}
+	return nil, nil, fmt.Errorf("agent session did not hold: %w", lastErr)
 }
 
 // sandboxTeardown is what a sandbox's end releases besides its VMM.
