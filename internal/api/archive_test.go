@@ -41,20 +41,36 @@ func (nopDriver) Prepare(context.Context, vmm.PrepareSpec) (vmm.Machine, error) 
 	return nil, errors.New("nop driver")
 }
 
+// nopEngine is an engine over dataDir ("" for a fresh one) whose driver
+// starts nothing, closed when the test ends; change, if set, edits its
+// Config first. prefix names its network namespaces.
+func nopEngine(t *testing.T, dataDir, prefix string, change func(*sandbox.Config)) *sandbox.Engine {
+	t.Helper()
+	if dataDir == "" {
+		dataDir = t.TempDir()
+	}
+	cfg := sandbox.Config{
+		DataDir: dataDir, RunDir: t.TempDir(), Driver: nopDriver{},
+		NetNSPrefix: prefix + snapshot.NewID()[:4] + "-",
+		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	if change != nil {
+		change(&cfg)
+	}
+	e, err := sandbox.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(context.Background()) })
+	return e
+}
+
 // archiveServer serves the archive routes of a server whose engine has an
 // empty data directory, through the real client.
 func archiveServer(t *testing.T) (*client.Client, string) {
 	t.Helper()
 	dataDir := t.TempDir()
-	e, err := sandbox.New(sandbox.Config{
-		DataDir: dataDir, RunDir: t.TempDir(), Driver: nopDriver{},
-		NetNSPrefix: "fkar" + snapshot.NewID()[:4] + "-",
-		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close(context.Background()) })
+	e := nopEngine(t, dataDir, "fkar", nil)
 	s := &Server{Engine: e}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/snapshots/{tag}/archive", s.exportArchive)

@@ -1,10 +1,7 @@
 package api
 
 import (
-	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -20,15 +17,7 @@ import (
 // operation, no 200 stream), and bad snapshot arguments are a plain 400
 // whatever the slots. No VMM is needed: nothing gets that far.
 func TestBuildsRefusedBeforeAnswering(t *testing.T) {
-	e, err := sandbox.New(sandbox.Config{
-		DataDir: t.TempDir(), RunDir: t.TempDir(), Driver: nopDriver{}, MaxConcurrentBuilds: 1,
-		NetNSPrefix: "fkbu" + snapshot.NewID()[:4] + "-",
-		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close(context.Background())
+	e := nopEngine(t, "", "fkbu", func(c *sandbox.Config) { c.MaxConcurrentBuilds = 1 })
 	srv := httptest.NewServer((&Server{Engine: e}).Handler())
 	defer srv.Close()
 	post := func(path, body string) (*http.Response, apiv1.Problem) {

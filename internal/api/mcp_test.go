@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -23,8 +21,6 @@ import (
 	"github.com/forkd-dev/forkd/internal/auth"
 	"github.com/forkd-dev/forkd/internal/client"
 	"github.com/forkd-dev/forkd/internal/errdefs"
-	"github.com/forkd-dev/forkd/internal/sandbox"
-	"github.com/forkd-dev/forkd/internal/snapshot"
 )
 
 // mcpServer is a Server with an engine (over an empty data dir with one
@@ -33,15 +29,7 @@ func mcpServer(t *testing.T) (s *Server, token, auditDir string) {
 	t.Helper()
 	dataDir := t.TempDir()
 	addSnapshot(t, dataDir, "base", 4096)
-	e, err := sandbox.New(sandbox.Config{
-		DataDir: dataDir, RunDir: t.TempDir(), Driver: nopDriver{},
-		NetNSPrefix: "fkmc" + snapshot.NewID()[:4] + "-",
-		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close(context.Background()) })
+	e := nopEngine(t, dataDir, "fkmc", nil)
 	tokens, err := auth.Open(filepath.Join(t.TempDir(), auth.StoreFile))
 	if err != nil {
 		t.Fatal(err)

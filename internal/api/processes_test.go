@@ -1,18 +1,14 @@
 package api
 
 import (
-	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
-	"github.com/forkd-dev/forkd/internal/sandbox"
-	"github.com/forkd-dev/forkd/internal/snapshot"
 )
 
 // onlyReader hides a body's length, so the client sends it chunked.
@@ -23,16 +19,7 @@ type onlyReader struct{ io.Reader }
 // when it has bytes. With no such sandbox, the answer is its 404, not a
 // 400 about the body.
 func TestSignalEmptyBodyIsSIGKILL(t *testing.T) {
-	e, err := sandbox.New(sandbox.Config{
-		DataDir: t.TempDir(), RunDir: t.TempDir(), Driver: nopDriver{},
-		NetNSPrefix: "fksi" + snapshot.NewID()[:4] + "-",
-		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close(context.Background())
-	srv := httptest.NewServer((&Server{Engine: e}).Handler())
+	srv := httptest.NewServer((&Server{Engine: nopEngine(t, "", "fksi", nil)}).Handler())
 	defer srv.Close()
 	url := srv.URL + "/v1/sandboxes/sb-none/processes/7/signal"
 	for _, c := range []struct {
