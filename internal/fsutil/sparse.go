@@ -25,22 +25,7 @@ func CopySparse(dst, src *os.File, size int64) (int64, error) {
 	}
 	sfd, dfd := int(src.Fd()), int(dst.Fd())
 	var copied int64
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(sfd, off, unix.SEEK_DATA)
-		if err != nil {
-			if errors.Is(err, unix.ENXIO) {
-				break // only a hole is left
-			}
-			return copied, fmt.Errorf("seek data: %w", err)
-		}
-		if data >= size {
-			break
-		}
-		hole, err := unix.Seek(sfd, data, unix.SEEK_HOLE)
-		if err != nil {
-			return copied, fmt.Errorf("seek hole: %w", err)
-		}
-		hole = min(hole, size)
+	err := DataExtents(src, size, func(data, hole int64) error {
 		for pos := data; pos < hole; {
 			roff, woff := pos, pos
 			n, err := unix.CopyFileRange(sfd, &roff, dfd, &woff, int(min(hole-pos, 1<<30)), 0)
@@ -51,19 +36,61 @@ func CopySparse(dst, src *os.File, size int64) (int64, error) {
 				if errors.Is(err, unix.EXDEV) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EINVAL) {
 					k, err := copyRange(dst, src, pos, hole-pos)
 					copied += k
-					if err != nil {
-						return copied, err
-					}
-					break
+					return err
 				}
-				return copied, fmt.Errorf("copy_file_range: %w", err)
+				return fmt.Errorf("copy_file_range: %w", err)
 			}
 			pos += int64(n)
 			copied += int64(n)
 		}
+		return nil
+	})
+	return copied, err
+}
+
+// DataExtents calls fn for each run of data in the first size bytes of f
+// ([data, hole), found with SEEK_DATA/SEEK_HOLE), in order; holes, which
+// read as zeros, are skipped. It stops at fn's first error.
+func DataExtents(f *os.File, size int64, fn func(data, hole int64) error) error {
+	fd := int(f.Fd())
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if err != nil {
+			if errors.Is(err, unix.ENXIO) {
+				return nil // only a hole is left
+			}
+			return fmt.Errorf("seek data: %w", err)
+		}
+		if data >= size {
+			return nil
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("seek hole: %w", err)
+		}
+		hole = min(hole, size)
+		if err := fn(data, hole); err != nil {
+			return err
+		}
 		off = hole
 	}
-	return copied, nil
+	return nil
+}
+
+// ReadSparseInto fills dst with the first len(dst) bytes of src, reading
+// only its data extents: dst must already hold zeros where src has holes
+// (a fresh mapping does). It returns the bytes read.
+func ReadSparseInto(dst []byte, src *os.File) (int64, error) {
+	var read int64
+	err := DataExtents(src, int64(len(dst)), func(data, hole int64) error {
+		n, err := src.ReadAt(dst[data:hole], data)
+		read += int64(n)
+		if err != nil {
+			return fmt.Errorf("read at %#x: %w", data, err)
+		}
+		return nil
+	})
+	return read, err
 }
 
 // copyRange copies n bytes at off from src to dst with reads and writes.
