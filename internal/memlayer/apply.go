@@ -52,6 +52,30 @@ func Apply(dst, layer *os.File, ix *Index) (int64, error) {
 	return written, nil
 }
 
+// ApplyMapped is Apply for a destination that is a writable mapping of the
+// whole image (a file on hugetlbfs, which has no write(2)): each extent of
+// the layer is read straight into place, zero pages included. It returns
+// the bytes read.
+func ApplyMapped(dst []byte, layer *os.File, ix *Index) (int64, error) {
+	if err := ix.Validate(); err != nil {
+		return 0, err
+	}
+	if uint64(len(dst)) != ix.MemorySize {
+		return 0, fmt.Errorf("memlayer: index for %d bytes of memory, mapping of %d", ix.MemorySize, len(dst))
+	}
+	ps := uint64(ix.PageSize)
+	var read int64
+	for _, e := range ix.Extents {
+		off, end := e.First*ps, (e.First+e.Count)*ps
+		n, err := layer.ReadAt(dst[off:end], int64(off))
+		read += int64(n)
+		if err != nil {
+			return read, fmt.Errorf("memlayer: read layer at %#x: %w", off, err)
+		}
+	}
+	return read, nil
+}
+
 // punch makes n bytes at off read as zeros, as a hole where the file
 // system can.
 func punch(f *os.File, off, n int64) error {

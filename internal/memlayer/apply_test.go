@@ -64,3 +64,54 @@ func TestApply(t *testing.T) {
 		t.Error("an extent past the memory size was applied")
 	}
 }
+
+// TestApplyMapped: applying a layer to a mapping of the image gives the
+// same bytes as Apply to its file, zero pages included, and refuses an
+// index for another memory size.
+func TestApplyMapped(t *testing.T) {
+	const ps, pages = 4096, 32
+	dir := t.TempDir()
+	img := make([]byte, pages*ps)
+	for i := range img {
+		img[i] = byte(i/ps + 1)
+	}
+	file, err := os.Create(filepath.Join(dir, "image"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	file.Write(img)
+	layer, err := os.Create(filepath.Join(dir, "layer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer.Truncate(pages * ps)
+	layer.WriteAt(bytes.Repeat([]byte{0xEE}, 2*ps), 3*ps) // pages 3-4 data, 5 zeros
+	layer.WriteAt(bytes.Repeat([]byte{0xDD}, ps), 31*ps)
+	b := Builder{PageSize: ps, MemorySize: pages * ps}
+	b.Add(3, 3)
+	b.Add(31, 1)
+	ix := b.Index()
+	if _, err := Apply(file, layer, ix); err != nil {
+		t.Fatal(err)
+	}
+	n, err := ApplyMapped(img, layer, ix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 4*ps {
+		t.Errorf("read %d bytes, want %d", n, 4*ps)
+	}
+	want := make([]byte, pages*ps)
+	if _, err := file.ReadAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(img, want) {
+		t.Fatal("ApplyMapped and Apply disagree")
+	}
+	if img[5*ps] != 0 || img[3*ps] != 0xEE || img[6*ps] != 7 {
+		t.Fatalf("pages 3, 5, 6 = %#x %#x %#x", img[3*ps], img[5*ps], img[6*ps])
+	}
+	if _, err := ApplyMapped(img[:ps], layer, ix); err == nil {
+		t.Error("applied an index to a mapping of another size")
+	}
+}
