@@ -32,22 +32,52 @@ import (
 	"github.com/forkd-dev/forkd/internal/fsutil"
 	"github.com/forkd-dev/forkd/internal/memlayer"
 	"github.com/forkd-dev/forkd/internal/snapshot"
+	"golang.org/x/sys/unix"
 )
 
 // memCache holds assembled memory images, one file per chain-head digest.
 type memCache struct {
 	dir string
-	mu  sync.Mutex
+	// hugePage is the page size of dir when it is on hugetlbfs, else 0.
+	// hugetlbfs has no write(2): images are filled through a mapping, and
+	// their stamps are kept in stampDir, on the data dir's file system.
+	hugePage int64
+	stampDir string
+	mu       sync.Mutex
 	// building serializes assembly per digest: concurrent forks of a new
 	// head wait for one assembly instead of each doing it.
 	building map[string]*sync.Mutex
 }
 
-func newMemCache(dir string) (*memCache, error) {
+// newMemCache opens the memory image cache in dir; hugeStampDir is where
+// stamps go if dir is on hugetlbfs.
+func newMemCache(dir, hugeStampDir string) (*memCache, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("memory cache: %w", err)
 	}
-	return &memCache{dir: dir, building: map[string]*sync.Mutex{}}, nil
+	c := &memCache{dir: dir, stampDir: dir, building: map[string]*sync.Mutex{}}
+	huge, err := fsutil.HugePageSize(dir)
+	if err != nil {
+		return nil, fmt.Errorf("memory cache: %w", err)
+	}
+	if huge > 0 {
+		if err := os.MkdirAll(hugeStampDir, 0o700); err != nil {
+			return nil, fmt.Errorf("memory cache: %w", err)
+		}
+		c.hugePage, c.stampDir = huge, hugeStampDir
+	}
+	return c, nil
+}
+
+// stampPath is where the stamp of the image at path is recorded.
+func (c *memCache) stampPath(path string) string {
+	return filepath.Join(c.stampDir, filepath.Base(path)+imageStampSuffix)
+}
+
+// remove deletes an image and its stamp.
+func (c *memCache) remove(path string) {
+	os.Remove(path)
+	os.Remove(c.stampPath(path))
 }
 
 // path is where the assembled image of a digest lives.
@@ -71,16 +101,22 @@ func (c *memCache) lock(digest string) func() {
 // files of interrupted assemblies included: only at start-up, when no
 // assembly is in flight.
 func (c *memCache) prune(keep map[string]bool, log func(msg string, args ...any)) {
-	entries, err := os.ReadDir(c.dir)
-	if err != nil {
-		return
+	dirs := []string{c.dir}
+	if c.stampDir != c.dir {
+		dirs = append(dirs, c.stampDir)
 	}
-	for _, e := range entries {
-		if keep["sha256:"+strings.TrimSuffix(e.Name(), imageStampSuffix)] {
+	for _, dir := range dirs {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
 			continue
 		}
-		if err := os.Remove(filepath.Join(c.dir, e.Name())); err == nil {
-			log("removed an assembled memory image no snapshot uses", "file", e.Name())
+		for _, e := range entries {
+			if keep["sha256:"+strings.TrimSuffix(e.Name(), imageStampSuffix)] {
+				continue
+			}
+			if err := os.Remove(filepath.Join(dir, e.Name())); err == nil {
+				log("removed an assembled memory image no snapshot uses", "file", e.Name())
+			}
 		}
 	}
 }
@@ -117,7 +153,7 @@ func (e *Engine) memoryImage(snap *snapshot.Snapshot) (string, error) {
 	// Without the lock, only look: an assembly in flight renames its image
 	// into place before it writes the stamp, so an image without one may
 	// be a moment from whole. Only the holder of the lock removes one.
-	if imageChange(path) == "" {
+	if e.mem.imageChange(path) == "" {
 		return path, nil
 	}
 	unlock := e.mem.lock(digest)
@@ -126,7 +162,7 @@ func (e *Engine) memoryImage(snap *snapshot.Snapshot) (string, error) {
 		return path, nil // assembled while this call waited
 	}
 	start := time.Now()
-	written, err := assemble(chain, path)
+	written, err := e.mem.assemble(chain, path)
 	if err != nil {
 		return "", fmt.Errorf("snapshot %q: assemble memory from its chain of %d: %w", snap.Tag, len(chain), err)
 	}
@@ -144,12 +180,12 @@ const (
 // imageChange reports why the assembled image at path cannot be mapped
 // as it is: imageMissing, imageNoStamp, or how it changed since its stamp
 // was recorded; "" when it is whole. It only looks.
-func imageChange(path string) string {
+func (c *memCache) imageChange(path string) string {
 	now, err := snapshot.StampOf(path)
 	if err != nil {
 		return imageMissing
 	}
-	want, err := readImageStamp(path)
+	want, err := c.readStamp(path)
 	if err != nil {
 		return imageNoStamp
 	}
@@ -165,7 +201,7 @@ func imageChange(path string) string {
 // hold the old file keep only their own mapping of it. The caller holds
 // the image's lock (memCache.lock), so no assembly of it is in flight.
 func (e *Engine) cachedImageOK(snap *snapshot.Snapshot, path string) bool {
-	switch change := imageChange(path); change {
+	switch change := e.mem.imageChange(path); change {
 	case "":
 		return true
 	case imageMissing:
@@ -179,17 +215,17 @@ func (e *Engine) cachedImageOK(snap *snapshot.Snapshot, path string) bool {
 		// which DropPool waits for.
 		go e.DropPool(context.Background(), snap.ID)
 	}
-	os.Remove(path)
-	os.Remove(path + imageStampSuffix)
+	e.mem.remove(path)
 	return false
 }
 
-// imageStampSuffix names the stamp of an assembled image, next to it.
+// imageStampSuffix names the stamp of an assembled image: next to it, or
+// in memCache.stampDir.
 const imageStampSuffix = ".stamp"
 
-func readImageStamp(path string) (snapshot.FileStamp, error) {
+func (c *memCache) readStamp(path string) (snapshot.FileStamp, error) {
 	var st snapshot.FileStamp
-	data, err := os.ReadFile(path + imageStampSuffix)
+	data, err := os.ReadFile(c.stampPath(path))
 	if err != nil {
 		return st, err
 	}
@@ -198,7 +234,7 @@ func readImageStamp(path string) (snapshot.FileStamp, error) {
 
 // writeImageStamp records the stamp of an assembled image once it has its
 // final name (a rename changes the ctime).
-func writeImageStamp(path string) error {
+func (c *memCache) writeStamp(path string) error {
 	st, err := snapshot.StampOf(path)
 	if err != nil {
 		return err
@@ -207,7 +243,7 @@ func writeImageStamp(path string) error {
 	if err != nil {
 		return err
 	}
-	return fsutil.WriteFileAtomic(path+imageStampSuffix, data, 0o400)
+	return fsutil.WriteFileAtomic(c.stampPath(path), data, 0o400)
 }
 
 // checkIntact refuses a snapshot whose files changed since they were
@@ -251,11 +287,17 @@ func (e *Engine) SnapshotIntact(snap *snapshot.Snapshot) error {
 
 // assemble writes the memory of chain[0] (head first, root last) to path:
 // a sparse copy of the root's memory file with each layer's pages put
-// over it, root side first (a flat snapshot's chain is itself: a copy). It stages in a temporary file, fsyncs and
-// renames, so path is either absent or complete.
-func assemble(chain []*snapshot.Snapshot, path string) (written int64, err error) {
+// over it, root side first (a flat snapshot's chain is itself: a copy).
+// It stages in a temporary file, fsyncs and renames, so path is either
+// absent or complete.
+func (c *memCache) assemble(chain []*snapshot.Snapshot, path string) (written int64, err error) {
 	root := chain[len(chain)-1]
 	size := root.Files[snapshot.MemoryFile].Size
+	for _, layer := range chain[:len(chain)-1] {
+		if got := layer.Files[snapshot.MemoryFile].Size; got != size {
+			return 0, fmt.Errorf("layer %q holds %d bytes of memory, its chain %d: %w", layer.Tag, got, size, errdefs.ErrFailedPrecondition)
+		}
+	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".assemble-*")
 	if err != nil {
 		return 0, err
@@ -266,38 +308,13 @@ func assemble(chain []*snapshot.Snapshot, path string) (written int64, err error
 			os.Remove(tmp.Name())
 		}
 	}()
-	base, err := os.Open(root.Path(snapshot.MemoryFile))
-	if err != nil {
-		return 0, err
+	if c.hugePage > 0 {
+		written, err = fillMapped(tmp, chain, size, c.hugePage)
+	} else {
+		written, err = fillSparse(tmp, chain, size)
 	}
-	n, err := fsutil.CopySparse(tmp, base, size)
-	base.Close()
 	if err != nil {
-		return 0, fmt.Errorf("copy %q: %w", root.Tag, err)
-	}
-	written += n
-	for i := len(chain) - 2; i >= 0; i-- {
-		layer := chain[i]
-		if got := layer.Files[snapshot.MemoryFile].Size; got != size {
-			return written, fmt.Errorf("layer %q holds %d bytes of memory, its chain %d: %w", layer.Tag, got, size, errdefs.ErrFailedPrecondition)
-		}
-		ix, err := memlayer.ReadFile(layer.Path(snapshot.LayerIndexFile))
-		if err != nil {
-			return written, fmt.Errorf("layer %q: %w", layer.Tag, err)
-		}
-		if int64(ix.MemorySize) != size {
-			return written, fmt.Errorf("layer %q: index for %d bytes, memory %d: %w", layer.Tag, ix.MemorySize, size, errdefs.ErrFailedPrecondition)
-		}
-		f, err := os.Open(layer.Path(snapshot.MemoryFile))
-		if err != nil {
-			return written, fmt.Errorf("layer %q: %w", layer.Tag, err)
-		}
-		n, err := memlayer.Apply(tmp, f, ix)
-		f.Close()
-		written += n
-		if err != nil {
-			return written, fmt.Errorf("layer %q: %w", layer.Tag, err)
-		}
+		return written, err
 	}
 	if err := tmp.Sync(); err != nil {
 		return written, err
@@ -308,11 +325,102 @@ func assemble(chain []*snapshot.Snapshot, path string) (written int64, err error
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return written, err
 	}
-	if err := writeImageStamp(path); err != nil {
+	if err := c.writeStamp(path); err != nil {
 		os.Remove(path)
 		return written, err
 	}
 	return written, fsutil.SyncDir(filepath.Dir(path))
+}
+
+// fillSparse writes the chain's memory into dst with write(2): the root
+// copied sparse, each layer's pages applied over it.
+func fillSparse(dst *os.File, chain []*snapshot.Snapshot, size int64) (int64, error) {
+	root := chain[len(chain)-1]
+	base, err := os.Open(root.Path(snapshot.MemoryFile))
+	if err != nil {
+		return 0, err
+	}
+	written, err := fsutil.CopySparse(dst, base, size)
+	base.Close()
+	if err != nil {
+		return written, fmt.Errorf("copy %q: %w", root.Tag, err)
+	}
+	for i := len(chain) - 2; i >= 0; i-- {
+		n, err := applyLayer(chain[i], size, func(f *os.File, ix *memlayer.Index) (int64, error) {
+			return memlayer.Apply(dst, f, ix)
+		})
+		written += n
+		if err != nil {
+			return written, err
+		}
+	}
+	return written, nil
+}
+
+// fillMapped is fillSparse for a file on hugetlbfs, which has no
+// write(2). The whole image is allocated first (fallocate), so a short
+// huge page pool is a clear error now rather than a SIGBUS in a clone
+// later, and every clone's read of a page finds the shared page instead of
+// allocating its own; it is then filled through a shared mapping.
+func fillMapped(dst *os.File, chain []*snapshot.Snapshot, size, hugePage int64) (int64, error) {
+	if size%hugePage != 0 {
+		return 0, fmt.Errorf("memory of %d bytes is not a whole number of the memory dir's %d-byte huge pages: use a guest memory size that is a multiple of %d MiB, or a memory dir on tmpfs: %w",
+			size, hugePage, hugePage>>20, errdefs.ErrInvalidArgument)
+	}
+	if err := unix.Fallocate(int(dst.Fd()), 0, 0, size); err != nil {
+		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.ENOMEM) {
+			return 0, fmt.Errorf("the memory dir on hugetlbfs has too few free huge pages for a %d MiB image (%d pages of %d KiB; see HugePages_Free in /proc/meminfo): raise /proc/sys/vm/nr_hugepages: %w",
+				size>>20, size/hugePage, hugePage>>10, errdefs.ErrResourceExhausted)
+		}
+		return 0, fmt.Errorf("allocate %d bytes on hugetlbfs: %w", size, err)
+	}
+	mem, err := unix.Mmap(int(dst.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return 0, fmt.Errorf("map the image on hugetlbfs: %w", err)
+	}
+	defer unix.Munmap(mem)
+	root := chain[len(chain)-1]
+	base, err := os.Open(root.Path(snapshot.MemoryFile))
+	if err != nil {
+		return 0, err
+	}
+	written, err := fsutil.ReadSparseInto(mem, base)
+	base.Close()
+	if err != nil {
+		return written, fmt.Errorf("copy %q: %w", root.Tag, err)
+	}
+	for i := len(chain) - 2; i >= 0; i-- {
+		n, err := applyLayer(chain[i], size, func(f *os.File, ix *memlayer.Index) (int64, error) {
+			return memlayer.ApplyMapped(mem, f, ix)
+		})
+		written += n
+		if err != nil {
+			return written, err
+		}
+	}
+	return written, nil
+}
+
+// applyLayer opens a layer's index and memory file, checks the index
+// against the chain's memory size, and hands both to apply.
+func applyLayer(layer *snapshot.Snapshot, size int64, apply func(*os.File, *memlayer.Index) (int64, error)) (int64, error) {
+	ix, err := memlayer.ReadFile(layer.Path(snapshot.LayerIndexFile))
+	if err != nil {
+		return 0, fmt.Errorf("layer %q: %w", layer.Tag, err)
+	}
+	if int64(ix.MemorySize) != size {
+		return 0, fmt.Errorf("layer %q: index for %d bytes, memory %d: %w", layer.Tag, ix.MemorySize, size, errdefs.ErrFailedPrecondition)
+	}
+	f, err := os.Open(layer.Path(snapshot.MemoryFile))
+	if err != nil {
+		return 0, fmt.Errorf("layer %q: %w", layer.Tag, err)
+	}
+	defer f.Close()
+	n, err := apply(f, ix)
+	if err != nil {
+		return n, fmt.Errorf("layer %q: %w", layer.Tag, err)
+	}
+	return n, nil
 }
 
 // pruneMemoryCache drops, at start-up, the images whose snapshot is gone
@@ -406,8 +514,7 @@ func (e *Engine) dropMemoryImages(digests []string) {
 	}
 	for _, d := range digests {
 		if !inUse[d] {
-			os.Remove(e.mem.path(d))
-			os.Remove(e.mem.path(d) + imageStampSuffix)
+			e.mem.remove(e.mem.path(d))
 		}
 	}
 }

@@ -145,7 +145,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.MemoryDir != "" {
 		memDir = cfg.MemoryDir
 	}
-	mem, err := newMemCache(memDir)
+	mem, err := newMemCache(memDir, filepath.Join(cfg.DataDir, "cache", "memory-stamps"))
 	if err != nil {
 		return nil, err
 	}

@@ -234,7 +234,7 @@ func TestImageBeingCommittedIsNotRemoved(t *testing.T) {
 		unlock()
 		t.Fatalf("image removed while its assembly held the lock: %v", err)
 	}
-	if err := writeImageStamp(img); err != nil {
+	if err := e.mem.writeStamp(img); err != nil {
 		t.Fatal(err)
 	}
 	unlock()
@@ -242,8 +242,8 @@ func TestImageBeingCommittedIsNotRemoved(t *testing.T) {
 	if r.err != nil || r.path != img {
 		t.Fatalf("memoryImage = %q, %v", r.path, r.err)
 	}
-	if imageChange(img) != "" {
-		t.Fatalf("image after the fork: %s", imageChange(img))
+	if e.mem.imageChange(img) != "" {
+		t.Fatalf("image after the fork: %s", e.mem.imageChange(img))
 	}
 }
 
