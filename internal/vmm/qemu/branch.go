@@ -48,9 +48,11 @@ package qemu
 // guest sends cont (with a context of its own) before it returns.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -313,12 +315,22 @@ func (b *brancher) paused(ctx context.Context) (err error) {
 		return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
 	}
 	defer procMem.Close()
-	var pagemap *os.File
+	guest := &guestMem{pid: b.pid, proc: procMem}
+	var (
+		pagemap *os.File
+		base    []byte // the memory file, to compare written pages with
+	)
 	if b.mode == vmm.SnapshotDiff {
 		if pagemap, err = os.Open(fmt.Sprintf("/proc/%d/pagemap", b.pid)); err != nil {
 			return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
 		}
 		defer pagemap.Close()
+		if base, err = mapHugeBase(m.cfg.MemoryFile, memSize); err != nil {
+			return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
+		}
+		if base != nil {
+			defer unix.Munmap(base)
+		}
 	}
 	// The small RAM blocks (firmware, ACPI tables) and where they live.
 	var info string
@@ -430,9 +442,9 @@ func (b *brancher) paused(ctx context.Context) (err error) {
 	)
 	if b.mode == vmm.SnapshotDiff {
 		idx = &memlayer.Builder{PageSize: pageSize, MemorySize: memSize}
-		scanned, copyErr = copyPrivatePages(maps, pagemap, procMem, mw, idx, memSize)
+		scanned, copyErr = copyPrivatePages(maps, pagemap, guest, mw, idx, memSize, base)
 	} else {
-		copyErr = copyAllPages(maps, procMem, mw, memSize)
+		copyErr = copyAllPages(maps, guest, mw, memSize)
 	}
 	if copyErr == nil {
 		copyErr = mw.flush()
@@ -502,12 +514,35 @@ func (b *brancher) paused(ctx context.Context) (err error) {
 	return nil
 }
 
+// mapHugeBase maps a clone's memory file read-only when it is on
+// hugetlbfs, and returns nil otherwise. There a write copies a whole huge
+// page (2 MiB), most of it unchanged: a diff branch compares the copied
+// pages with the file and keeps only the 4 KiB pages that differ, so a
+// layer is as small as on tmpfs. The file is allocated whole when it is
+// made (package sandbox), so this shared mapping reserves no new pages.
+func mapHugeBase(path string, size uint64) ([]byte, error) {
+	huge, err := fsutil.HugePageSize(filepath.Dir(path))
+	if err != nil || huge == 0 {
+		return nil, err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
+}
+
 // copyPrivatePages copies the pages the clone wrote (anonymous pages in
 // its private mappings of the memory file) into mw at their file offsets
-// and records them in idx. It says how it found them.
-func copyPrivatePages(maps []mapping, pagemap, procMem *os.File, mw *memWriter, idx *memlayer.Builder, memSize uint64) (string, error) {
+// and records them in idx. With base (the memory file's contents), pages
+// equal to it are left out. It says how it found them.
+func copyPrivatePages(maps []mapping, pagemap *os.File, guest *guestMem, mw *memWriter, idx *memlayer.Builder, memSize uint64, base []byte) (string, error) {
 	buf := make([]byte, 1<<20)
 	how := "PAGEMAP_SCAN"
+	if base != nil {
+		how = "compared with the file"
+	}
 	for _, mp := range maps {
 		end := mp.End
 		if mp.Offset >= memSize {
@@ -525,8 +560,14 @@ func copyPrivatePages(maps []mapping, pagemap, procMem *os.File, mw *memWriter, 
 		}
 		for _, r := range runs {
 			off := mp.Offset + (r.Off - mp.Start)
+			if base != nil {
+				if err := copyChangedMem(guest, r.Off, r.Len, off, mw, idx, buf, base); err != nil {
+					return how, err
+				}
+				continue
+			}
 			idx.Add(off/pageSize, r.Len/pageSize)
-			if err := copyMem(procMem, r.Off, r.Len, off, mw, buf); err != nil {
+			if err := copyMem(guest, r.Off, r.Len, off, mw, buf); err != nil {
 				return how, err
 			}
 		}
@@ -539,29 +580,96 @@ func copyPrivatePages(maps []mapping, pagemap, procMem *os.File, mw *memWriter, 
 var forcePagemapRead bool
 
 // copyAllPages copies all of the clone's RAM into mw.
-func copyAllPages(maps []mapping, procMem *os.File, mw *memWriter, memSize uint64) error {
+func copyAllPages(maps []mapping, guest *guestMem, mw *memWriter, memSize uint64) error {
 	buf := make([]byte, 2<<20)
 	for _, mp := range maps {
 		if mp.Offset >= memSize {
 			continue
 		}
 		n := min(mp.size(), memSize-mp.Offset)
-		if err := copyMem(procMem, mp.Start, n, mp.Offset, mw, buf); err != nil {
+		if err := copyMem(guest, mp.Start, n, mp.Offset, mw, buf); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// guestMem reads a stopped QEMU's memory: with process_vm_readv, which
+// copies straight from the pages (about 2.5x faster here than reading
+// /proc/PID/mem, which bounces every page through a kernel buffer), and
+// /proc/PID/mem where that syscall is not allowed (seccomp, ENOSYS).
+type guestMem struct {
+	pid     int
+	proc    *os.File
+	noVMRdv bool
+}
+
+// read fills buf with the memory at addr.
+func (g *guestMem) read(buf []byte, addr uint64) error {
+	for !g.noVMRdv && len(buf) > 0 {
+		local := []unix.Iovec{{Base: &buf[0], Len: uint64(len(buf))}}
+		remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(buf)}}
+		n, err := unix.ProcessVMReadv(g.pid, local, remote, 0)
+		if err != nil {
+			if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) {
+				g.noVMRdv = true
+				break
+			}
+			return err
+		}
+		if n == 0 {
+			return io.ErrUnexpectedEOF
+		}
+		buf, addr = buf[n:], addr+uint64(n)
+	}
+	if len(buf) == 0 {
+		return nil
+	}
+	_, err := g.proc.ReadAt(buf, int64(addr))
+	return err
+}
+
 // copyMem copies n bytes of process memory at addr into mw at off.
-func copyMem(procMem *os.File, addr, n, off uint64, mw *memWriter, buf []byte) error {
+func copyMem(guest *guestMem, addr, n, off uint64, mw *memWriter, buf []byte) error {
 	for done := uint64(0); done < n; {
 		k := min(uint64(len(buf)), n-done)
-		if _, err := procMem.ReadAt(buf[:k], int64(addr+done)); err != nil {
+		if err := guest.read(buf[:k], addr+done); err != nil {
 			return fmt.Errorf("read guest memory at %#x: %w", addr+done, err)
 		}
 		if err := mw.put(int64(off+done), buf[:k]); err != nil {
 			return err
+		}
+		done += k
+	}
+	return nil
+}
+
+// copyChangedMem is copyMem for pages that may equal the memory file's
+// (base): only the runs of pages that differ from it are copied into mw
+// and recorded in idx.
+func copyChangedMem(guest *guestMem, addr, n, off uint64, mw *memWriter, idx *memlayer.Builder, buf, base []byte) error {
+	for done := uint64(0); done < n; {
+		k := min(uint64(len(buf)), n-done)
+		if err := guest.read(buf[:k], addr+done); err != nil {
+			return fmt.Errorf("read guest memory at %#x: %w", addr+done, err)
+		}
+		at := off + done
+		if at+k > uint64(len(base)) {
+			return fmt.Errorf("guest pages %#x+%#x outside the %d-byte memory file", at, k, len(base))
+		}
+		for i := uint64(0); i < k; {
+			same := bytes.Equal(buf[i:i+pageSize], base[at+i:at+i+pageSize])
+			j := i + pageSize
+			for j < k && bytes.Equal(buf[j:j+pageSize], base[at+j:at+j+pageSize]) == same {
+				j += pageSize
+			}
+			if !same {
+				idx.Add((at+i)/pageSize, (j-i)/pageSize)
+				if err := mw.put(int64(at+i), buf[i:j]); err != nil {
+					return err
+				}
+			}
+			i = j
 		}
 		done += k
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/fsutil"
 	"github.com/forkd-dev/forkd/internal/qmp"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
@@ -215,13 +216,34 @@ func (m *Machine) describeExit(werr error) error {
 			b.WriteString(" (a guest panic resets, and -no-reboot turns the reset into an exit)")
 		}
 	}
+	class := errdefs.ErrUnavailable
 	if s := strings.TrimSpace(tail(filepath.Join(m.cfg.RunDir, stderrFile), detailBytes)); s != "" {
 		fmt.Fprintf(&b, "\nqemu stderr:\n%s", s)
+		if hint := m.hugePoolHint(s); hint != "" {
+			fmt.Fprintf(&b, "\n%s", hint)
+			class = errdefs.ErrResourceExhausted
+		}
 	}
 	if s := strings.TrimSpace(m.ConsoleTail(detailBytes)); s != "" {
 		fmt.Fprintf(&b, "\nconsole tail:\n%s", s)
 	}
-	return fmt.Errorf("%s: %w", b.String(), errdefs.ErrUnavailable)
+	return fmt.Errorf("%s: %w", b.String(), class)
+}
+
+// hugePoolHint explains QEMU's failure to map guest RAM from a memory file
+// on hugetlbfs: the kernel reserves a private mapping's huge pages when it
+// is made (so a clone never dies of SIGBUS on a copy-on-write later), and
+// the pool had too few free. "" for any other failure.
+func (m *Machine) hugePoolHint(stderr string) string {
+	if m.cfg.MemoryFile == "" || !strings.Contains(stderr, "unable to map backing store for guest RAM") {
+		return ""
+	}
+	huge, err := fsutil.HugePageSize(filepath.Dir(m.cfg.MemoryFile))
+	if err != nil || huge == 0 {
+		return ""
+	}
+	return fmt.Sprintf("the memory dir is on hugetlbfs and its huge page pool has too few free pages: each sandbox reserves its guest memory (%d MiB = %d pages of %d KiB) when it starts; raise /proc/sys/vm/nr_hugepages (HugePages_Free in /proc/meminfo says what is left), or use fewer pooled VMMs (--pool)",
+		m.cfg.MemoryMiB, int64(m.cfg.MemoryMiB)<<20/huge, huge>>10)
 }
 
 // exitDetail is the exit error, or a description of a requested exit.
