@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/forkd-dev/forkd/internal/fsutil"
+	"github.com/forkd-dev/forkd/internal/memlayer"
 )
 
 // TestPrivatePages maps a file privately in this process, writes some
@@ -119,5 +120,52 @@ func TestCopySparse(t *testing.T) {
 	t.Logf("copied %d bytes, %d allocated", n, alloc)
 	if alloc > 4<<20 {
 		t.Errorf("copy not sparse: %d bytes allocated", alloc)
+	}
+}
+
+// TestCopyChangedMem reads "guest" memory from this process (both ways
+// guestMem reads) and keeps only the pages that differ from the base: a
+// written run in the middle of a chunk, one at its end, and a page
+// written with the value it already had, which is left out.
+func TestCopyChangedMem(t *testing.T) {
+	const pages = 16
+	base := bytes.Repeat([]byte{7}, pages*pageSize)
+	for _, viaProcMem := range []bool{false, true} {
+		guestBuf := bytes.Clone(base)
+		copy(guestBuf[2*pageSize:4*pageSize], bytes.Repeat([]byte{9}, 2*pageSize))
+		guestBuf[15*pageSize+100] = 1
+		guestBuf[8*pageSize] = 7 // same as before: not a change
+		proc, err := os.Open("/proc/self/mem")
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := &guestMem{pid: os.Getpid(), proc: proc, noVMRdv: viaProcMem}
+		out, err := os.Create(filepath.Join(t.TempDir(), "layer"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mw := newMemWriter(out, pages*pageSize, false)
+		idx := &memlayer.Builder{PageSize: pageSize, MemorySize: pages * pageSize}
+		addr := uint64(uintptr(unsafe.Pointer(&guestBuf[0])))
+		// A buffer of 3 pages: chunks end inside the written run.
+		if err := copyChangedMem(g, addr, pages*pageSize, 0, mw, idx, make([]byte, 3*pageSize), base); err != nil {
+			t.Fatal(err)
+		}
+		if err := mw.flush(); err != nil {
+			t.Fatal(err)
+		}
+		proc.Close()
+		want := []memlayer.Extent{{First: 2, Count: 2}, {First: 15, Count: 1}}
+		if got := idx.Index().Extents; !slices.Equal(got, want) {
+			t.Errorf("procmem=%v: extents %v, want %v", viaProcMem, got, want)
+		}
+		got := make([]byte, pages*pageSize)
+		out.ReadAt(got, 0)
+		for _, p := range []int{2, 3, 15} {
+			if !bytes.Equal(got[p*pageSize:(p+1)*pageSize], guestBuf[p*pageSize:(p+1)*pageSize]) {
+				t.Errorf("procmem=%v: page %d not copied", viaProcMem, p)
+			}
+		}
+		out.Close()
 	}
 }
