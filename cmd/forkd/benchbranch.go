@@ -18,6 +18,7 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/fsutil"
 	"github.com/forkd-dev/forkd/internal/sandbox"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 )
@@ -84,6 +85,17 @@ func sizedSnapshot(ctx context.Context, e *sandbox.Engine, tag string, mib int) 
 	return snap, err
 }
 
+// memoryDirKind says where clones' memory images live, for the report.
+func memoryDirKind(dir string) string {
+	if dir == "" {
+		return "in the data dir"
+	}
+	if huge, err := fsutil.HugePageSize(dir); err == nil && huge > 0 {
+		return fmt.Sprintf("on hugetlbfs (%d KiB pages)", huge>>10)
+	}
+	return "on tmpfs"
+}
+
 func parseSizes(s string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
@@ -108,7 +120,9 @@ func runBenchBranch(ctx context.Context, g *globals, o benchBranchOpts) error {
 	defer env.close()
 	e := env.e
 	report := newBenchReport(ctx, e, "branch", "")
-	report.Intro = fmt.Sprintf("Idle sandbox of the minimal recipe, %d branches per mode (median); pause = stop to cont as the caller sees it.", o.rounds)
+	report.Intro = fmt.Sprintf("Idle sandbox of the minimal recipe, %d branches per mode (median); clones' memory %s. "+
+		"Pause: diff and full, stop to cont as the caller sees it; live, QEMU's STOP to RESUME events (the guest's own pause).",
+		o.rounds, memoryDirKind(e.Config().MemoryDir))
 	report.columns = []string{"guest memory", "mode", "pause p50", "pause max", "total p50", "written p50"}
 	for _, mib := range sizes {
 		snap, err := sizedSnapshot(ctx, e, fmt.Sprintf("bench-branch-%d", mib), mib)
