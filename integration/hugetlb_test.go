@@ -136,6 +136,18 @@ func TestLiveBranchOnHugetlbfs(t *testing.T) {
 		c.ok("kill", g)
 	}
 
+	// A compaction copies the image from hugetlbfs, which reports all of a
+	// file as data: the copy stays sparse all the same.
+	flatTag := "it-huge-flat-" + id
+	c.ok("snapshot", "compact", "--from", diffTag, "--to", flatTag)
+	t.Cleanup(func() { c.run("rmi", flatTag) })
+	var flat apiv1.Snapshot
+	json.Unmarshal([]byte(c.ok("snapshot", "info", flatTag, "--json")), &flat)
+	t.Logf("compacted copy: %d bytes on disk of %d logical", flat.DiskBytes, flat.SizeBytes)
+	if flat.DiskBytes <= 0 || flat.DiskBytes > flat.SizeBytes*3/4 {
+		t.Errorf("compacted copy: %d bytes on disk of %d logical", flat.DiskBytes, flat.SizeBytes)
+	}
+
 	// The images clones map are on hugetlbfs, their stamps on the data dir.
 	images, _ := os.ReadDir(memDir)
 	if len(images) < 3 {

@@ -1,6 +1,7 @@
 package fsutil
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -94,18 +95,30 @@ func ReadSparseInto(dst []byte, src *os.File) (int64, error) {
 }
 
 // copyRange copies n bytes at off from src to dst with reads and writes.
+// dst reads as zeros there already (CopySparse truncated it), so pages of
+// zeros are not written: they stay holes, for sources that report all of
+// their size as data (hugetlbfs, some network file systems).
 func copyRange(dst, src *os.File, off, n int64) (int64, error) {
+	const page = 4096
 	buf := make([]byte, 1<<20)
 	var done int64
 	for done < n {
 		k := min(int64(len(buf)), n-done)
 		r, err := src.ReadAt(buf[:k], off+done)
-		if r > 0 {
-			if _, werr := dst.WriteAt(buf[:r], off+done); werr != nil {
-				return done, werr
+		for i := 0; i < r; {
+			j := min(i+page, r)
+			zero := allZero(buf[i:j])
+			for j < r && allZero(buf[j:min(j+page, r)]) == zero {
+				j = min(j+page, r)
 			}
-			done += int64(r)
+			if !zero {
+				if _, werr := dst.WriteAt(buf[i:j], off+done+int64(i)); werr != nil {
+					return done, werr
+				}
+			}
+			i = j
 		}
+		done += int64(r)
 		if err != nil {
 			if err == io.EOF {
 				return done, nil
@@ -115,3 +128,7 @@ func copyRange(dst, src *os.File, off, n int64) (int64, error) {
 	}
 	return done, nil
 }
+
+var zeroPage [4096]byte
+
+func allZero(b []byte) bool { return bytes.Equal(b, zeroPage[:len(b)]) }

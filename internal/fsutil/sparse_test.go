@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestReadSparseInto reads a sparse file into a zeroed buffer and gets
@@ -48,5 +50,44 @@ func TestReadSparseInto(t *testing.T) {
 	short := make([]byte, 2*mib+100)
 	if _, err := ReadSparseInto(short, f); err != nil || short[2*mib+99] != 1 {
 		t.Fatalf("short buffer: %v, last byte %d", err, short[2*mib+99])
+	}
+}
+
+// TestCopyRangeKeepsZerosAsHoles: the read/write fallback of CopySparse
+// does not write pages of zeros, so a source that reports all its size as
+// data (hugetlbfs) still gives a sparse copy with the same bytes.
+func TestCopyRangeKeepsZerosAsHoles(t *testing.T) {
+	const mib = 1 << 20
+	dir := t.TempDir()
+	src, err := os.Create(filepath.Join(dir, "dense"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	data := make([]byte, 3*mib+100) // not a whole number of pages
+	copy(data[mib+4096:], bytes.Repeat([]byte{5}, 8192))
+	data[len(data)-1] = 9
+	if _, err := src.Write(data); err != nil { // dense: zeros written
+		t.Fatal(err)
+	}
+	dst, err := os.Create(filepath.Join(dir, "copy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	dst.Truncate(int64(len(data)))
+	if n, err := copyRange(dst, src, 0, int64(len(data))); err != nil || n != int64(len(data)) {
+		t.Fatalf("copyRange: %d, %v", n, err)
+	}
+	got, err := os.ReadFile(dst.Name())
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("copy differs (%v)", err)
+	}
+	off, err := unix.Seek(int(dst.Fd()), 0, unix.SEEK_DATA)
+	if err != nil {
+		t.Skipf("no SEEK_DATA here: %v", err)
+	}
+	if off < mib {
+		t.Errorf("first data at %d: the leading zeros were written", off)
 	}
 }
