@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -45,6 +46,9 @@ func hostChecks(ctx context.Context, g *globals) []apiv1.Check {
 	agent, err := agentBinary()
 	add("forkd-agent", err == nil, orElse(agent, fmt.Sprint(err)), "make build (puts bin/forkd-agent next to bin/forkd), or set FORKD_AGENT")
 	out = append(out, cgroupCheck())
+	if c, ok := memoryDirCheck(g); ok {
+		out = append(out, c)
+	}
 	var st unix.Statfs_t
 	dir := g.dataDir
 	for dir != "/" {
@@ -59,6 +63,69 @@ func hostChecks(ctx context.Context, g *globals) []apiv1.Check {
 			"free space or point --data-dir/FORKD_DATA_DIR at a larger disk: images and snapshots need a few GiB")
 	}
 	return out
+}
+
+// memoryDirCheck reports the file system of --memory-dir (when one is
+// set, or --live-branch picks one): live branches need tmpfs or hugetlbfs,
+// and on hugetlbfs every image and sandbox takes huge pages from the
+// host's pool, which must not be empty.
+func memoryDirCheck(g *globals) (apiv1.Check, bool) {
+	dir := g.memoryDir
+	if dir == "" {
+		if !g.liveBranch {
+			return apiv1.Check{}, false
+		}
+		dir = "/dev/shm"
+	}
+	c := apiv1.Check{Name: "memory dir"}
+	for dir != "/" {
+		if _, err := os.Stat(dir); err == nil {
+			break
+		}
+		dir = filepath.Dir(dir)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		c.Detail, c.Fix = err.Error(), "create the --memory-dir on tmpfs or hugetlbfs"
+		return c, true
+	}
+	switch st.Type {
+	case unix.TMPFS_MAGIC:
+		c.OK, c.Detail = true, dir+" on tmpfs: live branches pause longer as guest memory grows (hugetlbfs does not)"
+	case unix.HUGETLBFS_MAGIC:
+		total, free := hugePages()
+		c.OK = free > 0
+		c.Detail = fmt.Sprintf("%s on hugetlbfs (%d KiB pages): %d of %d huge pages free; each image and each running or pooled sandbox takes its guest memory from them", dir, st.Bsize>>10, free, total)
+		c.Fix = "raise /proc/sys/vm/nr_hugepages (e.g. sysctl vm.nr_hugepages=2048 for 4 GiB of 2 MiB pages)"
+	default:
+		c.OK = !g.liveBranch // serve --live-branch refuses such a dir
+		c.Detail = fmt.Sprintf("%s is on neither tmpfs nor hugetlbfs (file system magic %#x): live branches are refused", dir, st.Type)
+		c.Fix = "point --memory-dir at a tmpfs (/dev/shm) or a hugetlbfs mount"
+	}
+	return c, true
+}
+
+// hugePages reads HugePages_Total and HugePages_Free (less the pages
+// already reserved) from /proc/meminfo.
+func hugePages() (total, free int) {
+	data, _ := os.ReadFile("/proc/meminfo")
+	var rsvd int
+	for _, line := range strings.Split(string(data), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.Atoi(strings.TrimSpace(v))
+		switch k {
+		case "HugePages_Total":
+			total = n
+		case "HugePages_Free":
+			free = n
+		case "HugePages_Rsvd":
+			rsvd = n
+		}
+	}
+	return total, free - rsvd
 }
 
 // kernelCheck: every image boots Debian's cloud kernel, taken from the data

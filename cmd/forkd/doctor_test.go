@@ -11,6 +11,7 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/image"
+	"golang.org/x/sys/unix"
 )
 
 func TestCgroupLayouts(t *testing.T) {
@@ -123,5 +124,29 @@ func TestDoctorJSONFailsWhenACheckFails(t *testing.T) {
 	}
 	if !found {
 		t.Fatalf("no failed vmm driver check with a fix in %+v", checks)
+	}
+}
+
+// TestMemoryDirCheck: no check without a memory dir or live branches; a
+// disk directory is fine until live branches need it, tmpfs always is.
+func TestMemoryDirCheck(t *testing.T) {
+	if _, ok := memoryDirCheck(&globals{}); ok {
+		t.Error("a memory dir check without --memory-dir or --live-branch")
+	}
+	disk := t.TempDir()
+	var st unix.Statfs_t
+	if err := unix.Statfs(disk, &st); err != nil || st.Type == unix.TMPFS_MAGIC {
+		t.Skipf("the temp dir is on tmpfs here (%v)", err)
+	}
+	if c, _ := memoryDirCheck(&globals{memoryDir: disk}); !c.OK {
+		t.Errorf("disk memory dir without live branches: %+v", c)
+	}
+	if c, _ := memoryDirCheck(&globals{memoryDir: disk, liveBranch: true}); c.OK || c.Fix == "" {
+		t.Errorf("disk memory dir with live branches: %+v", c)
+	}
+	if _, err := os.Stat("/dev/shm"); err == nil {
+		if c, _ := memoryDirCheck(&globals{liveBranch: true}); !c.OK || !strings.Contains(c.Detail, "tmpfs") {
+			t.Errorf("default memory dir: %+v", c)
+		}
 	}
 }
