@@ -258,6 +258,28 @@ func TestHostDisconnectThenNewHost(t *testing.T) {
 	mustInfo(t, s2, "two")
 }
 
+// TestStaleEOFAfterNewHello: a new host's HELLO reaches the agent before
+// the port reports the earlier host's disconnect (an EOF that belongs to
+// the old connection, seen when a daemon restarts quickly under load). The
+// new session must keep serving: the host cannot tell that the agent
+// dropped it, and its requests would wait forever.
+func TestStaleEOFAfterNewHello(t *testing.T) {
+	a := startAgent(t)
+	s1 := dial(t, a.port.Connect(), "old-daemon")
+	mustInfo(t, s1, "old-daemon")
+	// The old daemon goes; the new one's HELLO arrives before the agent
+	// learns of it.
+	s2 := dial(t, a.port.Swap(), "new-daemon")
+	a.port.StaleEOF()
+	time.Sleep(20 * time.Millisecond) // the agent reads the EOF
+	mustInfo(t, s2, "new-daemon")
+	// A real disconnect and a new host still work.
+	s2.Close()
+	time.Sleep(20 * time.Millisecond)
+	s3 := dial(t, a.port.Connect(), "third")
+	mustInfo(t, s3, "third")
+}
+
 func TestQuiesceThenNewHello(t *testing.T) {
 	for _, how := range []string{"reconnect", "same-stream"} {
 		t.Run(how, func(t *testing.T) {

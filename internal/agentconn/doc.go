@@ -7,8 +7,12 @@
 //
 //   - A read returns 0 bytes (EOF) while no host is connected, and keeps
 //     doing so until one connects. EOF therefore means "host gone", never
-//     "port closed": the agent ends the session, backs off briefly and keeps
-//     reading.
+//     "port closed": the agent backs off briefly and keeps reading. An EOF
+//     does not end a session: the guest can learn of a host's disconnect
+//     after the next host's first bytes (a slow guest handles the port's
+//     "closed" notice late), and ending the session then would drop the new
+//     host's frames with no sign to the host. The next host's HELLO ends the
+//     session instead, as below.
 //   - The port lives as long as the VM, across many hosts: the template's
 //     builder, then one host per restored child, possibly a restarted host.
 //     A session must never close the port.
@@ -24,11 +28,10 @@
 // session, and the bytes from that header on are scanned for a HELLO, so a
 // HELLO that arrives in the same read as stale frames is not lost.
 //
-// A HELLO is recognised at a yamux frame boundary (or after EOF). A VM
-// snapshotted while its host was in the middle of writing a frame, and
-// restored without the agent seeing EOF (a quick reconnect is not always
-// reported as EOF, as seen under QEMU), waits for the rest of that frame and
-// takes the new HELLO for payload. Dial therefore resynchronizes when no
+// A HELLO is recognised at a yamux frame boundary (or while awaiting one).
+// An agent whose host stopped in the middle of writing a frame (a VM
+// snapshotted then, or a daemon killed mid-write) waits for the rest of that
+// frame and takes the new HELLO for payload. Dial therefore resynchronizes when no
 // READY comes within a second: it sends zeros longer than any frame the
 // agent accepts (completing the stale frame; a zero header is invalid, which
 // ends the session) and the HELLO again, with a new nonce so it skips a

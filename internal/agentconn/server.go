@@ -229,6 +229,7 @@ func (s *Server) runSession(ctx context.Context, n int64, port io.Writer, events
 	}()
 
 	ft := frameTracker{maxData: streamWindow}
+	sawEOF := false
 	for {
 		k, bad := ft.advance(pending)
 		if k > 0 {
@@ -249,9 +250,20 @@ func (s *Server) runSession(ctx context.Context, n int64, port io.Writer, events
 			case ev.err != nil:
 				return nil, ev.err
 			case ev.eof:
-				s.logf("session %d: host disconnected", n)
-				return nil, nil
+				// The session stays. The host may be gone, but this EOF
+				// may also be the late notice of an earlier host's
+				// disconnect, read after this session's host sent its
+				// HELLO: ending the session then would drop its frames
+				// while the host waits for answers that never come. A
+				// next host's HELLO ends the session anyway (it is not
+				// yamux), and a HELLO stuck behind a frame a dead host
+				// left half-written is found by the host's resync.
+				if !sawEOF {
+					s.logf("session %d: host disconnected (or an earlier host's late notice); the session stays until a HELLO", n)
+				}
+				sawEOF = true
 			default:
+				sawEOF = false
 				pending = appendBytes(pending, ev.data)
 			}
 		case <-ctl.end:

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"time"
 )
 
 // Port emulates the guest end of a virtio-serial port wired to a QEMU
@@ -14,11 +15,41 @@ import (
 // seeing EOF, as after a VM restore where a new host sends its HELLO onto
 // the stream the agent still believes is its old session.
 type Port struct {
-	mu     sync.Mutex
-	cur    net.Conn // agent's end of the current host connection
-	gen    int
-	closed bool
-	stale  []byte
+	mu       sync.Mutex
+	cur      net.Conn // agent's end of the current host connection
+	gen      int
+	closed   bool
+	stale    []byte
+	staleEOF bool
+}
+
+// StaleEOF makes the agent's next read return EOF once, although a host is
+// connected: virtio-serial can deliver the "host closed" notice of an
+// earlier host after the new host's first bytes, when a guest is slow to
+// run (TCG, many guests on few cores).
+func (p *Port) StaleEOF() {
+	p.mu.Lock()
+	p.staleEOF = true
+	cur := p.cur
+	p.mu.Unlock()
+	if cur != nil {
+		_ = cur.SetReadDeadline(time.Unix(1, 0)) // wake a blocked read
+	}
+}
+
+// takeStaleEOF reports (once) a pending StaleEOF, clearing the deadline
+// that woke the reader.
+func (p *Port) takeStaleEOF(cur net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.staleEOF {
+		return false
+	}
+	p.staleEOF = false
+	if cur != nil {
+		_ = cur.SetReadDeadline(time.Time{})
+	}
+	return true
 }
 
 // SetStale makes the agent's next write to the host be preceded by b, in
@@ -42,9 +73,15 @@ func (p *Port) Read(b []byte) (int, error) {
 		if cur == nil {
 			return 0, io.EOF
 		}
+		if p.takeStaleEOF(cur) {
+			return 0, io.EOF
+		}
 		n, err := cur.Read(b)
 		if n > 0 {
 			return n, nil
+		}
+		if p.takeStaleEOF(cur) {
+			return 0, io.EOF
 		}
 		p.mu.Lock()
 		if p.gen != gen || p.closed {
