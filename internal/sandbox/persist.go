@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -21,6 +22,9 @@ import (
 
 // adoptTimeout bounds re-attaching one sandbox at start-up.
 const adoptTimeout = 30 * time.Second
+
+// adoptConcurrency bounds the sandboxes adopted at once at start-up.
+const adoptConcurrency = 8
 
 // record renders a sandbox for the state store.
 func (e *Engine) record(s *Sandbox) state.SandboxRecord {
@@ -83,16 +87,35 @@ func (e *Engine) adoptRecorded() map[string]bool {
 		e.log.Error("reading sandbox records", "err", err)
 		return keep
 	}
+	var running []state.SandboxRecord
 	for _, rec := range recs {
-		if rec.PendingFork != "" {
+		switch {
+		case rec.PendingFork != "":
 			e.discardPending(rec)
-			continue
-		}
-		if rec.State != apiv1.StateRunning {
+		case rec.State != apiv1.StateRunning:
 			e.registerDead(rec)
-			continue
+		default:
+			running = append(running, rec)
 		}
-		s, err := e.adoptOne(rec)
+	}
+	// Each adoption waits on its VMM (QMP) and guest agent (a new session
+	// that must answer), mostly idle time: adopting several at once keeps
+	// a restart with many sandboxes short.
+	adopted := make([]*Sandbox, len(running))
+	errs := make([]error, len(running))
+	sem := make(chan struct{}, adoptConcurrency)
+	var wg sync.WaitGroup
+	for i, rec := range running {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			adopted[i], errs[i] = e.adoptOne(rec)
+		}()
+	}
+	wg.Wait()
+	for i, rec := range running {
+		s, err := adopted[i], errs[i]
 		if err != nil {
 			rec.State = apiv1.StateDead
 			rec.DeadReason = "VMM lost while the daemon was down: " + err.Error()
@@ -168,35 +191,64 @@ func (e *Engine) adoptOne(rec state.SandboxRecord) (_ *Sandbox, err error) {
 // reattachAgent opens a new agent session with the sandbox's identity: the
 // agent dropped the old daemon's session when its connection went away.
 // The session must answer a request before it is trusted: under load the
-// guest can learn of the old connection's end after the new HELLO, and
-// then ends the new session too (seen once in CI as an EOF on the first
-// exec after a restart). Such a session is replaced, a few times at most.
+// guest can learn of the old connection's end after the new HELLO (the
+// port's "host closed" notice is processed after the new host's bytes),
+// and then ends the new session too, silently: the agent goes back to
+// awaiting a HELLO and drops the new session's frames, so the host sees no
+// EOF and a request on it waits forever. Seen in CI as an EOF on the first
+// exec after a restart, and in quick successive restarts as a sandbox
+// declared lost when one such wait used up the whole adoption timeout.
+// So each attempt has its own short deadline, and a session that does not
+// answer is replaced, a few times at most.
 func (e *Engine) reattachAgent(ctx context.Context, m vmm.Machine, id string) (net.Conn, *agentconn.Session, error) {
 	var lastErr error
-	for attempt := 1; attempt <= 3; attempt++ {
-		conn, err := m.DialAgent(ctx)
-		if err != nil {
-			return nil, nil, fmt.Errorf("agent socket: %w", err)
-		}
-		sess, _, err := agentconn.Dial(ctx, conn, agentapi.Hello{Identity: newIdentity(id)})
-		if err != nil {
-			conn.Close()
-			return nil, nil, fmt.Errorf("agent did not answer: %w", err)
-		}
-		// A moment for a late end of the old session to show.
-		select {
-		case <-sess.Done():
-		case <-time.After(25 * time.Millisecond):
-		}
-		if _, err = agentclient.New(sess).Info(ctx); err == nil {
+	for attempt := 1; attempt <= reattachAttempts; attempt++ {
+		conn, sess, err := e.reattachOnce(ctx, m, id)
+		if err == nil {
 			return conn, sess, nil
 		}
+		if ctx.Err() != nil {
+			return nil, nil, err
+		}
 		lastErr = err
-		e.log.Warn("adopted sandbox's new agent session ended at once; connecting again", "sandbox_id", id, "attempt", attempt, "err", err)
+		e.log.Warn("adopted sandbox's new agent session did not answer; connecting again", "sandbox_id", id, "attempt", attempt, "err", err)
+	}
+	return nil, nil, fmt.Errorf("agent session did not hold after %d attempts: %w", reattachAttempts, lastErr)
+}
+
+// Attempts at a new agent session for an adopted sandbox, and how long
+// each may take: a handshake (with its resync after a second) and one info
+// request, which a guest answers in milliseconds even under load.
+const (
+	reattachAttempts = 3
+	reattachTimeout  = 5 * time.Second
+)
+
+// reattachOnce dials the agent, handshakes and checks that the new
+// session answers, all within reattachTimeout.
+func (e *Engine) reattachOnce(ctx context.Context, m vmm.Machine, id string) (net.Conn, *agentconn.Session, error) {
+	ctx, cancel := context.WithTimeout(ctx, reattachTimeout)
+	defer cancel()
+	conn, err := m.DialAgent(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("agent socket: %w", err)
+	}
+	sess, _, err := agentconn.Dial(ctx, conn, agentapi.Hello{Identity: newIdentity(id)})
+	if err != nil {
+		conn.Close()
+		return nil, nil, fmt.Errorf("agent did not answer: %w", err)
+	}
+	// A moment for a late end of the old session to show.
+	select {
+	case <-sess.Done():
+	case <-time.After(25 * time.Millisecond):
+	}
+	if _, err = agentclient.New(sess).Info(ctx); err != nil {
 		sess.Close()
 		conn.Close()
+		return nil, nil, fmt.Errorf("agent session: %w", err)
 	}
-	return nil, nil, fmt.Errorf("agent session did not hold: %w", lastErr)
+	return conn, sess, nil
 }
 
 // sandboxTeardown is what a sandbox's end releases besides its VMM.
