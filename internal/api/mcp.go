@@ -59,13 +59,17 @@ import (
 // not audited, as in REST), all under the same request id. The request
 // metrics count the inner calls under their REST routes too.
 //
-// GET and DELETE /mcp answer 405 (no stream, no session), and the SDK's
-// own plain-text refusals become problem+json (problemWriter).
+// Every other method, GET and DELETE included, answers 405 with Allow: POST
+// (no stream, no session), and the SDK's own plain-text refusals become
+// problem+json (problemWriter).
 func (s *Server) mountMCP(mux *http.ServeMux) {
 	h := s.mcpHandler()
 	mux.Handle("POST /mcp", h)
 	mux.Handle("GET /mcp", h)
 	mux.Handle("DELETE /mcp", h)
+	// Any other method reaches h too, which answers 405 with Allow: POST
+	// (the mux's own 405 would list GET and DELETE as allowed).
+	mux.Handle("/mcp", h)
 }
 
 type mcpCallerKey struct{}

@@ -227,7 +227,8 @@ func TestMCPHTTPTokenAuthAndAudit(t *testing.T) {
 }
 
 // TestMCPHTTPErrorsAreProblems checks what /mcp answers besides JSON-RPC:
-// 405 for GET and DELETE (stateless, as the MCP spec asks), and the SDK's
+// 405 with Allow: POST for GET and DELETE (stateless, as the MCP spec asks)
+// and any other method, and the SDK's
 // plain-text refusals as problem+json like every API error.
 func TestMCPHTTPErrorsAreProblems(t *testing.T) {
 	s, token, _ := mcpServer(t)
@@ -251,7 +252,7 @@ func TestMCPHTTPErrorsAreProblems(t *testing.T) {
 		json.NewDecoder(resp.Body).Decode(&p)
 		return resp, p
 	}
-	for _, m := range []string{http.MethodGet, http.MethodDelete} {
+	for _, m := range []string{http.MethodGet, http.MethodDelete, http.MethodPut, http.MethodPatch} {
 		resp, p := do(m, "", "text/event-stream", "")
 		if resp.StatusCode != 405 || resp.Header.Get("Allow") != "POST" || p.Status != 405 || p.Code != "invalid_argument" ||
 			resp.Header.Get("Content-Type") != "application/problem+json" || p.RequestID == "" {
