@@ -15,6 +15,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"golang.org/x/time/rate"
+
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/audit"
 	"github.com/forkd-dev/forkd/internal/auth"
@@ -135,6 +137,9 @@ func (s *Server) auditRequest(r *http.Request, status int, pattern string, note 
 	outcome, msg := audit.OutcomeOf(err)
 	switch {
 	case !passed && (status == http.StatusUnauthorized || status == http.StatusForbidden):
+		if !s.unauthAudit.admit() {
+			return // counted; the next record written says how many
+		}
 		outcome, msg = outcomeUnauthenticated, fmt.Sprintf("refused by authentication (HTTP %d)", status)
 	case err == nil && status >= 300 && status < 400:
 		// ServeMux's own redirect to the clean path ("/v1/sandboxes/a/../b"):
@@ -158,12 +163,52 @@ func (s *Server) auditRequest(r *http.Request, status int, pattern string, note 
 	for i, t := range targets {
 		targets[i] = clip(t, maxAuditTarget)
 	}
+	if n := s.unauthAudit.takeSkipped(); n > 0 {
+		s.appendAudit(audit.Record{
+			RequestID: requestID(r), Action: actionUnauthNotRecorded, Outcome: outcomeUnauthenticated,
+			Error: fmt.Sprintf("%d requests refused by authentication were not recorded one by one: more than %d a second (bursts of %d)",
+				n, unauthAuditRate, unauthAuditBurst),
+		})
+	}
 	s.appendAudit(audit.Record{
 		RequestID: requestID(r), Token: token, Peer: clip(peerOf(r), maxAuditTarget),
 		Action: clip(pattern, maxAuditAction), Targets: targets, Outcome: outcome, Error: clip(msg, maxAuditError),
 		DurationMillis: float64(took.Microseconds()) / 1000,
 	})
 }
+
+// Requests refused by authentication are recorded one by one up to a
+// rate: anyone who can reach a TCP listener can send them, and without a
+// bound they could fill the disk with audit records. Beyond it they are
+// counted, and the next record written is preceded by one that says how
+// many went unrecorded (actionUnauthNotRecorded).
+const (
+	unauthAuditRate  = 20  // records a second, sustained
+	unauthAuditBurst = 200 // records at once
+
+	actionUnauthNotRecorded = "audit.unauthenticated_not_recorded"
+)
+
+// unauthLimiter bounds the audit records of unauthenticated requests.
+type unauthLimiter struct {
+	once    sync.Once
+	lim     *rate.Limiter
+	skipped atomic.Int64
+}
+
+// admit reports whether an unauthenticated request gets its own record,
+// counting it otherwise.
+func (u *unauthLimiter) admit() bool {
+	u.once.Do(func() { u.lim = rate.NewLimiter(unauthAuditRate, unauthAuditBurst) })
+	if u.lim.Allow() {
+		return true
+	}
+	u.skipped.Add(1)
+	return false
+}
+
+// takeSkipped returns and resets the count of unrecorded requests.
+func (u *unauthLimiter) takeSkipped() int64 { return u.skipped.Swap(0) }
 
 // Bounds on the client-controlled text of a request's audit record, in
 // bytes (JSON escaping can make each up to 6 times longer in the line, all

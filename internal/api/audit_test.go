@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/agentclient"
@@ -141,6 +143,52 @@ func TestAuditRecordsUnauthenticated(t *testing.T) {
 	}
 	if r := recs[2]; r.Token != "ci" || r.Outcome != "invalid_argument" || r.Action != "PUT /v1/sandboxes" {
 		t.Errorf("authenticated request: %+v", r)
+	}
+}
+
+// TestUnauthenticatedAuditIsBounded: a flood of requests with bad tokens
+// gets records up to the rate bound only, and the next record written is
+// preceded by one that counts the rest, so nothing goes unaccounted.
+func TestUnauthenticatedAuditIsBounded(t *testing.T) {
+	tokens, err := auth.Open(filepath.Join(t.TempDir(), auth.StoreFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokens.Create("ci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, dir := openAudit(t, nil)
+	h := (&Server{Tokens: tokens, Audit: l}).Handler()
+	send := func(method, token string) int {
+		r := httptest.NewRequest(method, "/v1/sandboxes/kill", strings.NewReader(`{"ids":["sb-1"]}`))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Authorization", "Bearer "+token)
+		r.RemoteAddr = "192.0.2.1:4000"
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		return rec.Code
+	}
+	const flood = unauthAuditBurst + 300
+	start := time.Now()
+	for range flood {
+		if code := send(http.MethodPost, "wrong"); code != 401 {
+			t.Fatalf("bad token: %d", code)
+		}
+	}
+	allowed := unauthAuditBurst + int(time.Since(start).Seconds()*unauthAuditRate) + 1
+	recorded := len(tailAll(t, dir))
+	if recorded < unauthAuditBurst || recorded > allowed {
+		t.Fatalf("%d records of %d refused requests, want %d to %d", recorded, flood, unauthAuditBurst, allowed)
+	}
+	send(http.MethodPut, tok) // authenticated (a 405): its record comes after the count
+	recs, err := audit.Tail(dir, 2)
+	if err != nil || len(recs) != 2 {
+		t.Fatalf("tail: %v %d", err, len(recs))
+	}
+	want := fmt.Sprintf("%d requests refused by authentication were not recorded", flood-recorded)
+	if recs[0].Action != actionUnauthNotRecorded || !strings.HasPrefix(recs[0].Error, want) || recs[1].Token != "ci" {
+		t.Errorf("after the flood: %+v / %+v, want %q", recs[0], recs[1], want)
 	}
 }
 

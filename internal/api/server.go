@@ -57,8 +57,9 @@ type Server struct {
 	// cannot be written, mutating requests are refused with 503.
 	Audit *audit.Log
 
-	ops       operations
-	auditGate auditGate // fails closed when audit writes fail (audit.go)
+	ops         operations
+	auditGate   auditGate     // fails closed when audit writes fail (audit.go)
+	unauthAudit unauthLimiter // bounds the records of unauthenticated requests (audit.go)
 }
 
 // LoadOperations makes operations durable in store and reads those an
