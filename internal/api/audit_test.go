@@ -85,17 +85,25 @@ func badFork(h http.Handler, id string) *httptest.ResponseRecorder {
 	return rec
 }
 
-// Requests refused by auth are recorded, with no token name and the
-// peer; reads are not.
-func TestAuditRecordsUnauthenticated(t *testing.T) {
+// tokenStore opens an empty token store in a temporary dir and creates
+// one token named name; it returns the store and the token's plaintext.
+func tokenStore(t *testing.T, name string) (*auth.Tokens, string) {
+	t.Helper()
 	tokens, err := auth.Open(filepath.Join(t.TempDir(), auth.StoreFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, err := tokens.Create("ci")
+	tok, err := tokens.Create(name)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return tokens, tok
+}
+
+// Requests refused by auth are recorded, with no token name and the
+// peer; reads are not.
+func TestAuditRecordsUnauthenticated(t *testing.T) {
+	tokens, tok := tokenStore(t, "ci")
 	l, dir := openAudit(t, nil)
 	srv := httptest.NewUnstartedServer((&Server{Tokens: tokens, Audit: l}).Handler())
 	srv.Config.ConnContext = PeerContext
@@ -150,14 +158,7 @@ func TestAuditRecordsUnauthenticated(t *testing.T) {
 // gets records up to the rate bound only, and the next record written is
 // preceded by one that counts the rest, so nothing goes unaccounted.
 func TestUnauthenticatedAuditIsBounded(t *testing.T) {
-	tokens, err := auth.Open(filepath.Join(t.TempDir(), auth.StoreFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := tokens.Create("ci")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tokens, tok := tokenStore(t, "ci")
 	l, dir := openAudit(t, nil)
 	h := (&Server{Tokens: tokens, Audit: l}).Handler()
 	send := func(method, token string) int {

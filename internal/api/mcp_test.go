@@ -18,7 +18,6 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/audit"
-	"github.com/forkd-dev/forkd/internal/auth"
 	"github.com/forkd-dev/forkd/internal/client"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 )
@@ -30,14 +29,7 @@ func mcpServer(t *testing.T) (s *Server, token, auditDir string) {
 	dataDir := t.TempDir()
 	addSnapshot(t, dataDir, "base", 4096)
 	e := nopEngine(t, dataDir, "fkmc", nil)
-	tokens, err := auth.Open(filepath.Join(t.TempDir(), auth.StoreFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	token, err = tokens.Create("agent-ci")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tokens, token := tokenStore(t, "agent-ci")
 	auditDir = filepath.Join(t.TempDir(), "audit")
 	log, err := audit.Open(auditDir, audit.Options{})
 	if err != nil {

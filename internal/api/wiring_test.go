@@ -5,12 +5,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
-	"github.com/forkd-dev/forkd/internal/auth"
 	"github.com/forkd-dev/forkd/internal/metrics"
 )
 
@@ -18,14 +16,7 @@ import (
 // a TCP listener: 401 problems carry the request id, healthz is open, and
 // requests are recorded by route pattern.
 func TestAuthMetricsOpenAPIWired(t *testing.T) {
-	tokens, err := auth.Open(filepath.Join(t.TempDir(), auth.StoreFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := tokens.Create("ci")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tokens, tok := tokenStore(t, "ci")
 	m := metrics.New("test")
 	srv := httptest.NewServer((&Server{Metrics: m, Tokens: tokens}).Handler())
 	defer srv.Close()
