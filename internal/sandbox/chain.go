@@ -335,26 +335,9 @@ func (c *memCache) assemble(chain []*snapshot.Snapshot, path string) (written in
 // fillSparse writes the chain's memory into dst with write(2): the root
 // copied sparse, each layer's pages applied over it.
 func fillSparse(dst *os.File, chain []*snapshot.Snapshot, size int64) (int64, error) {
-	root := chain[len(chain)-1]
-	base, err := os.Open(root.Path(snapshot.MemoryFile))
-	if err != nil {
-		return 0, err
-	}
-	written, err := fsutil.CopySparse(dst, base, size)
-	base.Close()
-	if err != nil {
-		return written, fmt.Errorf("copy %q: %w", root.Tag, err)
-	}
-	for i := len(chain) - 2; i >= 0; i-- {
-		n, err := applyLayer(chain[i], size, func(f *os.File, ix *memlayer.Index) (int64, error) {
-			return memlayer.Apply(dst, f, ix)
-		})
-		written += n
-		if err != nil {
-			return written, err
-		}
-	}
-	return written, nil
+	return fillChain(chain,
+		func(base *os.File) (int64, error) { return fsutil.CopySparse(dst, base, size) },
+		func(f *os.File, ix *memlayer.Index) (int64, error) { return memlayer.Apply(dst, f, ix) })
 }
 
 // fillMapped is fillSparse for a file on hugetlbfs, which has no
@@ -379,20 +362,28 @@ func fillMapped(dst *os.File, chain []*snapshot.Snapshot, size, hugePage int64) 
 		return 0, fmt.Errorf("map the image on hugetlbfs: %w", err)
 	}
 	defer unix.Munmap(mem)
+	return fillChain(chain,
+		func(base *os.File) (int64, error) { return fsutil.ReadSparseInto(mem, base) },
+		func(f *os.File, ix *memlayer.Index) (int64, error) { return memlayer.ApplyMapped(mem, f, ix) })
+}
+
+// fillChain puts the root's memory file in place with copyRoot, then each
+// layer's pages over it with apply, root side first. It returns the bytes
+// written.
+func fillChain(chain []*snapshot.Snapshot, copyRoot func(*os.File) (int64, error), apply func(*os.File, *memlayer.Index) (int64, error)) (int64, error) {
 	root := chain[len(chain)-1]
 	base, err := os.Open(root.Path(snapshot.MemoryFile))
 	if err != nil {
 		return 0, err
 	}
-	written, err := fsutil.ReadSparseInto(mem, base)
+	written, err := copyRoot(base)
 	base.Close()
 	if err != nil {
 		return written, fmt.Errorf("copy %q: %w", root.Tag, err)
 	}
+	size := root.Files[snapshot.MemoryFile].Size
 	for i := len(chain) - 2; i >= 0; i-- {
-		n, err := applyLayer(chain[i], size, func(f *os.File, ix *memlayer.Index) (int64, error) {
-			return memlayer.ApplyMapped(mem, f, ix)
-		})
+		n, err := applyLayer(chain[i], size, apply)
 		written += n
 		if err != nil {
 			return written, err
