@@ -12,6 +12,7 @@ import os
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
 from typing import Any, Dict, Generator, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -29,6 +30,13 @@ DEFAULT_RUN_DIR = "/run/forkd"
 
 #: Seconds a plain (non-streamed) request may wait for the daemon by default.
 DEFAULT_REQUEST_TIMEOUT = 120.0
+
+#: Times a request answered 429 or 503 with a Retry-After is sent again by
+#: default (the daemon refused it without acting: a limit, a cap, a restart).
+DEFAULT_RETRIES = 2
+
+#: The longest Retry-After a client waits out; a longer one is raised at once.
+MAX_RETRY_WAIT = 10.0
 
 _BLOCK = 256 * 1024  # upload/download block size
 
@@ -298,9 +306,13 @@ class Transport:
         endpoint: Endpoint,
         request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT,
         pool_size: int = 16,
+        retries: int = DEFAULT_RETRIES,
     ) -> None:
+        if retries < 0:
+            raise InvalidArgument("retries must be >= 0, not %r" % retries)
         self.endpoint = endpoint
         self.request_timeout = request_timeout
+        self.retries = retries
         self._pool_size = pool_size
         self._idle: List[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
@@ -405,6 +417,23 @@ class Transport:
 
     # -- requests --------------------------------------------------------
 
+    def _retry_wait(self, err: ForkdError, body: Body, retried: int) -> Optional[float]:
+        """Seconds to wait before sending a refused request again, or None
+        to raise err. Only 429 and 503 answers that carry a Retry-After
+        are retried: the daemon says it did nothing and when to come back.
+        A body that cannot be sent twice, a wait over MAX_RETRY_WAIT, or
+        the retries used up raise at once."""
+        retry_after = getattr(err, "retry_after", None)
+        if (
+            err.status not in (429, 503)
+            or retry_after is None
+            or retried >= self.retries
+            or not _replayable(body)
+            or retry_after > MAX_RETRY_WAIT
+        ):
+            return None
+        return max(0.0, float(retry_after))
+
     def url(self, path: str, query: Query = None) -> str:
         if query:
             items: List[Tuple[str, str]] = []
@@ -446,6 +475,7 @@ class Transport:
         target = self.url(path, query)
         what = what or "%s %s" % (method, path)
         attempt = 0
+        retried = 0
         while True:
             attempt += 1
             if self._closed:
@@ -500,6 +530,12 @@ class Transport:
                     # A request body cut short leaves the connection unusable.
                     r.reusable = sent_err is None
                     r.close()
+                wait = self._retry_wait(err, body, retried)
+                if wait is not None:
+                    retried += 1
+                    time.sleep(wait)
+                    attempt = 0  # a fresh try: a pooled connection may be stale again
+                    continue
                 raise err
             if sent_err is not None:
                 conn.close()

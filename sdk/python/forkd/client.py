@@ -29,7 +29,7 @@ from typing import (
     Union,
 )
 
-from ._http import DEFAULT, DEFAULT_REQUEST_TIMEOUT, Endpoint, Transport, _BLOCK
+from ._http import DEFAULT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRIES, Endpoint, Transport, _BLOCK
 from .errors import ForkdError, InvalidArgument, NotFound, StreamInterrupted, Timeout, error_from_problem
 from .models import SandboxInfo, SnapshotInfo, VersionInfo
 
@@ -65,6 +65,12 @@ class Client:
             (None: forever). Streams (exec, run_code, snapshot create,
             archives) are bounded by their own ``timeout`` instead.
         pool_size: Idle keep-alive connections kept for reuse.
+        retries: Times a request the daemon refused with 429 or 503 and a
+            ``Retry-After`` (a limit such as ``--max-sandboxes``, the branch
+            cap, a restarting daemon: nothing was done) is sent again after
+            waiting as told; 0 raises at once. A wait over 10 s, or a
+            streamed body, is never retried. The error raised last carries
+            ``retry_after``.
 
     Arguments given here override the environment. A client is
     thread-safe; close it (or use it as a context manager) to drop its idle
@@ -80,9 +86,10 @@ class Client:
         socket: Optional[str] = None,
         request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT,
         pool_size: int = 16,
+        retries: int = DEFAULT_RETRIES,
     ) -> None:
         self._endpoint = Endpoint(host=host, token=token, ca_cert=ca_cert, socket_path=socket)
-        self._transport = Transport(self._endpoint, request_timeout=request_timeout, pool_size=pool_size)
+        self._transport = Transport(self._endpoint, request_timeout=request_timeout, pool_size=pool_size, retries=retries)
         self.snapshots = Snapshots(self)
         """Snapshot operations (:class:`Snapshots`)."""
         self.sandboxes = Sandboxes(self)

@@ -129,7 +129,7 @@ def test_rate_limited_retry_after(fake: _Server) -> None:
                "detail": "64 sandboxes running: resource exhausted", "code": "resource_exhausted", "request_id": "abc"}
     fake.routes[("POST", "/v1/sandboxes")] = lambda h: h.send_json(429, problem, {"Retry-After": "2"})
     with pytest.raises(forkd.RateLimited) as ei:
-        Sandbox.create("t", client=_client(fake))
+        Sandbox.create("t", client=_client(fake, retries=0))
     e = ei.value
     assert e.retry_after == 2 and e.status == 429 and e.request_id == "abc" and "64 sandboxes" in str(e)
     assert e.problem == problem
@@ -146,8 +146,48 @@ def test_unavailable_and_non_json_error(fake: _Server) -> None:
 
     fake.routes[("GET", "/v1/version")] = h
     with pytest.raises(forkd.Unavailable) as ei:
-        _client(fake).version()
+        _client(fake, retries=0).version()
     assert ei.value.status == 503 and ei.value.retry_after == 5 and "upstream exploded" in str(ei.value)
+
+
+def test_refusals_with_retry_after_are_retried(fake: _Server) -> None:
+    """429/503 with a Retry-After are sent again after the wait, up to
+    ``retries`` times; the last refusal is raised with its retry_after."""
+    answers = [429, 503, 200]
+    problem = {"title": "Too Many Requests", "status": 429, "detail": "64 sandboxes running", "code": "resource_exhausted"}
+
+    def h(r: _Handler) -> None:
+        status = answers.pop(0) if answers else 429
+        if status == 200:
+            r.send_json(200, {"version": "test"})
+        else:
+            r.send_json(status, dict(problem, status=status), {"Retry-After": "0"})
+
+    fake.routes[("GET", "/v1/version")] = h
+    assert _client(fake).version().version == "test"  # two refusals, then the answer
+    assert len(fake.requests) == 3
+    answers[:] = [429, 429, 429, 200]
+    with pytest.raises(forkd.RateLimited) as ei:
+        _client(fake, retries=2).version()
+    assert ei.value.retry_after == 0 and len(fake.requests) == 6
+
+
+def test_refusals_not_retried(fake: _Server) -> None:
+    """No Retry-After, a wait over 10 s or another status: raised at once."""
+    calls = {"n": 0}
+
+    def h(r: _Handler) -> None:
+        calls["n"] += 1
+        status, headers = {1: (429, {}), 2: (503, {"Retry-After": "60"}), 3: (500, {"Retry-After": "0"})}[calls["n"]]
+        r.send_json(status, {"title": "no", "status": status, "detail": "refused %d" % calls["n"]}, headers)
+
+    fake.routes[("GET", "/v1/version")] = h
+    c = _client(fake)
+    start = time.monotonic()
+    for want in (forkd.RateLimited, forkd.Unavailable, forkd.ForkdError):
+        with pytest.raises(want):
+            c.version()
+    assert calls["n"] == 3 and time.monotonic() - start < 5
 
 
 def test_unauthenticated_hint(fake: _Server) -> None:
