@@ -13,6 +13,7 @@ import type { Socket } from "node:net";
 import {
   ForkdError,
   InvalidArgumentError,
+  RateLimitedError,
   StreamCutError,
   TimeoutError,
   UnavailableError,
@@ -48,6 +49,14 @@ export interface ConnectionOptions {
    * creation) are bounded by their own `timeoutMs` or your `signal` instead.
    */
   requestTimeoutMs?: number;
+  /**
+   * Times a request the daemon refused with 429 or 503 and a Retry-After
+   * (a limit such as `--max-sandboxes`, the cap on concurrent branches, a
+   * restarting daemon: nothing was done) is sent again after waiting as
+   * told. Default 2; 0 rejects at once. A wait over 10 s and a streamed
+   * body are never retried; the error rejected with last has `retryAfter`.
+   */
+  retries?: number;
   /** Extra headers sent with every request. */
   headers?: Record<string, string>;
 }
@@ -61,10 +70,14 @@ export interface ResolvedConnection {
   token?: string;
   ca?: Buffer;
   requestTimeoutMs: number;
+  retries: number;
   headers: Record<string, string>;
 }
 
 const DEFAULT_REQUEST_TIMEOUT_MS = 120_000;
+const DEFAULT_RETRIES = 2;
+/** The longest Retry-After a client waits out, in seconds. */
+const MAX_RETRY_WAIT_S = 10;
 
 function env(name: string): string | undefined {
   const v = process.env[name];
@@ -75,8 +88,12 @@ function env(name: string): string | undefined {
 export function resolveConnection(opts: ConnectionOptions = {}): ResolvedConnection {
   const out: ResolvedConnection = {
     requestTimeoutMs: opts.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS,
+    retries: opts.retries ?? DEFAULT_RETRIES,
     headers: { ...(opts.headers ?? {}) },
   };
+  if (!Number.isInteger(out.retries) || out.retries < 0) {
+    throw new InvalidArgumentError(`retries must be a whole number >= 0, not ${opts.retries}`, { code: "invalid_argument" });
+  }
   // Options win over the environment: a socket given in code beats FORKD_HOST.
   let host = opts.host;
   let socket = opts.socket;
@@ -165,6 +182,25 @@ export interface Answer {
   finish(): void;
 }
 
+/** Resolves after ms, or rejects with the signal's reason once it aborts. */
+function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) {
+      reject(signal.reason);
+      return;
+    }
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal!.reason);
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}
+
 function isReplayable(body: BodySource | undefined): body is string | Uint8Array | undefined {
   return body === undefined || typeof body === "string" || body instanceof Uint8Array;
 }
@@ -218,14 +254,33 @@ export class Transport {
   async request(spec: RequestSpec): Promise<Answer> {
     // A keep-alive connection the daemon closed while idle (a restart) fails
     // on first use: send once more on a fresh one when the body allows it.
+    // A refusal with a Retry-After is sent again after the wait (retryWait).
+    let retried = 0;
     for (let attempt = 0; ; attempt++) {
       try {
         return await this.requestOnce(spec);
       } catch (err) {
         if (attempt === 0 && (err as { retryable?: boolean }).retryable && isReplayable(spec.body)) continue;
-        throw err;
+        const wait = this.retryWait(err, spec, retried);
+        if (wait === undefined) throw err;
+        retried++;
+        attempt = -1; // a fresh try: a pooled connection may be stale again
+        await sleep(wait * 1000, spec.signal);
       }
     }
+  }
+
+  /**
+   * Seconds to wait before sending a refused request again, or undefined
+   * to reject with err. Only 429 and 503 answers with a Retry-After are
+   * retried: the daemon says it did nothing and when to come back.
+   */
+  private retryWait(err: unknown, spec: RequestSpec, retried: number): number | undefined {
+    if (!(err instanceof RateLimitedError || err instanceof UnavailableError)) return undefined;
+    const after = err.retryAfter;
+    if (after === undefined || (err.status !== 429 && err.status !== 503)) return undefined;
+    if (retried >= this.conn.retries || !isReplayable(spec.body) || after > MAX_RETRY_WAIT_S) return undefined;
+    return Math.max(0, after);
   }
 
   private requestOnce(spec: RequestSpec): Promise<Answer> {

@@ -53,7 +53,7 @@ const defaultClients = new Map<string, Client>();
 function clientFor(opts: ConnectOptions): Client {
   if (opts.client) return opts.client;
   const conn = resolveConnection(opts);
-  const key = JSON.stringify([conn.socket, conn.url, conn.token, conn.ca?.toString("base64"), conn.requestTimeoutMs, conn.headers]);
+  const key = JSON.stringify([conn.socket, conn.url, conn.token, conn.ca?.toString("base64"), conn.requestTimeoutMs, conn.retries, conn.headers]);
   let c = defaultClients.get(key);
   if (!c) {
     c = new Client(opts);

@@ -46,7 +46,7 @@ async function withEnv(vars, fn) {
 const CONN_VARS = { FORKD_HOST: undefined, FORKD_SOCKET: undefined, FORKD_RUN_DIR: undefined, FORKD_TOKEN: undefined, FORKD_CA_CERT: undefined };
 
 /** A fake daemon on a Unix socket; handler(req, res) answers. */
-async function fakeDaemon(handler) {
+async function fakeDaemon(handler, clientOptions = {}) {
   const socket = join(dir, `fake-${Math.random().toString(36).slice(2)}.sock`);
   const server = http.createServer(handler);
   await new Promise((r) => server.listen(socket, r));
@@ -57,7 +57,7 @@ async function fakeDaemon(handler) {
   });
   return {
     socket,
-    client: new Client({ socket }),
+    client: new Client({ socket, ...clientOptions }),
     async close() {
       for (const s of sockets) s.destroy();
       await new Promise((r) => server.close(r));
@@ -170,7 +170,7 @@ describe("problem+json errors", () => {
         default:
           return problem(res, 404, "not_found", `no route ${req.method} ${url.pathname}`);
       }
-    });
+    }, { retries: 0 });
   });
   after(() => fake.close());
 
@@ -559,5 +559,58 @@ describe("cut streams", () => {
     const dest = join(dir, "cut.forkd.tar.zst");
     await assert.rejects(fake.client.snapshots.pack("t", dest), StreamCutError);
     assert.equal(existsSync(dest), false);
+  });
+});
+
+describe("retries of refusals with a Retry-After", () => {
+  test("429 and 503 with Retry-After are sent again, up to `retries` times", async () => {
+    let answers = [429, 503, 200];
+    let calls = 0;
+    const fake = await fakeDaemon((req, res) => {
+      calls++;
+      const status = answers.length ? answers.shift() : 429;
+      if (status === 200) {
+        res.writeHead(200, { "content-type": "application/json" });
+        return res.end(JSON.stringify({ version: "test" }));
+      }
+      return problem(res, status, status === 429 ? "resource_exhausted" : "unavailable", "refused", { "retry-after": "0" });
+    });
+    try {
+      assert.equal((await fake.client.version()).version, "test");
+      assert.equal(calls, 3);
+      answers = [429, 429, 429, 200];
+      await assert.rejects(fake.client.version(), (err) => err instanceof RateLimitedError && err.retryAfter === 0);
+      assert.equal(calls, 6);
+    } finally {
+      await fake.close();
+    }
+  });
+
+  test("no Retry-After, a wait over 10 s, another status, or retries: 0 reject at once", async () => {
+    const refusals = [
+      [429, {}],
+      [503, { "retry-after": "60" }],
+      [500, { "retry-after": "0" }],
+      [429, { "retry-after": "0" }], // for the client with retries: 0
+    ];
+    let calls = 0;
+    const fake = await fakeDaemon((req, res) => {
+      const [status, headers] = refusals[calls++];
+      return problem(res, status, status === 429 ? "resource_exhausted" : "unavailable", "refused", headers);
+    });
+    const noRetry = new Client({ socket: fake.socket, retries: 0 });
+    try {
+      const start = Date.now();
+      await assert.rejects(fake.client.version(), RateLimitedError);
+      await assert.rejects(fake.client.version(), UnavailableError);
+      await assert.rejects(fake.client.version(), ForkdError);
+      await assert.rejects(noRetry.version(), (err) => err instanceof RateLimitedError && err.retryAfter === 0);
+      assert.equal(calls, 4);
+      assert.ok(Date.now() - start < 5000);
+      assert.throws(() => new Client({ socket: fake.socket, retries: -1 }), InvalidArgumentError);
+    } finally {
+      noRetry.close();
+      await fake.close();
+    }
   });
 });
