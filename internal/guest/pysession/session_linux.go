@@ -573,7 +573,7 @@ func (s *Session) call(ctx context.Context, req map[string]any, timeout time.Dur
 				case <-time.After(2 * time.Second):
 					s.kill("its protocol channel was closed")
 				}
-				return response{}, interrupted, s.DeadError()
+				return response{}, interrupted, s.drainDead()
 			}
 			if r.ID != id {
 				continue // a stale answer; cannot happen while calls are serialized
@@ -588,12 +588,7 @@ func (s *Session) call(ctx context.Context, req map[string]any, timeout time.Dur
 			s.stderr.waitMark(id, dl)
 			return r, interrupted, nil
 		case <-s.proc.Done():
-			s.unhold()
-			// Drain what it wrote before dying.
-			dl := time.Now().Add(time.Second)
-			s.stdout.waitMark(1<<62, dl)
-			s.stderr.waitMark(1<<62, dl)
-			return response{}, interrupted, s.DeadError()
+			return response{}, interrupted, s.drainDead()
 		case <-deadline:
 			deadline = nil
 			interrupted = true
@@ -608,6 +603,20 @@ func (s *Session) call(ctx context.Context, req map[string]any, timeout time.Dur
 			interrupt()
 		}
 	}
+}
+
+// drainDead reads what a process that is exiting wrote before it died (up
+// to EOF of both pipes, a second at most) and returns its DeadError, whose
+// stderr tail and the output a streamed request still delivers need it.
+// Both ways a call learns of a death (the response channel closing, the
+// process exiting) come here: the first can be seen before the pipes are
+// read to their end.
+func (s *Session) drainDead() error {
+	s.unhold()
+	dl := time.Now().Add(time.Second)
+	s.stdout.waitMark(1<<62, dl)
+	s.stderr.waitMark(1<<62, dl)
+	return s.DeadError()
 }
 
 func (s *Session) deadOr(err error) error {
