@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/netns"
+	"github.com/forkd-dev/forkd/internal/testutil"
 )
 
 // deadPID returns the pid of a process that has exited.
@@ -251,8 +252,8 @@ func TestBenchReleaseKillsLeftVMMs(t *testing.T) {
 }
 
 // fakeVMM is a process with the command line of a QEMU the driver started
-// with run dir runDir (python3 ignores the arguments after its script).
+// with run dir runDir.
 func fakeVMM(runDir string) *exec.Cmd {
-	return exec.Command("python3", "-c", "import time; time.sleep(60)", "-name", "forkd-"+filepath.Base(runDir),
+	return testutil.FakeVMM(60, "-name", "forkd-"+filepath.Base(runDir),
 		"-qmp", "unix:"+filepath.Join(runDir, "qmp.sock")+",server=on,wait=off")
 }

@@ -94,3 +94,18 @@ func RequiresKVM(t testing.TB) {
 	}
 	f.Close()
 }
+
+// FakeVMM returns a command for a process that only sleeps, for seconds,
+// yet has a QEMU command line with the given arguments (the arguments
+// after a Python script are ignored). It runs the system's interpreter
+// itself: a version-manager shim (pyenv) forks helper processes that
+// carry the same arguments for a moment, and a test counting the
+// processes that look like VMMs would count those too.
+func FakeVMM(seconds int, qemuArgs ...string) *exec.Cmd {
+	python := "/usr/bin/python3"
+	if _, err := os.Stat(python); err != nil {
+		python = "python3"
+	}
+	args := append([]string{"-c", fmt.Sprintf("import time; time.sleep(%d)", seconds)}, qemuArgs...)
+	return exec.Command(python, args...)
+}

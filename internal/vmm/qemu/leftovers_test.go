@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/forkd-dev/forkd/internal/testutil"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -40,9 +41,8 @@ func TestVMMsUnderSkipsOtherProcesses(t *testing.T) {
 	runDir := filepath.Join(dir, "vms", "sb-1")
 	os.MkdirAll(runDir, 0o755)
 	other := exec.Command("sleep", "30", filepath.Join(runDir, "console.log"))
-	// A stand-in with a VMM's arguments (python3 ignores them).
-	vmmLike := exec.Command("python3", "-c", "import time; time.sleep(30)",
-		"-name", "forkd-sb-1", "-qmp", "unix:"+filepath.Join(runDir, qmpSocket)+",server=on,wait=off")
+	// A stand-in with a VMM's arguments.
+	vmmLike := testutil.FakeVMM(30, "-name", "forkd-sb-1", "-qmp", "unix:"+filepath.Join(runDir, qmpSocket)+",server=on,wait=off")
 	for _, c := range []*exec.Cmd{other, vmmLike} {
 		if err := c.Start(); err != nil {
 			t.Skipf("start %v: %v", c.Args, err)
