@@ -45,6 +45,7 @@ func benchCmd(g *globals) *cobra.Command {
 	f.IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, "pre-started VMMs per snapshot")
 	f.StringVar(&g.vmmName, "vmm", envOr("FORKD_VMM", "qemu"), "VMM driver")
 	f.StringVar(&g.accel, "accel", os.Getenv("FORKD_ACCEL"), "accelerator (kvm, tcg, auto)")
+	addLiveBranchFlags(f, g) // --memory-dir: where clones' memory images live, as a daemon has it
 	cmd.AddCommand(spawn)
 	cmd.AddCommand(benchAPICmd(g))
 	cmd.AddCommand(benchBranchCmds(g)...)
@@ -68,7 +69,10 @@ func percentile(xs []float64, p float64) float64 {
 	return s[i]
 }
 
-// smapsRollup reads Pss and private memory (kB) of a process.
+// smapsRollup reads Pss and private memory (kB) of a process. Pages a
+// clone copied on hugetlbfs (Private_Hugetlb) are in neither kernel field
+// and are added to both; the huge pages it shares with other clones (the
+// image) are left out, as a share of them is not reported.
 func smapsRollup(pid int) (pss, private int64, err error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
 	if err != nil {
@@ -86,6 +90,9 @@ func smapsRollup(pid int) (pss, private int64, err error) {
 		case "Pss:":
 			pss = v
 		case "Private_Clean:", "Private_Dirty:":
+			private += v
+		case "Private_Hugetlb:":
+			pss += v
 			private += v
 		}
 	}
