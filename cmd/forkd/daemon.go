@@ -149,6 +149,13 @@ func serveCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer st.Close()
+			// The pid file is written as soon as this process owns the
+			// state (no other daemon can): adopting many sandboxes takes
+			// a while before the socket listens, and `forkd daemon stop`
+			// must find a daemon that is still starting.
+			pidFile := g.pidPath()
+			os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600)
+			defer os.Remove(pidFile)
 			// The audit log opens before the engine, so lifecycle events
 			// seen while adopting sandboxes are recorded too. Its anchor
 			// (the newest record's seq and hash) lives in the state file:
@@ -211,7 +218,6 @@ func serveCmd(g *globals) *cobra.Command {
 				return fmt.Errorf("listen on %s: %w", sock, err)
 			}
 			os.Chmod(sock, 0o600)
-			os.WriteFile(filepath.Join(g.runDir, "forkd.pid"), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600)
 			hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ConnContext: api.PeerContext}
 			errc := make(chan error, 2)
 			go func() { errc <- hs.Serve(ln) }()
@@ -234,7 +240,6 @@ func serveCmd(g *globals) *cobra.Command {
 			hs.Shutdown(sctx)
 			e.Close(sctx)
 			os.Remove(sock)
-			os.Remove(filepath.Join(g.runDir, "forkd.pid"))
 			if errors.Is(err, http.ErrServerClosed) {
 				err = nil
 			}
