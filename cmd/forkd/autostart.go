@@ -26,6 +26,13 @@ func (g *globals) logPath() string { return filepath.Join(g.runDir, "forkd.log")
 // log file) and waits until it answers, so one command works on a fresh
 // machine.
 func (g *globals) startDaemon(ctx context.Context) error {
+	if pid, _ := daemonPID(g); pid > 0 {
+		// A daemon owns the state (its pid file names a live `forkd
+		// serve`) but does not answer yet: it is starting, adopting its
+		// sandboxes. Wait for it; a second one could only fail on the
+		// state lock.
+		return g.awaitDaemon(ctx, pid, nil, "daemon (pid %d) finished starting")
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -45,21 +52,40 @@ func (g *globals) startDaemon(ctx context.Context) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start forkd daemon: %w", err)
 	}
-	pid := cmd.Process.Pid
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
+	return g.awaitDaemon(ctx, cmd.Process.Pid, exited, "started daemon (pid %d)")
+}
+
+// awaitDaemon waits up to 20 s for daemon pid to answer on the socket.
+// exited, when not nil, closes when it exits (a child of this process);
+// otherwise the pid is polled. done is the message on success, with the
+// pid.
+func (g *globals) awaitDaemon(ctx context.Context, pid int, exited <-chan struct{}, done string) error {
 	c := client.New(g.socketPath())
+	gone := func() bool {
+		if exited != nil {
+			select {
+			case <-exited:
+				return true
+			default:
+				return false
+			}
+		}
+		return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+	}
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		select {
-		case <-exited:
+		if gone() {
 			return fmt.Errorf("forkd daemon exited at start; its log %s says:\n%s: %w", g.logPath(), tailFile(g.logPath(), 1500), errdefs.ErrUnavailable)
+		}
+		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 		if c.Ping(ctx) == nil {
-			fmt.Fprintf(os.Stderr, "forkd: started daemon (pid %d, socket %s, log %s)\n", pid, g.socketPath(), g.logPath())
+			fmt.Fprintf(os.Stderr, "forkd: "+done+" (socket %s, log %s)\n", pid, g.socketPath(), g.logPath())
 			return nil
 		}
 	}

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -17,7 +20,10 @@ import (
 
 // TestMain lets the test binary stand in for a daemon: with
 // FORKD_TEST_FAKE_SERVE set it waits for SIGTERM, its command line naming
-// the serve subcommand, as `forkd serve` does.
+// the serve subcommand, as `forkd serve` does. With
+// FORKD_TEST_FAKE_SERVE_SOCKET also set, it starts answering /v1/healthz on
+// that socket after half a second, as a daemon does once it has adopted
+// its sandboxes.
 //
 // With FORKD_TEST_CLI set, it is forkd itself: the arguments are a forkd
 // command line (for processes forkd starts of itself, like the bench
@@ -34,6 +40,19 @@ func TestMain(m *testing.M) {
 	if os.Getenv("FORKD_TEST_FAKE_SERVE") != "" {
 		c := make(chan os.Signal, 1)
 		signal.Notify(c, syscall.SIGTERM)
+		if sock := os.Getenv("FORKD_TEST_FAKE_SERVE_SOCKET"); sock != "" {
+			go func() {
+				time.Sleep(500 * time.Millisecond)
+				ln, err := net.Listen("unix", sock)
+				if err != nil {
+					os.Exit(3)
+				}
+				http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					w.Header().Set("Content-Type", "application/json")
+					w.Write([]byte(`{"status":"ok"}`))
+				}))
+			}()
+		}
 		os.Stdout.WriteString("ready\n")
 		select {
 		case <-c:
@@ -121,6 +140,27 @@ func TestDaemonStopStopsDaemon(t *testing.T) {
 	}
 	if err := checkDaemonProcess(os.Getpid()); err == nil {
 		t.Fatal("this test process (no serve argument) passed for a daemon")
+	}
+}
+
+// TestStartWaitsForAStartingDaemon: a daemon whose pid file is written
+// but whose socket does not answer yet (adopting its sandboxes) is waited
+// for; no second daemon is started.
+func TestStartWaitsForAStartingDaemon(t *testing.T) {
+	self, _ := os.Executable()
+	g := stopGlobals(t, "")
+	cmd := exec.Command(self, "-test.run=^$", "serve")
+	cmd.Env = append(os.Environ(), "FORKD_TEST_FAKE_SERVE=1", "FORKD_TEST_FAKE_SERVE_SOCKET="+g.socketPath())
+	d := startProcess(t, cmd)
+	os.WriteFile(g.pidPath(), []byte(strconv.Itoa(d.Process.Pid)+"\n"), 0o600)
+	if err := g.startDaemon(context.Background()); err != nil {
+		t.Fatalf("start while one is starting: %v", err)
+	}
+	if pid := socketPeerPID(g.socketPath()); pid != d.Process.Pid {
+		t.Fatalf("the socket is served by pid %d, want the starting daemon %d", pid, d.Process.Pid)
+	}
+	if _, err := os.Stat(g.logPath()); !os.IsNotExist(err) {
+		t.Errorf("a daemon was started (its log exists): %v", err)
 	}
 }
 
