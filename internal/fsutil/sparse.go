@@ -107,8 +107,8 @@ func copyRange(dst, src *os.File, off, n int64) (int64, error) {
 		r, err := src.ReadAt(buf[:k], off+done)
 		for i := 0; i < r; {
 			j := min(i+page, r)
-			zero := allZero(buf[i:j])
-			for j < r && allZero(buf[j:min(j+page, r)]) == zero {
+			zero := IsZero(buf[i:j])
+			for j < r && IsZero(buf[j:min(j+page, r)]) == zero {
 				j = min(j+page, r)
 			}
 			if !zero {
@@ -131,4 +131,13 @@ func copyRange(dst, src *os.File, off, n int64) (int64, error) {
 
 var zeroPage [4096]byte
 
-func allZero(b []byte) bool { return bytes.Equal(b, zeroPage[:len(b)]) }
+// IsZero reports whether every byte of b is zero.
+func IsZero(b []byte) bool {
+	for len(b) >= len(zeroPage) {
+		if !bytes.Equal(b[:len(zeroPage)], zeroPage[:]) {
+			return false
+		}
+		b = b[len(zeroPage):]
+	}
+	return bytes.Equal(b, zeroPage[:len(b)])
+}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/fsutil"
 )
 
 // Everything the builder publishes follows one discipline: build in a
@@ -253,7 +254,7 @@ func copySparse(src, dst string) error {
 			chunk := buf[:n]
 			for len(chunk) > 0 {
 				b := min(4096, len(chunk))
-				if !allZero(chunk[:b]) {
+				if !fsutil.IsZero(chunk[:b]) {
 					if _, err := out.WriteAt(chunk[:b], off); err != nil {
 						out.Close()
 						return err
@@ -280,15 +281,6 @@ func copySparse(src, dst string) error {
 		return err
 	}
 	return out.Close()
-}
-
-func allZero(b []byte) bool {
-	for _, c := range b {
-		if c != 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // LockImage takes the lock that builds and removals of the image digest

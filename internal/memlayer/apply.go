@@ -5,6 +5,8 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/forkd-dev/forkd/internal/fsutil"
 )
 
 // Apply puts the pages of a layer over dst: for every extent of ix, the
@@ -29,9 +31,9 @@ func Apply(dst, layer *os.File, ix *Index) (int64, error) {
 			// Runs of data pages are written together, runs of zero
 			// pages punched together.
 			for i := int64(0); i < n; {
-				zero := isZero(buf[i : i+ps])
+				zero := fsutil.IsZero(buf[i : i+ps])
 				j := i + ps
-				for j < n && isZero(buf[j:j+ps]) == zero {
+				for j < n && fsutil.IsZero(buf[j:j+ps]) == zero {
 					j += ps
 				}
 				if zero {
@@ -92,19 +94,4 @@ func punch(f *os.File, off, n int64) error {
 		done += k
 	}
 	return nil
-}
-
-func isZero(b []byte) bool {
-	for len(b) >= 8 {
-		if b[0]|b[1]|b[2]|b[3]|b[4]|b[5]|b[6]|b[7] != 0 {
-			return false
-		}
-		b = b[8:]
-	}
-	for _, c := range b {
-		if c != 0 {
-			return false
-		}
-	}
-	return true
 }

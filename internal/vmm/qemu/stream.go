@@ -46,6 +46,8 @@ import (
 	"slices"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/forkd-dev/forkd/internal/fsutil"
 )
 
 // Stream constants of QEMU 7.2.
@@ -504,7 +506,7 @@ func (w *streamWriter) blockList(blocks []ramBlockInfo, ignoreShared bool) {
 
 // page writes a PAGE record, or a ZERO record for a page of zeros.
 func (w *streamWriter) page(block string, offset uint64, data []byte) {
-	if isZero(data) {
+	if fsutil.IsZero(data) {
 		w.pageHeader(block, offset, ramFlagZero)
 		w.u8(0)
 		return
@@ -524,20 +526,6 @@ func (w *streamWriter) pageHeader(block string, offset, flags uint64) {
 }
 
 func (w *streamWriter) eos() { w.be64(ramFlagEOS) }
-
-var zeroPage [pageSize]byte
-
-// isZero reports whether p (a multiple of 8 bytes long, or not) is all
-// zero bytes.
-func isZero(p []byte) bool {
-	for len(p) >= pageSize {
-		if !bytes.Equal(p[:pageSize], zeroPage[:]) {
-			return false
-		}
-		p = p[pageSize:]
-	}
-	return bytes.Equal(p, zeroPage[:len(p)])
-}
 
 // memWriter writes guest pages into a sparse memory file, coalescing
 // neighbouring pages into one write and leaving zero pages as holes.
@@ -592,7 +580,7 @@ func (m *memWriter) put(off int64, data []byte) error {
 		return err
 	}
 	for p := 0; p < len(data); {
-		if isZero(data[p : p+pageSize]) {
+		if fsutil.IsZero(data[p : p+pageSize]) {
 			if err := m.zero(off + int64(p)); err != nil {
 				return err
 			}
@@ -601,7 +589,7 @@ func (m *memWriter) put(off int64, data []byte) error {
 		}
 		// A run of pages with data.
 		q := p + pageSize
-		for q < len(data) && !isZero(data[q:q+pageSize]) {
+		for q < len(data) && !fsutil.IsZero(data[q:q+pageSize]) {
 			q += pageSize
 		}
 		if err := m.data(off+int64(p), data[p:q]); err != nil {
