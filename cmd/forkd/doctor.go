@@ -50,13 +50,7 @@ func hostChecks(ctx context.Context, g *globals) []apiv1.Check {
 		out = append(out, c)
 	}
 	var st unix.Statfs_t
-	dir := g.dataDir
-	for dir != "/" {
-		if _, err := os.Stat(dir); err == nil {
-			break
-		}
-		dir = filepath.Dir(dir)
-	}
+	dir := existingDir(g.dataDir)
 	if unix.Statfs(dir, &st) == nil {
 		free := int64(st.Bavail) * st.Bsize
 		add("disk space", free > 4<<30, fmt.Sprintf("%s free under %s", human(free), dir),
@@ -78,12 +72,7 @@ func memoryDirCheck(g *globals) (apiv1.Check, bool) {
 		dir = "/dev/shm"
 	}
 	c := apiv1.Check{Name: "memory dir"}
-	for dir != "/" {
-		if _, err := os.Stat(dir); err == nil {
-			break
-		}
-		dir = filepath.Dir(dir)
-	}
+	dir = existingDir(dir)
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		c.Detail, c.Fix = err.Error(), "create the --memory-dir on tmpfs or hugetlbfs"
@@ -103,6 +92,18 @@ func memoryDirCheck(g *globals) (apiv1.Check, bool) {
 		c.Fix = "point --memory-dir at a tmpfs (/dev/shm) or a hugetlbfs mount"
 	}
 	return c, true
+}
+
+// existingDir is dir, or its nearest ancestor that exists: the file system
+// a directory not yet created will be made on.
+func existingDir(dir string) string {
+	for dir != "/" {
+		if _, err := os.Stat(dir); err == nil {
+			break
+		}
+		dir = filepath.Dir(dir)
+	}
+	return dir
 }
 
 // hugePages reads HugePages_Total and HugePages_Free (less the pages
