@@ -18,6 +18,7 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/client"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/procfs"
 )
 
 func (g *globals) logPath() string { return filepath.Join(g.runDir, "forkd.log") }
@@ -197,10 +198,16 @@ func forkdSubcommand(argv []string) string {
 	return strings.TrimPrefix(cmd.CommandPath(), root.Name()+" ")
 }
 
+// pidfdOpen is unix.PidfdOpen; a test replaces it to play a kernel
+// without pidfd_open.
+var pidfdOpen = unix.PidfdOpen
+
 // stopDaemon sends SIGTERM to the daemon and waits up to wait for it to
 // exit. The signal goes through a pidfd opened before the process is
 // checked, so a pid reused after the check cannot receive it. A pid file
 // that names no daemon is removed (msg says so); nothing is signalled.
+// Kernels without pidfd_open (before 5.3, or a seccomp filter refusing
+// it) get kill(2) right after the check, and the exit is polled.
 func stopDaemon(g *globals, wait time.Duration) (pid int, stopped bool, msg string, err error) {
 	pid, stale := daemonPID(g)
 	if pid == 0 {
@@ -213,9 +220,12 @@ func stopDaemon(g *globals, wait time.Duration) (pid int, stopped bool, msg stri
 		}
 		return 0, false, msg, nil
 	}
-	pidfd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
+	pidfd, err := pidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
 		return pid, false, "forkd daemon is not running", nil
+	}
+	if err != nil {
+		return stopDaemonByPid(pid, wait)
 	}
 	defer unix.Close(pidfd)
 	if err := checkDaemonProcess(pid); err != nil {
@@ -243,6 +253,36 @@ func stopDaemon(g *globals, wait time.Duration) (pid int, stopped bool, msg stri
 			return pid, true, "forkd daemon stopped", nil
 		}
 	}
+}
+
+// stopDaemonByPid is stopDaemon without a pidfd: the pid could in
+// principle be reused between the check and the kill, a window of
+// microseconds that pidfd_open closes where the kernel has it.
+func stopDaemonByPid(pid int, wait time.Duration) (int, bool, string, error) {
+	if err := checkDaemonProcess(pid); err != nil {
+		return pid, false, "", fmt.Errorf("not stopping it: %w", err)
+	}
+	if err := unix.Kill(pid, unix.SIGTERM); err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return pid, true, "forkd daemon stopped", nil
+		}
+		return pid, false, "", fmt.Errorf("signal daemon pid %d: %w", pid, err)
+	}
+	deadline := time.Now().Add(wait)
+	for processAlive(pid) {
+		if time.Now().After(deadline) {
+			return pid, false, "", fmt.Errorf("daemon pid %d still running after %s: %w", pid, wait, errdefs.ErrUnavailable)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return pid, true, "forkd daemon stopped", nil
+}
+
+// processAlive: pid exists and has not exited. A zombie (exited, not yet
+// reaped by its parent) answers kill(pid, 0) but is not alive.
+func processAlive(pid int) bool {
+	st, err := procfs.ReadStat(pid)
+	return err == nil && !st.Exited()
 }
 
 func daemonCmd(g *globals) *cobra.Command {

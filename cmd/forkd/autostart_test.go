@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestMain lets the test binary stand in for a daemon: with
@@ -140,6 +142,33 @@ func TestDaemonStopStopsDaemon(t *testing.T) {
 	}
 	if err := checkDaemonProcess(os.Getpid()); err == nil {
 		t.Fatal("this test process (no serve argument) passed for a daemon")
+	}
+}
+
+// TestDaemonStopWithoutPidfd: on a kernel without pidfd_open (before 5.3,
+// or a seccomp filter refusing it) the daemon is still stopped, and a
+// process that is no daemon is still left alone.
+func TestDaemonStopWithoutPidfd(t *testing.T) {
+	pidfdOpen = func(int, int) (int, error) { return -1, unix.ENOSYS }
+	t.Cleanup(func() { pidfdOpen = unix.PidfdOpen })
+
+	self, _ := os.Executable()
+	cmd := exec.Command(self, "-test.run=^$", "serve")
+	cmd.Env = append(os.Environ(), "FORKD_TEST_FAKE_SERVE=1")
+	d := startProcess(t, cmd)
+	g := stopGlobals(t, strconv.Itoa(d.Process.Pid))
+	pid, stopped, msg, err := stopDaemon(g, 10*time.Second)
+	if err != nil || !stopped || pid != d.Process.Pid || msg != "forkd daemon stopped" {
+		t.Fatalf("stop: pid %d stopped %v %q %v", pid, stopped, msg, err)
+	}
+
+	sleep := startProcess(t, exec.Command("sleep", "60"))
+	g = stopGlobals(t, strconv.Itoa(sleep.Process.Pid))
+	if _, stopped, msg, err := stopDaemon(g, time.Second); stopped || err != nil || !strings.Contains(msg, "not a forkd daemon") {
+		t.Fatalf("unrelated process: stopped %v %q %v", stopped, msg, err)
+	}
+	if err := syscall.Kill(sleep.Process.Pid, 0); err != nil {
+		t.Fatalf("the unrelated process was signalled: %v", err)
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/forkd-dev/forkd/internal/procfs"
 )
 
 // Grace is how long processes get between SIGTERM and SIGKILL.
@@ -54,36 +56,11 @@ func othersAlive() bool {
 		if err != nil || pid == 1 {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		if state, flags, ok := parseStat(string(b)); ok && state != 'Z' && state != 'X' && flags&pfKthread == 0 {
+		if st, err := procfs.ReadStat(pid); err == nil && !st.Exited() && st.Flags&procfs.PFKthread == 0 {
 			return true
 		}
 	}
 	return false
-}
-
-// pfKthread is PF_KTHREAD in the flags field of /proc/PID/stat.
-const pfKthread = 0x00200000
-
-// parseStat returns the state and flags fields of a /proc/PID/stat line.
-func parseStat(s string) (state byte, flags uint64, ok bool) {
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, 0, false
-	}
-	// After "pid (comm)": state ppid pgrp session tty_nr tpgid flags ...
-	f := strings.Fields(s[i+1:])
-	if len(f) < 7 || len(f[0]) == 0 {
-		return 0, 0, false
-	}
-	flags, err := strconv.ParseUint(f[6], 10, 64)
-	if err != nil {
-		return 0, 0, false
-	}
-	return f[0][0], flags, true
 }
 
 // unmountAll unmounts every mount, innermost first; the root (and whatever

@@ -1,7 +1,6 @@
 package qemu
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/procfs"
 	"github.com/forkd-dev/forkd/internal/qmp"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
@@ -161,17 +161,17 @@ func openAdoptee(cfg vmm.MachineConfig, want vmm.ProcessIdentity) (_ *adopted, i
 			f.Close()
 		}
 	}()
-	st, err := readProcStat(want.PID)
+	st, err := procfs.ReadStat(want.PID)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
 			return nil, false, notFound("no such process")
 		}
 		return nil, false, fmt.Errorf("qemu %s: adopt pid %d: %w", cfg.ID, want.PID, err)
 	}
-	if st.startTime != want.StartTime {
-		return nil, false, notFound("the PID now belongs to another process (started at clock tick %d, the VMM at %d)", st.startTime, want.StartTime)
+	if st.StartTime != want.StartTime {
+		return nil, false, notFound("the PID now belongs to another process (started at clock tick %d, the VMM at %d)", st.StartTime, want.StartTime)
 	}
-	if st.state == 'Z' || st.state == 'X' {
+	if st.Exited() {
 		return nil, false, notFound("the process has exited")
 	}
 	args, err := readCmdline(want.PID)
@@ -233,8 +233,8 @@ func (a *adopted) wait() error {
 	a.f.Close()
 	// Until its new parent (init or a subreaper) reaps it, the exited
 	// process's status can be read: better than nothing.
-	if st, err := readProcStat(a.ident.PID); err == nil && st.startTime == a.ident.StartTime && st.state == 'Z' && st.exitCode >= 0 {
-		return fmt.Errorf("%s, read from the exited process (adopted from an earlier daemon)", waitStatusString(syscall.WaitStatus(st.exitCode)))
+	if st, err := procfs.ReadStat(a.ident.PID); err == nil && st.StartTime == a.ident.StartTime && st.State == 'Z' && st.ExitCode >= 0 {
+		return fmt.Errorf("%s, read from the exited process (adopted from an earlier daemon)", waitStatusString(syscall.WaitStatus(st.ExitCode)))
 	}
 	return errAdoptedExit
 }
@@ -281,46 +281,6 @@ func waitStatusString(ws syscall.WaitStatus) string {
 		return s
 	}
 	return fmt.Sprintf("wait status %#x", uint32(ws))
-}
-
-// procStat is what the driver reads from /proc/PID/stat.
-type procStat struct {
-	state     byte   // field 3: R, S, D, Z (zombie), X (dead), ...
-	startTime uint64 // field 22: clock ticks after boot
-	exitCode  int    // field 52: wait status of an exited process, -1 if absent
-}
-
-// readProcStat parses /proc/PID/stat. The command name (field 2) is in
-// parentheses and may itself hold spaces and parentheses, so the fields are
-// counted from the last ')'.
-func readProcStat(pid int) (procStat, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return procStat{}, err
-	}
-	return parseProcStat(pid, b)
-}
-
-func parseProcStat(pid int, b []byte) (procStat, error) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return procStat{}, fmt.Errorf("/proc/%d/stat: malformed %q", pid, b)
-	}
-	f := strings.Fields(string(b[i+1:])) // f[0] is field 3
-	if len(f) < 20 || len(f[0]) != 1 {
-		return procStat{}, fmt.Errorf("/proc/%d/stat: malformed %q", pid, b)
-	}
-	st := procStat{state: f[0][0], exitCode: -1}
-	var err error
-	if st.startTime, err = strconv.ParseUint(f[19], 10, 64); err != nil {
-		return procStat{}, fmt.Errorf("/proc/%d/stat: start time: %w", pid, err)
-	}
-	if len(f) >= 50 {
-		if c, err := strconv.Atoi(f[49]); err == nil {
-			st.exitCode = c
-		}
-	}
-	return st, nil
 }
 
 // readCmdline returns a process's arguments.

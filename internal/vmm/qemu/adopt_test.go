@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/procfs"
 	"github.com/forkd-dev/forkd/internal/testutil"
 	"github.com/forkd-dev/forkd/internal/testutil/testguest"
 	"github.com/forkd-dev/forkd/internal/vmm"
@@ -329,12 +330,12 @@ func TestAdopt(t *testing.T) {
 // /dev/null, stdout and stderr qemu.log) and ignoring SIGPIPE.
 func survivedParent(s vmm.AdoptSpec, helper int) error {
 	pid := s.Process.PID
-	st, err := readProcStat(pid)
+	st, err := procfs.ReadStat(pid)
 	if err != nil {
 		return err
 	}
-	if st.startTime != s.Process.StartTime || st.state == 'Z' {
-		return fmt.Errorf("pid %d: start %d state %c, want a running %d", pid, st.startTime, st.state, s.Process.StartTime)
+	if st.StartTime != s.Process.StartTime || st.State == 'Z' {
+		return fmt.Errorf("pid %d: start %d state %c, want a running %d", pid, st.StartTime, st.State, s.Process.StartTime)
 	}
 	want := map[int]string{0: os.DevNull, 1: filepath.Join(s.RunDir, stderrFile), 2: filepath.Join(s.RunDir, stderrFile)}
 	for fd, path := range want {
@@ -375,11 +376,11 @@ func TestAdoptRefusesOtherProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sleep.Process.Kill()
-	st, err := readProcStat(sleep.Process.Pid)
+	st, err := procfs.ReadStat(sleep.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := vmm.ProcessIdentity{PID: sleep.Process.Pid, StartTime: st.startTime}
+	id := vmm.ProcessIdentity{PID: sleep.Process.Pid, StartTime: st.StartTime}
 	check := func(name string, spec vmm.AdoptSpec, want string) {
 		t.Helper()
 		_, err := d.Adopt(ctx, spec)
@@ -405,17 +406,17 @@ func TestAdoptRefusesOtherProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer z.Wait()
-	var zst procStat
+	var zst procfs.Stat
 	for deadline := time.Now().Add(5 * time.Second); ; {
-		if zst, err = readProcStat(z.Process.Pid); err != nil || zst.state == 'Z' || time.Now().After(deadline) {
+		if zst, err = procfs.ReadStat(z.Process.Pid); err != nil || zst.State == 'Z' || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if zst.state != 'Z' {
+	if zst.State != 'Z' {
 		t.Fatalf("no zombie: %+v %v", zst, err)
 	}
-	check("zombie", vmm.AdoptSpec{MachineConfig: cfg, Process: vmm.ProcessIdentity{PID: z.Process.Pid, StartTime: zst.startTime}}, "exited")
+	check("zombie", vmm.AdoptSpec{MachineConfig: cfg, Process: vmm.ProcessIdentity{PID: z.Process.Pid, StartTime: zst.StartTime}}, "exited")
 
 	if _, err := d.Adopt(ctx, vmm.AdoptSpec{MachineConfig: cfg}); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("Adopt without a process: %v", err)
@@ -441,19 +442,7 @@ func TestIsVMMOf(t *testing.T) {
 	}
 }
 
-func TestReadProcStat(t *testing.T) {
-	st, err := readProcStat(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.startTime == 0 || st.state == 0 {
-		t.Errorf("own stat %+v", st)
-	}
-	// The command name may hold spaces and parentheses.
-	line := "42 (a) b (c) Z 1 42 42 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 123456 0 0 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 9\n"
-	if st, err := parseProcStat(42, []byte(line)); err != nil || st.state != 'Z' || st.startTime != 123456 || st.exitCode != 9 {
-		t.Errorf("parse %q = %+v, %v", line, st, err)
-	}
+func TestWaitStatusString(t *testing.T) {
 	if got := waitStatusString(syscall.WaitStatus(9)); got != "signal: killed" {
 		t.Errorf("wait status 9: %q", got)
 	}
@@ -480,11 +469,11 @@ func fakeVMM(t *testing.T, cfg vmm.MachineConfig) (*exec.Cmd, vmm.ProcessIdentit
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	st, err := readProcStat(cmd.Process.Pid)
+	st, err := procfs.ReadStat(cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cmd, vmm.ProcessIdentity{PID: cmd.Process.Pid, StartTime: st.startTime}
+	return cmd, vmm.ProcessIdentity{PID: cmd.Process.Pid, StartTime: st.StartTime}
 }
 
 // fakeQMP serves QMP on path: a greeting (unless mute) and, for every

@@ -16,6 +16,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/cleanup"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/netns"
+	"github.com/forkd-dev/forkd/internal/procfs"
 	"github.com/forkd-dev/forkd/internal/qmp"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
@@ -215,8 +216,8 @@ func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile str
 	// Read while the unreaped child holds its PID: the identity a later
 	// daemon verifies before adopting it.
 	m.ident = vmm.ProcessIdentity{PID: m.pid}
-	if st, err := readProcStat(m.pid); err == nil {
-		m.ident.StartTime = st.startTime
+	if st, err := procfs.ReadStat(m.pid); err == nil {
+		m.ident.StartTime = st.StartTime
 	} else {
 		d.log.Warn("vmm start time unknown; a later daemon cannot adopt it", "id", cfg.ID, "err", err)
 	}
