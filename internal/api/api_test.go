@@ -204,6 +204,26 @@ func TestWrongMethodIs405(t *testing.T) {
 	}
 }
 
+// TestBadBooleanQueryIs400: a boolean query value that does not parse is
+// a 400 naming it, never read as false (DELETE ...?recursive=yes used to
+// attempt a plain remove).
+func TestBadBooleanQueryIs400(t *testing.T) {
+	h := (&Server{}).Handler()
+	for _, c := range []struct{ method, target, name string }{
+		{http.MethodDelete, "/v1/sandboxes/sb-1/files?path=/tmp/d&recursive=yes", "recursive"},
+		{http.MethodPost, "/v1/sandboxes/sb-1/processes/7/stdin?close=maybe", "close"},
+		{http.MethodDelete, "/v1/snapshots/base?cascade=all", "cascade"},
+		{http.MethodGet, "/v1/snapshots/base/archive?image=no-thanks", "image"},
+		{http.MethodPost, "/v1/snapshots/import?force=2", "force"},
+	} {
+		rec := do(h, c.method, c.target, nil)
+		p := problemOf(t, rec)
+		if rec.Code != 400 || p.Code != "invalid_argument" || !strings.Contains(p.Detail, "query "+c.name+"=") {
+			t.Errorf("%s %s: %d %+v", c.method, c.target, rec.Code, p)
+		}
+	}
+}
+
 func TestRequestIDFromClient(t *testing.T) {
 	h := (&Server{}).Handler()
 	for id, kept := range map[string]bool{

@@ -8,6 +8,7 @@ import (
 	"net/http"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/httpquery"
 	"github.com/forkd-dev/forkd/internal/pack"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 )
@@ -47,15 +48,12 @@ func (s *Server) exportArchive(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	var opts pack.PackOptions
-	switch v := r.URL.Query().Get("image"); v {
-	case "", "1", "true":
-	case "0", "false":
-		opts.ExcludeImages = true
-	default:
-		writeProblem(w, r, fmt.Errorf("image=%q: want 1 (include the image, the default) or 0: %w", v, errdefs.ErrInvalidArgument))
+	withImage, err := httpquery.Bool(r.URL.Query(), "image", true)
+	if err != nil {
+		writeProblem(w, r, err)
 		return
 	}
+	opts := pack.PackOptions{ExcludeImages: !withImage}
 	aw := &archiveWriter{w: w, tag: tag}
 	if _, err := pack.Pack(r.Context(), s.Engine.Config().DataDir, tag, aw, opts); err != nil {
 		if !aw.started {
@@ -84,14 +82,12 @@ func (s *Server) importArchive(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	switch v := q.Get("force"); v {
-	case "", "0", "false":
-	case "1", "true":
-		opts.Force = true
-	default:
-		writeProblem(w, r, fmt.Errorf("force=%q: want 1 or 0: %w", v, errdefs.ErrInvalidArgument))
+	force, err := httpquery.Bool(q, "force", false)
+	if err != nil {
+		writeProblem(w, r, err)
 		return
 	}
+	opts.Force = force
 	if k := q.Get("verify_key"); k != "" {
 		key, err := pack.ParsePublicKey([]byte(k))
 		if err != nil {

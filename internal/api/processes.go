@@ -10,6 +10,7 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/httpquery"
 )
 
 // Process control: the running execs of a sandbox, by the guest pid the
@@ -44,13 +45,9 @@ func (s *Server) processStdin(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	closeStdin := false
-	switch v := r.URL.Query().Get("close"); v {
-	case "", "0", "false":
-	case "1", "true":
-		closeStdin = true
-	default:
-		writeProblem(w, r, fmt.Errorf("?close=%q: want true or false: %w", v, errdefs.ErrInvalidArgument))
+	closeStdin, err := httpquery.Bool(r.URL.Query(), "close", false)
+	if err != nil {
+		writeProblem(w, r, err)
 		return
 	}
 	// Held for the whole write: the sandbox counts as busy (no idle

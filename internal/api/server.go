@@ -28,6 +28,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/audit"
 	"github.com/forkd-dev/forkd/internal/auth"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/httpquery"
 	"github.com/forkd-dev/forkd/internal/image"
 	"github.com/forkd-dev/forkd/internal/metrics"
 	"github.com/forkd-dev/forkd/internal/sandbox"
@@ -526,11 +527,16 @@ func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
+	recursive, err := httpquery.Bool(r.URL.Query(), "recursive", false)
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
 	agent := s.agentOf(w, r)
 	if agent == nil {
 		return
 	}
-	if err := agent.Remove(r.Context(), path, r.URL.Query().Get("recursive") == "1" || r.URL.Query().Get("recursive") == "true"); err != nil {
+	if err := agent.Remove(r.Context(), path, recursive); err != nil {
 		writeProblem(w, r, err)
 		return
 	}

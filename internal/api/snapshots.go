@@ -2,12 +2,10 @@ package api
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/http"
-	"strconv"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
-	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/httpquery"
 	"github.com/forkd-dev/forkd/internal/sandbox"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 )
@@ -41,14 +39,12 @@ func (s *Server) chainInfo(snap *snapshot.Snapshot, out *apiv1.Snapshot) {
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 	var opts sandbox.RemoveOptions
 	for name, dst := range map[string]*bool{"cascade": &opts.Cascade, "force": &opts.Force} {
-		if v := r.URL.Query().Get(name); v != "" {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				writeProblem(w, r, fmt.Errorf("query %s=%q: want true or false: %w", name, v, errdefs.ErrInvalidArgument))
-				return
-			}
-			*dst = b
+		b, err := httpquery.Bool(r.URL.Query(), name, false)
+		if err != nil {
+			writeProblem(w, r, err)
+			return
 		}
+		*dst = b
 	}
 	removed, err := s.Engine.RemoveSnapshotWith(r.Context(), r.PathValue("tag"), opts)
 	noteTargets(r, removed...)

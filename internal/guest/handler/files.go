@@ -14,6 +14,7 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/httpquery"
 )
 
 // guestPath validates a path from a request: absolute and clean, so no
@@ -195,7 +196,11 @@ func (a *Agent) handleRemove(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, fmt.Errorf("refusing to remove /: %w", errdefs.ErrInvalidArgument))
 		return
 	}
-	recursive, _ := strconv.ParseBool(q.Get("recursive"))
+	recursive, err := httpquery.Bool(q, "recursive", false)
+	if err != nil {
+		writeProblem(w, err)
+		return
+	}
 	if _, err := os.Lstat(path); err != nil {
 		writeProblem(w, fsError(err))
 		return

@@ -21,6 +21,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/guest/reaper"
+	"github.com/forkd-dev/forkd/internal/httpquery"
 )
 
 // processTable holds the running execs by guest pid, from their start until
@@ -198,7 +199,7 @@ func (a *Agent) handleProcessStdin(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, err)
 		return
 	}
-	closeAfter, err := boolQuery(r, "close")
+	closeAfter, err := httpquery.Bool(r.URL.Query(), "close", false)
 	if err != nil {
 		writeProblem(w, err)
 		return
@@ -292,19 +293,6 @@ func parseSignal(name string) (unix.Signal, error) {
 		return 0, fmt.Errorf("unknown signal %q: use a name such as SIGTERM, SIGINT or SIGKILL: %w", name, errdefs.ErrInvalidArgument)
 	}
 	return sig, nil
-}
-
-// boolQuery reads a boolean query parameter: absent, "", "0" and "false"
-// are false; "1" and "true" are true.
-func boolQuery(r *http.Request, name string) (bool, error) {
-	switch v := r.URL.Query().Get(name); v {
-	case "", "0", "false":
-		return false, nil
-	case "1", "true":
-		return true, nil
-	default:
-		return false, fmt.Errorf("?%s=%q: want true or false: %w", name, v, errdefs.ErrInvalidArgument)
-	}
 }
 
 // bodyEmpty reports whether nothing is left to read in body.
