@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/fsutil"
@@ -290,37 +289,7 @@ func LockImage(ctx context.Context, dataDir, digest string) (unlock func(), err 
 	return lockFile(ctx, filepath.Join(imagesDir(dataDir), ".locks", digest+".lock"))
 }
 
-// lockFile takes an exclusive flock on path (created if needed), waiting
-// until ctx ends. The lock dies with the process, so a crashed build never
-// blocks the next one. Lock files are left in place: deleting one while
-// another process waits on it would let two builders in.
+// lockFile takes an image-store lock (see fsutil.LockFile).
 func lockFile(ctx context.Context, path string) (unlock func(), err error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, err
-	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	delay := 5 * time.Millisecond
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() {
-				syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-				f.Close()
-			}, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("waiting for lock %s (another build holds it): %w", path, ctxErrClass(ctx.Err()))
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 250*time.Millisecond)
-	}
+	return fsutil.LockFile(ctx, path, "another build")
 }

@@ -2,15 +2,10 @@ package image
 
 import (
 	"bytes"
-	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/forkd-dev/forkd/internal/errdefs"
 )
 
 // TestStaleStagingRemoved: staging directories of dead processes are
@@ -58,23 +53,4 @@ func TestCopySparse(t *testing.T) {
 	if alloc := allocated(dst); alloc > 1<<20 {
 		t.Errorf("copy of a 64 MiB sparse file allocates %d bytes", alloc)
 	}
-}
-
-func TestLockFileWaitsAndCancels(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "x.lock")
-	unlock, err := lockFile(context.Background(), p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	if _, err := lockFile(ctx, p); !errors.Is(err, errdefs.ErrDeadlineExceeded) {
-		t.Errorf("second lock while held = %v, want deadline exceeded", err)
-	}
-	unlock()
-	unlock2, err := lockFile(context.Background(), p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	unlock2()
 }
