@@ -238,6 +238,13 @@ func Unpack(ctx context.Context, dataDir string, r io.Reader, opts UnpackOptions
 	if err := u.publishImages(); err != nil {
 		return nil, stats, err
 	}
+	// The ancestors the archive reuses must not be removed while the
+	// layers on them are renamed into place.
+	unlock, err := snapshot.LockChains(ctx, u.snapRoot)
+	if err != nil {
+		return nil, stats, err
+	}
+	defer unlock()
 	snap, err = u.commit()
 	return snap, stats, err
 }

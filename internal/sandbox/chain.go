@@ -450,6 +450,13 @@ func (e *Engine) RemoveSnapshotWith(ctx context.Context, tag string, opts Remove
 		}
 		return []string{tag}, nil
 	}
+	// Held from the listing of the dependents to the last removal: a layer
+	// committed on tag in between would be orphaned (see snapshot.ChainsLockFile).
+	unlock, err := e.store.LockChains(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	deps, err := e.store.Dependents(tag)
 	if err != nil {
 		return nil, err

@@ -95,3 +95,45 @@ func TestChainAndDependents(t *testing.T) {
 		t.Errorf("chain past the depth limit: %v", err)
 	}
 }
+
+// TestLayerCommitChecksItsParent: a layer whose parent was removed or
+// replaced while it was staged is not committed, and its tag stays free.
+func TestLayerCommitChecksItsParent(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stageOn := func(parent *Snapshot) (*Staging, Manifest) {
+		st, err := s.Stage("layer")
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(st.Path(MemoryFile), []byte("pages"), 0o600)
+		return st, Manifest{Parent: &ParentRef{Tag: parent.Tag, Digest: parent.Digest()}, Depth: 1}
+	}
+	for _, c := range []struct {
+		name, want string
+		change     func()
+	}{
+		{"removed", `parent "base" was removed while it was written`, func() { s.Remove("base") }},
+		{"replaced", `parent "base" was replaced while it was written`, func() { s.Remove("base"); commit(t, s, "base", "other", nil) }},
+	} {
+		base := commit(t, s, "base", "base", nil)
+		st, m := stageOn(base)
+		c.change()
+		_, err := st.Commit(m)
+		st.Abort()
+		if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: commit = %v", c.name, err)
+		}
+		if _, err := s.Get("layer"); !errdefs.IsNotFound(err) {
+			t.Errorf("%s: the layer's tag exists: %v", c.name, err)
+		}
+		s.Remove("base")
+	}
+	base := commit(t, s, "base", "base", nil)
+	st, m := stageOn(base)
+	if _, err := st.Commit(m); err != nil {
+		t.Fatalf("layer on a parent still there: %v", err)
+	}
+}

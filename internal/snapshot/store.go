@@ -11,6 +11,7 @@
 package snapshot
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -170,6 +171,29 @@ func Open(dataDir string) (*Store, error) {
 // Root is the directory holding one subdirectory per tag.
 func (s *Store) Root() string { return s.root }
 
+// ChainsLockFile (DATA/snapshots/.chains.lock) is held by whatever changes
+// which snapshot stands on which: a layer's commit (its parent must still
+// be there as it renames into place), a removal (no layer may be committed
+// on a snapshot between the listing of its dependents and its removal) and
+// an archive import (the ancestors it reuses must stay). It is a flock, so
+// an engine run by `forkd bench` beside the daemon takes it too.
+const ChainsLockFile = ".chains.lock"
+
+// chainsLockWait bounds a wait for the chains lock: its holders rename
+// directories and list manifests, nothing slower.
+const chainsLockWait = time.Minute
+
+// LockChains takes the chains lock of the store at root (DATA/snapshots);
+// unlock releases it.
+func LockChains(ctx context.Context, root string) (unlock func(), err error) {
+	return fsutil.LockFile(ctx, filepath.Join(root, ChainsLockFile), "another snapshot commit, removal or import")
+}
+
+// LockChains takes the store's chains lock (see ChainsLockFile).
+func (s *Store) LockChains(ctx context.Context) (unlock func(), err error) {
+	return LockChains(ctx, s.root)
+}
+
 // Staging is a snapshot being created. Write its files into Dir, then Commit
 // or Abort. Abort after Commit is a no-op, so `defer st.Abort()` is safe.
 type Staging struct {
@@ -260,6 +284,18 @@ func (st *Staging) Commit(m Manifest) (*Snapshot, error) {
 		return nil, fmt.Errorf("write manifest: %w", err)
 	}
 	final := filepath.Join(st.store.root, st.tag)
+	if m.Parent != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), chainsLockWait)
+		unlock, err := st.store.LockChains(ctx)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
+		if err := st.store.checkParent(st.tag, m.Parent); err != nil {
+			return nil, err
+		}
+	}
 	// rename(2) onto an existing non-empty directory fails, so a tag created
 	// concurrently is never replaced.
 	if err := os.Rename(st.Dir, final); err != nil {
@@ -273,6 +309,25 @@ func (st *Staging) Commit(m Manifest) (*Snapshot, error) {
 		return nil, err
 	}
 	return &Snapshot{Manifest: m, Dir: final}, nil
+}
+
+// checkParent fails unless the parent a layer names is in the store with
+// the digest it recorded. Called with the chains lock held, just before
+// the layer is renamed into place: the parent may have been removed or
+// replaced while the layer was written.
+func (s *Store) checkParent(tag string, parent *ParentRef) error {
+	p, err := s.Get(parent.Tag)
+	if errdefs.IsNotFound(err) {
+		return fmt.Errorf("snapshot %q: its parent %q was removed while it was written; nothing was created: %w", tag, parent.Tag, errdefs.ErrFailedPrecondition)
+	}
+	if err != nil {
+		return fmt.Errorf("snapshot %q: parent %q: %w", tag, parent.Tag, err)
+	}
+	if d := p.Digest(); d != parent.Digest {
+		return fmt.Errorf("snapshot %q: its parent %q was replaced while it was written (digest %s, now %s); nothing was created: %w",
+			tag, parent.Tag, shortDigest(parent.Digest), shortDigest(d), errdefs.ErrFailedPrecondition)
+	}
+	return nil
 }
 
 // Abort removes the staging directory unless Commit succeeded.
