@@ -107,13 +107,13 @@ func (e *Engine) branch(ctx context.Context, id string, opts BranchOptions) (_ *
 	default:
 		return nil, fmt.Errorf("%d branches already running; retry shortly: %w", cap(e.branchSem), errdefs.ErrUnavailable)
 	}
-	parent, err := e.snapshotByID(s.Tag, s.SnapshotID)
-	if err != nil {
-		return nil, err
-	}
 	// A diff branch is a layer on the snapshot the sandbox was forked
 	// from (see chain.go), as long as the chain stays within its limit.
 	layer := opts.Mode == BranchDiff
+	parent, err := e.branchBase(s, layer)
+	if err != nil {
+		return nil, err
+	}
 	if layer && parent.Depth+1 > snapshot.MaxChainDepth {
 		return nil, fmt.Errorf("sandbox %s runs on %q, a chain of %d layers, the limit: branch with --mode full, or compact it (forkd snapshot compact --from %s --to NEW) and fork from that: %w",
 			id, parent.Tag, parent.Depth, parent.Tag, errdefs.ErrFailedPrecondition)
@@ -161,6 +161,11 @@ func (e *Engine) branch(ctx context.Context, id string, opts BranchOptions) (_ *
 	m.CreateMillis = time.Since(start).Milliseconds()
 	snap, err := st.Commit(m)
 	if err != nil {
+		if layer && errdefs.IsFailedPrecondition(err) {
+			// The parent went while the layer was written (the store
+			// checks it under the chains lock as it commits).
+			return nil, fmt.Errorf("branch %s of sandbox %s (a full branch, --mode full, needs no parent): %w", opts.Mode, id, err)
+		}
 		return nil, e.explainNoSpace(err, "branch "+opts.Tag)
 	}
 	// Start VMMs for the new tag now (and, for a layer, assemble its
@@ -185,6 +190,26 @@ func (e *Engine) checkBranchSpace(id string, parent *snapshot.Snapshot, mode str
 	}
 	return checkFreeSpace(e.store.Root(), need+spaceMargin,
 		fmt.Sprintf("%s branch of sandbox %s (%s of guest memory)", mode, id, mib(mem)))
+}
+
+// branchBase is the snapshot a branch of s builds on. A layer needs the
+// very snapshot s was forked from, in the store. A full or live branch
+// only needs its manifest (shape, image, recipe), which s keeps, so it
+// works after the tag was removed or replaced; the snapshot returned then
+// is that manifest alone, with no files on disk.
+func (e *Engine) branchBase(s *Sandbox, layer bool) (*snapshot.Snapshot, error) {
+	snap, err := e.snapshotByID(s.Tag, s.SnapshotID)
+	gone := errdefs.IsNotFound(err) || errdefs.IsFailedPrecondition(err)
+	switch {
+	case err == nil:
+		return snap, nil
+	case gone && !layer && s.base != nil:
+		return &snapshot.Snapshot{Manifest: *s.base}, nil
+	case gone && layer:
+		return nil, fmt.Errorf("sandbox %s was forked from snapshot %q, which has been removed or replaced since, and a diff branch is a layer on it: branch with --mode full (or live) instead: %w",
+			s.ID, s.Tag, errdefs.ErrFailedPrecondition)
+	}
+	return nil, err
 }
 
 // snapshotByID returns the snapshot a sandbox was forked from, checking it

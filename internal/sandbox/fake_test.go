@@ -16,6 +16,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/agentconn"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/memlayer"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -126,8 +127,8 @@ func (m *fakeMachine) Restore(ctx context.Context) (vmm.RestoreTimings, error) {
 	return vmm.RestoreTimings{}, nil
 }
 
-// Snapshot writes small stand-in files (full and live only: a diff layer
-// would need a real page index).
+// Snapshot writes small stand-in files; a diff layer gets an empty page
+// index (no page written), enough to commit it.
 func (m *fakeMachine) Snapshot(ctx context.Context, spec vmm.SnapshotSpec) (vmm.SnapshotResult, error) {
 	if m.d.snapshotGate != nil {
 		select {
@@ -140,7 +141,10 @@ func (m *fakeMachine) Snapshot(ctx context.Context, spec vmm.SnapshotSpec) (vmm.
 		return vmm.SnapshotResult{}, m.d.snapshotErr
 	}
 	if spec.Layer {
-		return vmm.SnapshotResult{}, fmt.Errorf("fake driver writes no layers: %w", errdefs.ErrNotImplemented)
+		ix := (&memlayer.Builder{PageSize: 4096, MemorySize: uint64(m.cfg.MemoryMiB) << 20}).Index()
+		if err := memlayer.WriteFile(spec.PageIndexFile, ix); err != nil {
+			return vmm.SnapshotResult{}, err
+		}
 	}
 	for _, f := range []string{spec.StateFile, spec.MemoryFile} {
 		if err := os.WriteFile(f, []byte("fake "+filepath.Base(f)), 0o600); err != nil {

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/agentconn"
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/netns"
+	"github.com/forkd-dev/forkd/internal/snapshot"
 	"github.com/forkd-dev/forkd/internal/state"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
@@ -36,6 +38,9 @@ func (e *Engine) record(s *Sandbox) state.SandboxRecord {
 		DeadReason: s.deadReason, ConsoleTail: s.consoleTail, NetNS: s.netns, GuestIP: s.GuestIP, PendingFork: s.pendingFork,
 		Labels: s.labels, ExpiresAt: s.expiresAt, IdleTimeoutSeconds: int64(s.idleTimeout / time.Second),
 		VMM: e.cfg.Driver.Name(), Process: vmm.ProcessIdentity{PID: s.pid},
+	}
+	if s.base != nil {
+		rec.BaseManifest, _ = json.Marshal(s.base) // a struct of plain fields: cannot fail
 	}
 	if s.machine != nil {
 		rec.Machine = s.machine.Config()
@@ -173,7 +178,7 @@ func (e *Engine) adoptOne(rec state.SandboxRecord) (_ *Sandbox, err error) {
 	}
 	s := &Sandbox{
 		ID: rec.ID, Tag: rec.Tag, SnapshotID: rec.SnapshotID, Created: rec.Created,
-		ReadyMillis: rec.ReadyMillis, Pooled: rec.Pooled, GuestIP: rec.GuestIP,
+		ReadyMillis: rec.ReadyMillis, Pooled: rec.Pooled, GuestIP: rec.GuestIP, base: baseManifest(rec),
 		machine: m, pid: m.PID(), netns: rec.NetNS, conn: conn, session: sess, agent: e.agentClient(sess),
 		teardown: e.sandboxTeardown(rec.NetNS, rec.Machine.RunDir, conn),
 		state:    apiv1.StateRunning, exited: make(chan struct{}),
@@ -264,6 +269,20 @@ func (e *Engine) sandboxTeardown(nsName, runDir string, conn interface{ Close() 
 		},
 		func(context.Context) error { return conn.Close() },
 	}
+}
+
+// baseManifest reads the record's copy of the manifest the sandbox was
+// forked from; nil if it has none (or an unreadable one: full branches
+// then fall back to the snapshot store, as for records without it).
+func baseManifest(rec state.SandboxRecord) *snapshot.Manifest {
+	if len(rec.BaseManifest) == 0 {
+		return nil
+	}
+	var m snapshot.Manifest
+	if json.Unmarshal(rec.BaseManifest, &m) != nil {
+		return nil
+	}
+	return &m
 }
 
 // registerDead lists a recorded dead sandbox (it has no VMM) until killed.

@@ -17,6 +17,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/cleanup"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/snapshot"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -32,6 +33,12 @@ type Sandbox struct {
 	ReadyMillis float64
 	Pooled      bool
 	GuestIP     string
+
+	// base is the manifest of the snapshot the sandbox was forked from,
+	// kept for full and live branches, which need no more of it and must
+	// work after its tag is removed or replaced; nil for a sandbox adopted
+	// from a record that predates it.
+	base *snapshot.Manifest
 
 	machine vmm.Machine // nil for a dead sandbox recorded by an earlier daemon
 	pid     int

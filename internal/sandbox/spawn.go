@@ -316,7 +316,7 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 	}
 	s := &Sandbox{
 		ID: pv.id, Tag: p.snap.Tag, SnapshotID: p.snap.ID, Created: time.Now().UTC(),
-		ReadyMillis: since(start), Pooled: pooled, GuestIP: p.snap.Network.GuestIP,
+		ReadyMillis: since(start), Pooled: pooled, GuestIP: p.snap.Network.GuestIP, base: &p.snap.Manifest,
 		machine: pv.machine, pid: pv.machine.PID(), netns: pv.netns, conn: pv.conn, session: sess,
 		agent: e.agentClient(sess), teardown: pv.teardown,
 		state: apiv1.StateRunning, exited: make(chan struct{}),

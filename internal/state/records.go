@@ -40,6 +40,11 @@ type SandboxRecord struct {
 	// (vmm.Identifiable): together the vmm.AdoptSpec.
 	Machine vmm.MachineConfig   `json:"machine"`
 	Process vmm.ProcessIdentity `json:"process"`
+	// BaseManifest is the manifest of the snapshot the sandbox was forked
+	// from (snapshot.Manifest as JSON): a full or live branch needs its
+	// shape, image and recipe even after that tag is removed or replaced.
+	// Absent in records written before it existed.
+	BaseManifest json.RawMessage `json:"base_manifest,omitempty"`
 	// PendingFork is the request id of the fork that created the sandbox,
 	// while that fork has not answered: the sandbox is recorded as soon
 	// as it is ready, before its siblings are, so no VMM is ever running

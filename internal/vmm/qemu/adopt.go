@@ -88,6 +88,9 @@ func (d *Driver) Adopt(ctx context.Context, spec vmm.AdoptSpec) (vmm.Machine, er
 	}
 	m := newMachine(d, cfg, proc, incoming)
 	m.pid, m.ident = want.PID, want
+	if incoming && cfg.MemoryFile != "" {
+		m.memID = loadMemID(cfg)
+	}
 	if d.uids != nil {
 		// The uid it dropped to stays taken while it runs.
 		if uid, err := procUID(want.PID); err == nil && d.uids.r.Contains(uid) {

@@ -147,7 +147,7 @@ func (m *Machine) branch(ctx context.Context, spec vmm.SnapshotSpec) (res vmm.Sn
 		}
 	}
 	if mode == vmm.SnapshotLive {
-		if err := liveSupport(m.PID(), m.cfg.MemoryFile); err != nil {
+		if err := liveSupport(m.PID(), m.cfg.MemoryFile, m.memID); err != nil {
 			return res, fmt.Errorf("qemu %s: live branch: %w", m.cfg.ID, err)
 		}
 	}
@@ -306,7 +306,7 @@ func (b *brancher) paused(ctx context.Context) (err error) {
 	}
 	wasRunning := st == "running"
 	memSize := uint64(m.cfg.MemoryMiB) << 20
-	maps, err := fileMappings(b.pid, m.cfg.MemoryFile, memSize)
+	maps, err := fileMappings(b.pid, m.cfg.MemoryFile, m.memID, memSize)
 	if err != nil {
 		return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
 	}

@@ -29,7 +29,7 @@ func (m *Machine) LiveBranchSupport() error {
 	if !m.incoming || m.cfg.MemoryFile == "" {
 		return fmt.Errorf("qemu %s: not a clone with a memory file: %w", m.cfg.ID, errdefs.ErrFailedPrecondition)
 	}
-	return liveSupport(m.PID(), m.cfg.MemoryFile)
+	return liveSupport(m.PID(), m.cfg.MemoryFile, m.memID)
 }
 
 // liveSupport checks what QEMU 7.2's background-snapshot needs: a
@@ -37,10 +37,20 @@ func (m *Machine) LiveBranchSupport() error {
 // anonymous, shmem and hugetlb memory only (not for a private mapping of a
 // file on a disk file system), and lets a process without CAP_SYS_PTRACE
 // create a userfaultfd only with vm.unprivileged_userfaultfd=1 (QEMU 7.2
-// neither uses /dev/userfaultfd nor asks for user-mode-only faults).
-func liveSupport(pid int, memFile string) error {
+// neither uses /dev/userfaultfd nor asks for user-mode-only faults). id is
+// the memory file's identity when the machine started (Machine.memID), by
+// which a file removed since is still found.
+func liveSupport(pid int, memFile string, id *fileID) error {
 	var sfs unix.Statfs_t
-	if err := unix.Statfs(memFile, &sfs); err != nil {
+	err := unix.Statfs(memFile, &sfs)
+	if errors.Is(err, unix.ENOENT) {
+		// Removed since the clone mapped it (its snapshot was removed):
+		// the file system of the file its RAM maps, through the mapping.
+		if maps, merr := fileMappings(pid, memFile, id, 0); merr == nil {
+			err = unix.Statfs(fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, maps[0].Start, maps[0].End), &sfs)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("memory file: %w", err)
 	}
 	if sfs.Type != unix.TMPFS_MAGIC && sfs.Type != unix.HUGETLBFS_MAGIC {

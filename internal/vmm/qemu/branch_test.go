@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/fsutil"
 	"github.com/forkd-dev/forkd/internal/memlayer"
 	"github.com/forkd-dev/forkd/internal/netns"
 	"github.com/forkd-dev/forkd/internal/testutil/testguest"
@@ -392,6 +393,53 @@ func TestBranchFull(t *testing.T) {
 	// the clone did not write (compare with a diff branch taken now).
 	time.Sleep(200 * time.Millisecond)
 	checkTemplateUnchanged(t, f.memFile, f.memHash)
+
+	// A clone whose memory file was renamed away and removed after it
+	// mapped it (what forkd rmi does to its snapshot) still branches full:
+	// its mappings are found by the file's identity when it started.
+	own := src
+	own.mem = filepath.Join(dir, "own.mem")
+	copyMemoryFile(t, f.memFile, own.mem)
+	o, oa := own.restore(t, d, "bfo")
+	call(t, oa, "set orphaned", "ok")
+	if err := os.Rename(own.mem, own.mem+".trash"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(own.mem + ".trash"); err != nil {
+		t.Fatal(err)
+	}
+	spec = branchSpec(dir, "f2", vmm.SnapshotFull)
+	spec.PageIndexFile = ""
+	res, err = o.Snapshot(ctx, spec)
+	if err != nil {
+		t.Fatalf("full branch of a clone whose memory file was removed: %v", err)
+	}
+	checkRunning(t, o, oa, "orphaned")
+	og, oga := src.from(res).restore(t, d, "bfog")
+	checkRunning(t, og, oga, "orphaned")
+}
+
+// copyMemoryFile makes dst a sparse copy of the memory file src that the
+// test's unprivileged QEMU can map.
+func copyMemoryFile(t *testing.T, src, dst string) {
+	t.Helper()
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	st, err := in.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := os.OpenFile(dst, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	if _, err := fsutil.CopySparse(out, in, st.Size()); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestBranchFailures checks that a failed branch leaves the clone running
@@ -621,6 +669,25 @@ func TestBranchLive(t *testing.T) {
 	}
 	gg, gga := sf.src.from(res2).restore(t, d, "blgg")
 	checkRunning(t, gg, gga, "grandchild")
+
+	// The grandchild's memory file renamed away and removed (forkd rmi of
+	// its snapshot): a live branch still finds the file system its RAM is
+	// on, through the mapping.
+	if err := os.Rename(res.MemoryFile, res.MemoryFile+".trash"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(res.MemoryFile + ".trash"); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.LiveBranchSupport(); err != nil {
+		t.Fatalf("live branch support once the memory file is gone: %v", err)
+	}
+	res3, err := g.Snapshot(ctx, branchSpec(out, "lgone", vmm.SnapshotLive))
+	if err != nil {
+		t.Fatalf("live branch once the memory file is gone: %v", err)
+	}
+	g3, g3a := sf.src.from(res3).restore(t, d, "blg3")
+	checkRunning(t, g3, g3a, "grandchild")
 
 	// Failures: the stream breaks off mid-way; the clone runs on.
 	for _, point := range []string{"before-migrate", "stream", "converted"} {

@@ -53,6 +53,12 @@ type Machine struct {
 	uid      int           // from the driver's uid pool, released when reaped; 0 if none
 	qmp      *qmp.Client   // set once connected (under mu), before the machine is handed out
 	qmpReady time.Duration // process start to QMP ready
+	// memID is the file a clone's RAM maps (cfg.MemoryFile) as it was
+	// when QEMU started (memIDFile keeps it for an adopting daemon); nil
+	// if unknown. A branch finds the RAM's mappings by it: the path may
+	// since name nothing or another file (removing a snapshot renames its
+	// directory away, then deletes it; the clone maps the file still).
+	memID *fileID
 
 	done    chan struct{}   // closed once the process is reaped
 	exitCtx context.Context // cancelled when the process has exited
@@ -184,7 +190,7 @@ func (m *Machine) reap() {
 		}
 		c.Close()
 	}
-	for _, name := range []string{qmpSocket, agentSocket, pidFile} {
+	for _, name := range []string{qmpSocket, agentSocket, pidFile, memIDFile} {
 		os.Remove(filepath.Join(m.cfg.RunDir, name))
 	}
 	m.mu.Lock()

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
@@ -24,6 +25,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
 // mapping is one line of /proc/PID/maps.
@@ -120,23 +123,80 @@ func readMaps(pid int, withFlags bool) ([]mapping, error) {
 	return out, s.Err()
 }
 
-// fileMappings returns the mappings of the file at path in pid, by device
-// and inode, sorted by file offset, and checks that they cover the file's
-// first size bytes.
-func fileMappings(pid int, path string, size uint64) ([]mapping, error) {
+// fileID names a file by device and inode, as /proc/PID/maps does.
+type fileID struct {
+	Major, Minor uint32
+	Ino          uint64
+}
+
+// statFileID is path's fileID; nil if it cannot be stat'ed.
+func statFileID(path string) *fileID {
 	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return nil, fmt.Errorf("memory file: %w", err)
+	if unix.Stat(path, &st) != nil {
+		return nil
 	}
+	return &fileID{Major: unix.Major(st.Dev), Minor: unix.Minor(st.Dev), Ino: st.Ino}
+}
+
+// memIDFile, in a machine's run directory, holds its memID ("MAJOR:MINOR:INODE")
+// for a daemon that adopts the machine later, when the memory file may be gone.
+const memIDFile = "memory-file.id"
+
+// recordMemID takes the identity of the memory file a clone's QEMU was
+// started on and keeps it in the run directory; nil if it cannot be
+// stat'ed (branches then look the file up by path).
+func recordMemID(cfg vmm.MachineConfig) *fileID {
+	id := statFileID(cfg.MemoryFile)
+	if id != nil {
+		os.WriteFile(filepath.Join(cfg.RunDir, memIDFile), []byte(fmt.Sprintf("%d:%d:%d\n", id.Major, id.Minor, id.Ino)), 0o600)
+	}
+	return id
+}
+
+// loadMemID reads what recordMemID kept for an adopted machine; a machine
+// started by a forkd that kept none gets the file path names now.
+func loadMemID(cfg vmm.MachineConfig) *fileID {
+	var id fileID
+	b, err := os.ReadFile(filepath.Join(cfg.RunDir, memIDFile))
+	if err == nil {
+		if _, err := fmt.Sscanf(string(b), "%d:%d:%d\n", &id.Major, &id.Minor, &id.Ino); err == nil {
+			return &id
+		}
+	}
+	return statFileID(cfg.MemoryFile)
+}
+
+// fileMappings returns the mappings in pid of the memory file at path,
+// sorted by file offset, and checks that they cover its first size bytes.
+// The file is found by id, its identity when the machine started (nil:
+// unknown); failing that, by what path names now; failing that, by the
+// name the kernel gives the mappings of a file removed since, "PATH
+// (deleted)".
+func fileMappings(pid int, path string, id *fileID, size uint64) ([]mapping, error) {
 	maps, err := readMaps(pid, false)
 	if err != nil {
 		return nil, err
 	}
 	var out []mapping
-	for _, m := range maps {
-		if m.Inode == st.Ino && m.Major == unix.Major(st.Dev) && m.Minor == unix.Minor(st.Dev) {
-			out = append(out, m)
+	for _, want := range []*fileID{id, statFileID(path)} {
+		for _, m := range maps {
+			if want != nil && m.Inode == want.Ino && m.Major == want.Major && m.Minor == want.Minor {
+				out = append(out, m)
+			}
 		}
+		if len(out) > 0 {
+			break
+		}
+	}
+	if len(out) == 0 {
+		for _, m := range maps {
+			if m.Path == path+" (deleted)" {
+				out = append(out, m)
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("memory file %s: not mapped in process %d", path, pid)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Offset < out[j].Offset })
 	var next uint64

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/fsutil"
 	"github.com/forkd-dev/forkd/internal/memlayer"
+	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
 // TestPrivatePages maps a file privately in this process, writes some
@@ -78,10 +80,30 @@ func TestPrivatePages(t *testing.T) {
 	if !bytes.Equal(data, bytes.Repeat([]byte{1}, pages*pageSize)) {
 		t.Error("private writes reached the file")
 	}
-	// The mapping is found by inode.
-	maps, err := fileMappings(os.Getpid(), path, pages*pageSize)
-	if err != nil || len(maps) != 1 || maps[0].Start != start {
-		t.Errorf("fileMappings: %+v %v", maps, err)
+	// The mapping is found by inode: the one path names now, or the one
+	// the file had when it was mapped, after it was renamed away and
+	// removed (as forkd rmi does to a snapshot's directory).
+	size := uint64(pages * pageSize)
+	found := func(what, path string, id *fileID) {
+		t.Helper()
+		if maps, err := fileMappings(os.Getpid(), path, id, size); err != nil || len(maps) != 1 || maps[0].Start != start {
+			t.Errorf("fileMappings, %s: %+v %v", what, maps, err)
+		}
+	}
+	found("by path", path, nil)
+	id := statFileID(path)
+	moved := path + ".trash"
+	if err := os.Rename(path, moved); err != nil {
+		t.Fatal(err)
+	}
+	found("renamed, by identity", path, id)
+	if err := os.Remove(moved); err != nil {
+		t.Fatal(err)
+	}
+	found("removed, by identity", path, id)
+	found("removed where it was, by its name in maps", moved, nil)
+	if _, err := fileMappings(os.Getpid(), path, nil, size); err == nil || !strings.Contains(err.Error(), "not mapped") {
+		t.Errorf("fileMappings of a file it cannot identify: %v", err)
 	}
 }
 
@@ -167,5 +189,29 @@ func TestCopyChangedMem(t *testing.T) {
 			}
 		}
 		out.Close()
+	}
+}
+
+// TestMemIDSurvivesTheFile: the memory file's identity kept in the run
+// directory outlives the file, for a daemon adopting the clone after its
+// snapshot was removed.
+func TestMemIDSurvivesTheFile(t *testing.T) {
+	dir := t.TempDir()
+	cfg := vmm.MachineConfig{RunDir: dir, MemoryFile: filepath.Join(dir, "memory")}
+	if err := os.WriteFile(cfg.MemoryFile, []byte("ram"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	id := recordMemID(cfg)
+	if id == nil || *id != *statFileID(cfg.MemoryFile) {
+		t.Fatalf("recorded %+v", id)
+	}
+	os.Rename(cfg.MemoryFile, cfg.MemoryFile+".trash")
+	os.Remove(cfg.MemoryFile + ".trash")
+	if got := loadMemID(cfg); got == nil || *got != *id {
+		t.Fatalf("loaded %+v once the file is gone, want %+v", got, id)
+	}
+	os.Remove(filepath.Join(dir, memIDFile))
+	if got := loadMemID(cfg); got != nil {
+		t.Fatalf("loaded %+v with nothing to load it from", got)
 	}
 }

@@ -145,7 +145,7 @@ func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile str
 	if err := os.MkdirAll(cfg.RunDir, 0o700); err != nil {
 		return nil, fmt.Errorf("qemu %s: %w", cfg.ID, err)
 	}
-	for _, name := range []string{qmpSocket, agentSocket, pidFile} {
+	for _, name := range []string{qmpSocket, agentSocket, pidFile, memIDFile} {
 		os.Remove(filepath.Join(cfg.RunDir, name))
 	}
 	if cfg.MemoryFile != "" && !incoming {
@@ -198,6 +198,9 @@ func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile str
 	}
 	m := newMachine(d, cfg, child{cmd}, incoming)
 	m.uid = uid
+	if incoming && cfg.MemoryFile != "" {
+		m.memID = recordMemID(cfg)
+	}
 	if err := d.spawn(cmd, cfg.Network); err != nil {
 		if uid != 0 {
 			d.uids.release(uid)
