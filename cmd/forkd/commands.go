@@ -308,16 +308,21 @@ func rmiCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			var all []string
 			for _, t := range args {
-				if err := c.RemoveSnapshotWith(cmd.Context(), t, cascade, force); err != nil {
+				removed, err := c.RemoveSnapshotWith(cmd.Context(), t, cascade, force)
+				if err != nil {
 					return err
 				}
+				all = append(all, removed...)
 				if !g.jsonOut {
-					fmt.Println("removed", t)
+					for _, r := range removed {
+						fmt.Println("removed", r)
+					}
 				}
 			}
 			if g.jsonOut {
-				return printJSON(map[string]any{"removed": args})
+				return printJSON(map[string]any{"removed": all})
 			}
 			return nil
 		},

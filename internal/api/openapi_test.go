@@ -436,6 +436,7 @@ var wireTypes = map[string]struct {
 	"Sandbox":               {reflect.TypeFor[apiv1.Sandbox](), true},
 	"KillRequest":           {reflect.TypeFor[apiv1.KillRequest](), false},
 	"KillResponse":          {reflect.TypeFor[apiv1.KillResponse](), true},
+	"RemovedSnapshots":      {reflect.TypeFor[apiv1.RemovedSnapshots](), true},
 	"RunCodeRequest":        {reflect.TypeFor[apiv1.RunCodeRequest](), false},
 	"RunCodeResult":         {reflect.TypeFor[apiv1.RunCodeResult](), true},
 	"CodeError":             {reflect.TypeFor[apiv1.CodeError](), true},

@@ -35,7 +35,8 @@ func (s *Server) chainInfo(snap *snapshot.Snapshot, out *apiv1.Snapshot) {
 }
 
 // deleteSnapshot removes a tag; ?cascade=true also removes the layers
-// built on it, ?force=true removes it alone (its layers stop working).
+// built on it, ?force=true removes it alone (its layers stop working). It
+// answers with every tag it removed.
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 	var opts sandbox.RemoveOptions
 	for name, dst := range map[string]*bool{"cascade": &opts.Cascade, "force": &opts.Force} {
@@ -52,7 +53,7 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	w.WriteHeader(http.StatusNoContent)
+	writeJSON(w, apiv1.RemovedSnapshots{Removed: removed})
 }
 
 // compactSnapshot writes a flat copy of a chain head under a new tag.

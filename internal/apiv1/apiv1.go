@@ -263,6 +263,12 @@ type CompactRequest struct {
 	To string `json:"to"`
 }
 
+// RemovedSnapshots answers DELETE /v1/snapshots/{tag}: the tags removed,
+// the layers of a cascade first (deepest first), the tag asked for last.
+type RemovedSnapshots struct {
+	Removed []string `json:"removed"`
+}
+
 // KillRequest is POST /v1/sandboxes:kill.
 type KillRequest struct {
 	IDs []string `json:"ids,omitempty"`

@@ -151,7 +151,7 @@ func (c *Client) call(ctx context.Context, method, path string, q url.Values, in
 		return err
 	}
 	defer resp.Body.Close()
-	if out == nil {
+	if out == nil || resp.StatusCode == http.StatusNoContent {
 		io.Copy(io.Discard, resp.Body)
 		return nil
 	}
@@ -278,12 +278,15 @@ func (c *Client) Snapshot(ctx context.Context, tag string) (apiv1.Snapshot, erro
 
 // RemoveSnapshot deletes a tag.
 func (c *Client) RemoveSnapshot(ctx context.Context, tag string) error {
-	return c.RemoveSnapshotWith(ctx, tag, false, false)
+	_, err := c.RemoveSnapshotWith(ctx, tag, false, false)
+	return err
 }
 
 // RemoveSnapshotWith deletes a tag that layers may depend on: cascade
-// removes them too, force removes the tag alone.
-func (c *Client) RemoveSnapshotWith(ctx context.Context, tag string, cascade, force bool) error {
+// removes them too, force removes the tag alone. It returns the tags
+// removed (a daemon that answers 204, from before the list, removed tag
+// and, with cascade, layers it did not name).
+func (c *Client) RemoveSnapshotWith(ctx context.Context, tag string, cascade, force bool) ([]string, error) {
 	q := url.Values{}
 	if cascade {
 		q.Set("cascade", "true")
@@ -291,7 +294,14 @@ func (c *Client) RemoveSnapshotWith(ctx context.Context, tag string, cascade, fo
 	if force {
 		q.Set("force", "true")
 	}
-	return c.call(ctx, http.MethodDelete, "/v1/snapshots/"+url.PathEscape(tag), q, nil, nil)
+	var out apiv1.RemovedSnapshots
+	if err := c.call(ctx, http.MethodDelete, "/v1/snapshots/"+url.PathEscape(tag), q, nil, &out); err != nil {
+		return nil, err
+	}
+	if len(out.Removed) == 0 {
+		out.Removed = []string{tag}
+	}
+	return out.Removed, nil
 }
 
 // Compact writes a flat copy of the snapshot from under the tag to.

@@ -336,13 +336,17 @@ class Snapshots:
                 raise Timeout("snapshot %s still %s after %ss" % (tag, s.state, timeout))
             time.sleep(poll_interval)
 
-    def delete(self, tag: str, *, cascade: bool = False, force: bool = False) -> None:
+    def delete(self, tag: str, *, cascade: bool = False, force: bool = False) -> List[str]:
         """Remove a snapshot tag. Sandboxes forked from it keep running.
 
         Args:
             cascade: Also delete the snapshots that depend on this one
                 (branches layered on it).
             force: Delete it even though others depend on it.
+
+        Returns:
+            The tags removed: with cascade, the layers first (deepest
+            first), ``tag`` last.
 
         Raises:
             NotFound: no such tag. Conflict: other snapshots depend on it
@@ -353,7 +357,10 @@ class Snapshots:
             q["cascade"] = "true"
         if force:
             q["force"] = "true"
-        self._c._transport.request("DELETE", "/v1/snapshots/" + _q(tag, "tag"), query=q, what="delete snapshot %s" % tag).read()
+        body = self._c._transport.request("DELETE", "/v1/snapshots/" + _q(tag, "tag"), query=q, what="delete snapshot %s" % tag).read()
+        # A daemon from before the list answers 204, with no body.
+        removed = json.loads(body).get("removed") if body else None
+        return list(removed) if removed else [tag]
 
     def compact(self, tag: str, to: str, *, timeout: Any = DEFAULT) -> SnapshotInfo:
         """Write a flat copy (no parent, depth 0) of the chain head ``tag``

@@ -416,3 +416,17 @@ def test_snapshot_failed_while_waiting(fake: _Server) -> None:
 def test_empty_ids_refused() -> None:
     with pytest.raises(forkd.InvalidArgument):
         Sandbox("", client=Client(socket="/nonexistent.sock"))
+
+
+def test_snapshot_delete_returns_what_was_removed(fake: _Server) -> None:
+    fake.routes[("DELETE", "/v1/snapshots/base")] = lambda h: h.send_json(200, {"removed": ["layer", "base"]})
+
+    def old_daemon(h: _Handler) -> None:  # before the list: 204, no body
+        h.send_response(204)
+        h.end_headers()
+
+    fake.routes[("DELETE", "/v1/snapshots/old")] = old_daemon
+    c = _client(fake)
+    assert c.snapshots.delete("base", cascade=True) == ["layer", "base"]
+    assert fake.requests[-1][1] == "/v1/snapshots/base?cascade=true"
+    assert c.snapshots.delete("old") == ["old"]

@@ -129,7 +129,7 @@ def test_delete_with_dependents(client: Client, test_tag: str, new_tag: Callable
             client.snapshots.delete(a)
         assert b_ in ei.value.detail  # names the dependents
         assert client.snapshots.exists(a) and client.snapshots.exists(b_)
-        client.snapshots.delete(a, cascade=True)
+        assert client.snapshots.delete(a, cascade=True) == [b_, a]
         assert not client.snapshots.exists(a) and not client.snapshots.exists(b_)
         # Running sandboxes keep working when their snapshot goes.
         assert child.commands.run("echo still").stdout == "still\n"

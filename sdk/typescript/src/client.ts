@@ -200,16 +200,19 @@ export class Snapshots {
   /**
    * Deletes a tag; running sandboxes forked from it keep working. A snapshot
    * other snapshots depend on (branches) is refused with ConflictError naming
-   * them, unless `cascade` (delete them too) or `force`.
+   * them, unless `cascade` (delete them too) or `force`. Resolves with the
+   * tags removed: with `cascade`, the layers first (deepest first), `tag` last.
    */
-  async delete(tag: string, opts: DeleteSnapshotOptions = {}): Promise<void> {
-    await this.t.json({
+  async delete(tag: string, opts: DeleteSnapshotOptions = {}): Promise<string[]> {
+    const out = await this.t.json<{ removed?: string[] } | undefined>({
       method: "DELETE",
       path: tagPath(tag),
       query: { cascade: opts.cascade ? "true" : undefined, force: opts.force ? "true" : undefined },
       signal: opts.signal,
       what: `delete snapshot ${tag}`,
     });
+    // A daemon from before the list answers 204, with no body.
+    return out?.removed?.length ? out.removed : [tag];
   }
 
   /**

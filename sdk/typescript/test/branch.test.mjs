@@ -131,7 +131,7 @@ describe("branch and snapshots", needsDaemon, () => {
     const head2 = t.tag("ts-casc-head");
     await child2.branch({ tag: head2 });
     await child2.kill();
-    await c().snapshots.delete(base2, { cascade: true });
+    assert.deepEqual(await c().snapshots.delete(base2, { cascade: true }), [head2, base2]);
     assert.equal(await c().snapshots.exists(base2), false);
     assert.equal(await c().snapshots.exists(head2), false);
   });
