@@ -99,3 +99,44 @@ func TestBranch(t *testing.T) {
 		t.Errorf("branch of a killed sandbox: %v", err)
 	}
 }
+
+// TestBranchAfterItsBaseIsRemoved: the snapshot a sandbox was forked from
+// is removed (its directory renamed away and deleted while the clone maps
+// its memory). A diff branch, a layer on it, is refused with the way out;
+// a full branch still captures the sandbox, and its grandchildren fork.
+func TestBranchAfterItsBaseIsRemoved(t *testing.T) {
+	e := newEngine(t, 0)
+	snap := newTemplate(t, e, "minimal")
+	ctx := context.Background()
+	sbs, err := e.Fork(ctx, snap.Tag, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := sbs[0]
+	t.Cleanup(func() { e.Kill(context.Background(), []string{src.ID}) })
+	run(t, agentOf(t, e, src.ID), "sh", "-c", "echo orphaned > /root/state")
+	if _, err := e.RemoveSnapshotWith(ctx, snap.Tag, sandbox.RemoveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.Branch(ctx, src.ID, sandbox.BranchOptions{Tag: "it-orphan-diff-" + snapshot.NewID()})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "--mode full") {
+		t.Fatalf("diff branch of a sandbox whose snapshot was removed: %v", err)
+	}
+	tag := "it-orphan-full-" + snapshot.NewID()
+	res, err := e.Branch(ctx, src.ID, sandbox.BranchOptions{Tag: tag, Mode: sandbox.BranchFull})
+	if err != nil {
+		t.Fatalf("full branch of a sandbox whose snapshot was removed: %v", err)
+	}
+	t.Cleanup(func() { e.RemoveSnapshot(context.Background(), tag) })
+	if res.Snapshot.Parent != nil || res.Snapshot.Image.Digest != snap.Image.Digest || res.Snapshot.MemoryMiB != snap.MemoryMiB {
+		t.Errorf("manifest: parent %+v, image %s, %d MiB; want no parent and the base's image and shape", res.Snapshot.Parent, res.Snapshot.Image.Digest, res.Snapshot.MemoryMiB)
+	}
+	kids, err := e.Fork(ctx, tag, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Kill(ctx, []string{kids[0].ID})
+	if got := run(t, agentOf(t, e, kids[0].ID), "cat", "/root/state"); got != "orphaned" {
+		t.Errorf("grandchild file: %q, want orphaned", got)
+	}
+}
