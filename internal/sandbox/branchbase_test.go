@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -32,7 +33,11 @@ func TestBranchWhenItsBaseGoes(t *testing.T) {
 		_, err := e.Branch(ctx, id, BranchOptions{Tag: "layer", Mode: BranchDiff})
 		branchErr <- err
 	}()
-	waitFor(t, func() bool { return len(e.branchSem) == 1 }) // writing its layer
+	// Staged: past the checks of its base, writing its layer (held at the gate).
+	waitFor(t, func() bool {
+		staged, _ := filepath.Glob(filepath.Join(e.Store().Root(), ".staging-layer-*"))
+		return len(staged) == 1
+	})
 	if removed, err := e.RemoveSnapshotWith(ctx, "base", RemoveOptions{}); err != nil || len(removed) != 1 {
 		t.Fatalf("remove base while a branch of its child is written: %v %v", removed, err)
 	}
