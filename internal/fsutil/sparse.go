@@ -15,6 +15,19 @@ import (
 // (FICLONE), else only the data extents (SEEK_DATA/SEEK_HOLE) with
 // copy_file_range. It returns the bytes copied (0 for a reflink).
 func CopySparse(dst, src *os.File, size int64) (int64, error) {
+	return copySparse(dst, src, size, false)
+}
+
+// CopyCompact is CopySparse for a copy that stays: without a reflink, the
+// data extents are read and written and their pages of zeros left as
+// holes too (what copy_file_range would store when src has them
+// allocated), at the cost of reading them through user space. It returns
+// the bytes written (0 for a reflink).
+func CopyCompact(dst, src *os.File, size int64) (int64, error) {
+	return copySparse(dst, src, size, true)
+}
+
+func copySparse(dst, src *os.File, size int64, skipZeros bool) (int64, error) {
 	if err := unix.IoctlFileClone(int(dst.Fd()), int(src.Fd())); err == nil {
 		if err := dst.Truncate(size); err != nil {
 			return 0, err
@@ -27,6 +40,11 @@ func CopySparse(dst, src *os.File, size int64) (int64, error) {
 	sfd, dfd := int(src.Fd()), int(dst.Fd())
 	var copied int64
 	err := DataExtents(src, size, func(data, hole int64) error {
+		if skipZeros {
+			_, w, err := copyRange(dst, src, data, hole-data)
+			copied += w
+			return err
+		}
 		for pos := data; pos < hole; {
 			roff, woff := pos, pos
 			n, err := unix.CopyFileRange(sfd, &roff, dfd, &woff, int(min(hole-pos, 1<<30)), 0)
@@ -35,7 +53,7 @@ func CopySparse(dst, src *os.File, size int64) (int64, error) {
 					err = io.ErrUnexpectedEOF
 				}
 				if errors.Is(err, unix.EXDEV) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EINVAL) {
-					k, err := copyRange(dst, src, pos, hole-pos)
+					k, _, err := copyRange(dst, src, pos, hole-pos)
 					copied += k
 					return err
 				}
@@ -97,14 +115,14 @@ func ReadSparseInto(dst []byte, src *os.File) (int64, error) {
 // copyRange copies n bytes at off from src to dst with reads and writes.
 // dst reads as zeros there already (CopySparse truncated it), so pages of
 // zeros are not written: they stay holes, for sources that report all of
-// their size as data (hugetlbfs, some network file systems).
-func copyRange(dst, src *os.File, off, n int64) (int64, error) {
+// their size as data (hugetlbfs, some network file systems). It returns
+// the bytes read and the bytes written.
+func copyRange(dst, src *os.File, off, n int64) (read, written int64, err error) {
 	const page = 4096
 	buf := make([]byte, 1<<20)
-	var done int64
-	for done < n {
-		k := min(int64(len(buf)), n-done)
-		r, err := src.ReadAt(buf[:k], off+done)
+	for read < n {
+		k := min(int64(len(buf)), n-read)
+		r, rerr := src.ReadAt(buf[:k], off+read)
 		for i := 0; i < r; {
 			j := min(i+page, r)
 			zero := IsZero(buf[i:j])
@@ -112,21 +130,22 @@ func copyRange(dst, src *os.File, off, n int64) (int64, error) {
 				j = min(j+page, r)
 			}
 			if !zero {
-				if _, werr := dst.WriteAt(buf[i:j], off+done+int64(i)); werr != nil {
-					return done, werr
+				if _, werr := dst.WriteAt(buf[i:j], off+read+int64(i)); werr != nil {
+					return read, written, werr
 				}
+				written += int64(j - i)
 			}
 			i = j
 		}
-		done += int64(r)
-		if err != nil {
-			if err == io.EOF {
-				return done, nil
+		read += int64(r)
+		if rerr != nil {
+			if rerr == io.EOF {
+				return read, written, nil
 			}
-			return done, err
+			return read, written, rerr
 		}
 	}
-	return done, nil
+	return read, written, nil
 }
 
 var zeroPage [4096]byte

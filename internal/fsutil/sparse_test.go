@@ -76,8 +76,8 @@ func TestCopyRangeKeepsZerosAsHoles(t *testing.T) {
 	}
 	defer dst.Close()
 	dst.Truncate(int64(len(data)))
-	if n, err := copyRange(dst, src, 0, int64(len(data))); err != nil || n != int64(len(data)) {
-		t.Fatalf("copyRange: %d, %v", n, err)
+	if n, w, err := copyRange(dst, src, 0, int64(len(data))); err != nil || n != int64(len(data)) || w != 8192+100 { // two pages of 5s, and the last 100 bytes (a partial page holding the 9)
+		t.Fatalf("copyRange: read %d, wrote %d, %v", n, w, err)
 	}
 	got, err := os.ReadFile(dst.Name())
 	if err != nil || !bytes.Equal(got, data) {
@@ -89,5 +89,46 @@ func TestCopyRangeKeepsZerosAsHoles(t *testing.T) {
 	}
 	if off < mib {
 		t.Errorf("first data at %d: the leading zeros were written", off)
+	}
+}
+
+// TestCopyCompactLeavesZeroPagesOut: unlike CopySparse (copy_file_range
+// copies allocated zeros), CopyCompact leaves src's pages of zeros as
+// holes, and keeps its holes.
+func TestCopyCompactLeavesZeroPagesOut(t *testing.T) {
+	const mib = 1 << 20
+	dir := t.TempDir()
+	src, err := os.Create(filepath.Join(dir, "src"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	size := int64(8 * mib)
+	src.Truncate(size)
+	zeros := make([]byte, 2*mib)
+	src.WriteAt(zeros, mib) // allocated zeros at [1, 3) MiB
+	src.WriteAt(bytes.Repeat([]byte{7}, 4096), 2*mib)
+	src.WriteAt(bytes.Repeat([]byte{8}, 4096), 6*mib) // alone in a hole
+	want, _ := os.ReadFile(src.Name())
+	dst, err := os.Create(filepath.Join(dir, "dst"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	n, err := CopyCompact(dst, src, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 {
+		t.Skip("the file system made a reflink")
+	}
+	got, _ := os.ReadFile(dst.Name())
+	if !bytes.Equal(got, want) {
+		t.Fatal("copy differs")
+	}
+	var allocated int64
+	DataExtents(dst, size, func(data, hole int64) error { allocated += hole - data; return nil })
+	if allocated > 64<<10 {
+		t.Errorf("%d bytes allocated for two pages of data", allocated)
 	}
 }
