@@ -128,7 +128,18 @@ func TestLiveBranchOnHugetlbfs(t *testing.T) {
 		t.Fatalf("diff branch: %+v", diff)
 	}
 
-	for _, want := range []struct{ tag, state string }{{liveTag, "before"}, {diffTag, "after"}} {
+	// A full branch copies the image from hugetlbfs before the pause and
+	// the 2 MiB pages the clone wrote in it.
+	var full apiv1.BranchResponse
+	fullTag := "it-huge-full-" + id
+	json.Unmarshal([]byte(c.ok("branch", src, "--tag", fullTag, "--mode", "full", "--json")), &full)
+	t.Cleanup(func() { c.run("rmi", fullTag) })
+	t.Logf("full branch: paused %.2f ms, %d bytes", full.PauseMillis, full.BytesWritten)
+	if full.Snapshot.State != apiv1.SnapshotReady || full.Snapshot.DiskBytes <= 0 || full.Snapshot.DiskBytes > full.Snapshot.SizeBytes*3/4 {
+		t.Fatalf("full branch: %+v", full)
+	}
+
+	for _, want := range []struct{ tag, state string }{{liveTag, "before"}, {diffTag, "after"}, {fullTag, "after"}} {
 		g := fork(want.tag)
 		if out := c.ok("exec", g, "--", "cat", "/root/state"); out != want.state+"\n" {
 			t.Errorf("grandchild of %s sees %q, want %q", want.tag, out, want.state)

@@ -16,8 +16,10 @@ func branchCmd(g *globals) *cobra.Command {
 		Short: "Snapshot a running sandbox into a new tag to fork from (it keeps running)",
 		Long: "Snapshot a running sandbox: memory, processes, the Python session and files in its\n" +
 			"overlay, as of now. The result is a tag `forkd fork` uses like any other.\n" +
-			"Modes: diff (default: a short pause, copies the pages the sandbox wrote), full (copies\n" +
-			"all its memory), live (the sandbox keeps running while memory is captured).",
+			"Modes: diff (default: a short pause, copies the pages the sandbox wrote; a layer on the\n" +
+			"sandbox's snapshot), full (the same pause, and a self-contained copy of all its memory;\n" +
+			"works after the sandbox's snapshot was removed), live (the sandbox keeps running while\n" +
+			"memory is captured).",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := snapshot.ValidateTag(req.Tag); err != nil {

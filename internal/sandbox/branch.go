@@ -13,7 +13,7 @@ import (
 // Branch modes (vmm snapshot types of a running sandbox).
 const (
 	BranchDiff = string(vmm.SnapshotDiff) // pause, copy the pages the sandbox wrote
-	BranchFull = string(vmm.SnapshotFull) // pause, copy all of its memory
+	BranchFull = string(vmm.SnapshotFull) // a self-contained copy of its memory; the pause is a diff's
 	BranchLive = string(vmm.SnapshotLive) // keep running; memory captured as of the branch instant
 )
 

@@ -181,8 +181,9 @@ type SnapshotResult struct {
 	// data, including a copy of the parent's data, and state).
 	BytesWritten int64
 	// DirtyPages is how many guest pages the snapshot took from the
-	// running VM: the pages a clone wrote (diff), the pages with data
-	// (full, live).
+	// running VM: the pages a clone wrote (diff; full, where the rest came
+	// from the clone's memory file), or the pages with data (live, and a
+	// full branch that had to copy all of RAM).
 	DirtyPages int64
 	// PageIndexFile is SnapshotSpec.PageIndexFile once written.
 	PageIndexFile string

@@ -16,9 +16,13 @@ package qemu
 //     them from /proc/PID/mem over the copy, while QEMU saves the device
 //     state without RAM (xen-save-devices-state); then cont. The pause
 //     grows with the pages the clone wrote, not with its memory size.
-//   - full: stop the guest and copy all of its RAM from /proc/PID/mem,
-//     zero pages left as holes. Needs nothing of the clone's memory file;
-//     the pause grows with the memory size.
+//   - full: a self-contained memory file. While the guest runs, copy the
+//     clone's memory file (immutable: no one writes it, the clone's writes
+//     go to private pages); then stop it and copy the pages it wrote over
+//     that copy, as a diff does. The pause is a diff's, whatever the
+//     memory size. Only if the memory file cannot be opened (its path is
+//     gone and /proc/PID/map_files is refused) is all RAM copied while
+//     stopped, zero pages left as holes; that pause grows with the memory.
 //   - live: QEMU's background-snapshot (userfaultfd write-protection
 //     inside QEMU; the guest runs on while its RAM is saved as of the
 //     branch instant), streamed through a socket into a converter that
@@ -319,12 +323,29 @@ func (b *brancher) paused(ctx context.Context) (err error) {
 	var (
 		pagemap *os.File
 		base    []byte // the memory file, to compare written pages with
+		// memFile, when set, is copied before the stop and the written
+		// pages go over the copy: a diff that is not a layer, or a full
+		// branch (see the comment at the top).
+		memFile *os.File
 	)
-	if b.mode == vmm.SnapshotDiff {
+	switch {
+	case b.mode == vmm.SnapshotDiff && !b.spec.Layer:
+		if memFile, err = openMemoryFile(b.pid, m.cfg.MemoryFile, maps); err != nil {
+			return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
+		}
+	case b.mode == vmm.SnapshotFull:
+		memFile, _ = openMemoryFile(b.pid, m.cfg.MemoryFile, maps) // nil: copy all of RAM
+	}
+	if memFile != nil {
+		defer memFile.Close()
+	}
+	if b.mode == vmm.SnapshotDiff || memFile != nil {
 		if pagemap, err = os.Open(fmt.Sprintf("/proc/%d/pagemap", b.pid)); err != nil {
 			return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
 		}
 		defer pagemap.Close()
+	}
+	if b.mode == vmm.SnapshotDiff {
 		if base, err = mapHugeBase(m.cfg.MemoryFile, memSize); err != nil {
 			return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
 		}
@@ -356,13 +377,8 @@ func (b *brancher) paused(ctx context.Context) (err error) {
 		return err
 	}
 	defer out.Close()
-	if b.mode == vmm.SnapshotDiff && !b.spec.Layer {
-		base, err := os.Open(m.cfg.MemoryFile)
-		if err != nil {
-			return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
-		}
-		n, err := fsutil.CopySparse(out, base, int64(memSize))
-		base.Close()
+	if memFile != nil {
+		n, err := fsutil.CopyCompact(out, memFile, int64(memSize))
 		b.written += n
 		if err != nil {
 			return fmt.Errorf("qemu %s: branch: copy memory file: %w", m.cfg.ID, err)
@@ -436,11 +452,11 @@ func (b *brancher) paused(ctx context.Context) (err error) {
 	}()
 	var (
 		idx     *memlayer.Builder
-		mw      = newMemWriter(out, int64(memSize), b.mode == vmm.SnapshotDiff && !b.spec.Layer)
+		mw      = newMemWriter(out, int64(memSize), memFile != nil)
 		copyErr error
 		scanned string
 	)
-	if b.mode == vmm.SnapshotDiff {
+	if b.mode == vmm.SnapshotDiff || memFile != nil {
 		idx = &memlayer.Builder{PageSize: pageSize, MemorySize: memSize}
 		scanned, copyErr = copyPrivatePages(maps, pagemap, guest, mw, idx, memSize, base)
 	} else {
@@ -512,6 +528,32 @@ func (b *brancher) paused(ctx context.Context) (err error) {
 		tCopied.Sub(tStopped).Round(time.Microsecond), scanned, tSaved.Sub(tCopied).Round(time.Microsecond),
 		tCont.Sub(tSaved).Round(time.Microsecond), time.Since(tCont).Round(time.Microsecond), guestPause)
 	return nil
+}
+
+// openMemoryFile opens the file a clone's RAM maps (maps, from
+// fileMappings): by its path while that still names it, else through
+// /proc/PID/map_files, which reaches it after it was removed (root only).
+func openMemoryFile(pid int, path string, maps []mapping) (*os.File, error) {
+	same := func(f *os.File) bool {
+		var st unix.Stat_t
+		return unix.Fstat(int(f.Fd()), &st) == nil && st.Ino == maps[0].Inode &&
+			unix.Major(st.Dev) == maps[0].Major && unix.Minor(st.Dev) == maps[0].Minor
+	}
+	if f, err := os.Open(path); err == nil {
+		if same(f) {
+			return f, nil
+		}
+		f.Close()
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, maps[0].Start, maps[0].End))
+	if err != nil {
+		return nil, fmt.Errorf("memory file %s: gone from its path, and its mapping: %w", path, err)
+	}
+	if !same(f) {
+		f.Close()
+		return nil, fmt.Errorf("memory file %s: its mapping in process %d is another file", path, pid)
+	}
+	return f, nil
 }
 
 // mapHugeBase maps a clone's memory file read-only when it is on

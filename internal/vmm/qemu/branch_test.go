@@ -379,7 +379,7 @@ func TestBranchFull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("full branch: paused %v, total %v, %d bytes written, %d pages with data", res.Paused, res.Duration, res.BytesWritten, res.DirtyPages)
+	t.Logf("full branch: paused %v, total %v, %d bytes written, %d pages copied while paused", res.Paused, res.Duration, res.BytesWritten, res.DirtyPages)
 	if res.Paused <= 0 || res.DirtyPages <= 0 || res.PageIndexFile != "" {
 		t.Errorf("result %+v", res)
 	}
