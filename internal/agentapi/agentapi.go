@@ -210,7 +210,11 @@ type ExecEvent struct {
 	// process failed, output was lost). A process that cannot start at all
 	// (executable or cwd missing) is answered with a Problem instead, before
 	// any event.
-	Error          string `json:"error,omitempty"`
+	Error string `json:"error,omitempty"`
+	// Code is Error's class, as a Problem's code ("failed_precondition"):
+	// set by the daemon; absent from agents and older daemons, whose
+	// Error ends with the class in words.
+	Code           string `json:"code,omitempty"`
 	DurationMicros int64  `json:"duration_us,omitempty"`
 }
 

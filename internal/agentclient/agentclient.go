@@ -36,6 +36,10 @@ type Client struct {
 	// ("GET /v1/files/stat", a fixed set), the time to the response header,
 	// and its error.
 	Observe func(op string, d time.Duration, err error)
+	// Gone, if set, says why the agent cannot answer any more (its sandbox
+	// was killed, or its VM exited), or nil while it can: a call that
+	// loses the connection then fails with that reason.
+	Gone func() error
 }
 
 // New returns a client of the agent at the other end of s.
@@ -98,13 +102,20 @@ func problemFrom(op string, resp *http.Response) error {
 	return &ProblemError{Problem: p, Op: op}
 }
 
-// transportError classifies a failure to talk to the agent at all.
-func transportError(ctx context.Context, op string, err error) error {
+// transportError classifies a failure to talk to the agent at all. When
+// Gone says the agent is gone for good, that reason is the error: the
+// connection's own (an unexpected EOF) tells a user nothing more.
+func (c *Client) transportError(ctx context.Context, op string, err error) error {
 	switch {
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return fmt.Errorf("agent: %s: %v: %w", op, err, errdefs.ErrDeadlineExceeded)
 	case ctx.Err() != nil:
 		return fmt.Errorf("agent: %s: %v: %w", op, err, errdefs.ErrCanceled)
+	}
+	if c.Gone != nil {
+		if gone := c.Gone(); gone != nil {
+			return fmt.Errorf("%s: %w", op, gone)
+		}
 	}
 	return fmt.Errorf("agent: %s: %v: %w", op, err, errdefs.ErrUnavailable)
 }
@@ -128,7 +139,7 @@ func (c *Client) do(ctx context.Context, op, method, path string, q url.Values, 
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return nil, transportError(ctx, op, err)
+		return nil, c.transportError(ctx, op, err)
 	}
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
@@ -160,7 +171,7 @@ func (c *Client) call(ctx context.Context, op, method, path string, q url.Values
 		return nil
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return transportError(ctx, op, fmt.Errorf("decoding the response: %w", err))
+		return c.transportError(ctx, op, fmt.Errorf("decoding the response: %w", err))
 	}
 	return nil
 }
@@ -230,7 +241,7 @@ func (c *Client) ExecStarted(ctx context.Context, req agentapi.ExecRequest, stdi
 			if err == io.EOF {
 				err = errors.New("the stream ended without an exit event")
 			}
-			return agentapi.ExecEvent{}, transportError(ctx, "exec", err)
+			return agentapi.ExecEvent{}, c.transportError(ctx, "exec", err)
 		}
 		var w io.Writer
 		switch ev.Type {
@@ -304,7 +315,7 @@ func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (int64,
 	if err != nil {
 		// A cut stream surfaces here as an unexpected EOF (short of the
 		// Content-Length, or a missing final chunk), never as success.
-		return n, transportError(ctx, op, err)
+		return n, c.transportError(ctx, op, err)
 	}
 	return n, nil
 }
@@ -333,7 +344,7 @@ func (c *Client) WriteFile(ctx context.Context, path string, mode fs.FileMode, r
 	defer resp.Body.Close()
 	var fi agentapi.FileInfo
 	if err := json.NewDecoder(resp.Body).Decode(&fi); err != nil {
-		return fi, transportError(ctx, op, err)
+		return fi, c.transportError(ctx, op, err)
 	}
 	return fi, nil
 }
@@ -418,13 +429,13 @@ func (c *Client) RunCodeStream(ctx context.Context, req agentapi.RunCodeRequest,
 			if err == io.EOF {
 				err = errors.New("the stream ended without a result event")
 			}
-			return agentapi.RunCodeResult{}, transportError(ctx, op, err)
+			return agentapi.RunCodeResult{}, c.transportError(ctx, op, err)
 		}
 		var w io.Writer
 		switch ev.Type {
 		case agentapi.EventResult:
 			if ev.Result == nil {
-				return agentapi.RunCodeResult{}, transportError(ctx, op, errors.New("a result event without a result"))
+				return agentapi.RunCodeResult{}, c.transportError(ctx, op, errors.New("a result event without a result"))
 			}
 			return *ev.Result, nil
 		case agentapi.EventError:

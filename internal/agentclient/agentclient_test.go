@@ -72,6 +72,24 @@ func TestExecStreamWithoutExitIsAnError(t *testing.T) {
 	}
 }
 
+// TestGoneSaysWhy: a stream cut because the sandbox went away fails with
+// the reason Gone gives, not the connection's unexpected EOF.
+func TestGoneSaysWhy(t *testing.T) {
+	c := server(t, func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(agentapi.ExecEvent{Type: agentapi.EventStdout, Data: []byte("partial")})
+	})
+	gone := fmt.Errorf("sandbox sb-1 was killed while the call ran: %w", errdefs.ErrFailedPrecondition)
+	c.Gone = func() error { return gone }
+	_, err := c.Exec(context.Background(), agentapi.ExecRequest{Shell: "x"}, nil, io.Discard, nil)
+	if !errors.Is(err, gone) || !errdefs.IsFailedPrecondition(err) || err.Error() != "exec: "+gone.Error() {
+		t.Fatalf("Exec = %v, want the Gone reason", err)
+	}
+	c.Gone = func() error { return nil } // still running: the connection's error
+	if _, err := c.Exec(context.Background(), agentapi.ExecRequest{Shell: "x"}, nil, io.Discard, nil); !errdefs.IsUnavailable(err) {
+		t.Fatalf("Exec = %v, want unavailable", err)
+	}
+}
+
 func TestExecEvents(t *testing.T) {
 	c := server(t, func(w http.ResponseWriter, r *http.Request) {
 		var req agentapi.ExecRequest

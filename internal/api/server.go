@@ -689,7 +689,7 @@ func proxyExec(w http.ResponseWriter, r *http.Request, agent execStarter, req ap
 	if err != nil {
 		// The stream already said 200: the audit record must not.
 		noteError(r, err)
-		exit = apiv1.ExecEvent{ExitCode: -1, Error: err.Error()}
+		exit = apiv1.ExecEvent{ExitCode: -1, Error: err.Error(), Code: errdefs.Code(err)}
 	}
 	exit.Type = agentapi.EventExit
 	ev.send(exit.Type, exit)

@@ -402,6 +402,9 @@ func (c *Client) ExecEvents(ctx context.Context, id string, req apiv1.ExecReques
 		// exec with --host).
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		if ev.Error != "" && ev.ExitCode == -1 {
+			if ev.Code != "" { // the error as the daemon classed it
+				return ev, &Error{apiv1.Problem{Detail: ev.Error, Code: ev.Code}}
+			}
 			return ev, fmt.Errorf("exec: %s: %w", ev.Error, errdefs.ErrFailedPrecondition)
 		}
 		return ev, nil

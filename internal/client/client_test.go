@@ -87,6 +87,22 @@ func TestExecStreamCut(t *testing.T) {
 	}
 }
 
+// TestExecFailedMidStream: an exit event carrying an error fails the call
+// with it, in the class the daemon gave (Code), its text said once; a
+// daemon from before Code is read as a failed precondition.
+func TestExecFailedMidStream(t *testing.T) {
+	const msg = "exec: sandbox sb-1 was killed while the call ran: failed precondition"
+	for _, code := range []string{"failed_precondition", ""} {
+		c := serve(t, func(w http.ResponseWriter, r *http.Request) {
+			execEvents(w, apiv1.ExecEvent{Type: "start"}, apiv1.ExecEvent{Type: "exit", ExitCode: -1, Error: msg, Code: code})
+		})
+		_, err := c.Exec(context.Background(), "sb-1", apiv1.ExecRequest{Argv: []string{"x"}}, nil, nil, nil)
+		if !errdefs.IsFailedPrecondition(err) || (code != "" && err.Error() != msg) {
+			t.Errorf("code %q: %v", code, err)
+		}
+	}
+}
+
 func TestProblemUnwrapsToClass(t *testing.T) {
 	c := serve(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/problem+json")

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -395,5 +396,29 @@ func TestForkChildrenStartingUntilTheForkAnswers(t *testing.T) {
 		if st := s.Info().State; st != apiv1.StateRunning {
 			t.Fatalf("%s after the fork answered: %s", s.ID, st)
 		}
+	}
+}
+
+// TestGoneReason: what a call that lost its agent connection is told.
+func TestGoneReason(t *testing.T) {
+	e, _ := newFakeEngine(t, &fakeDriver{}, 0)
+	ctx := context.Background()
+	sbs, err := e.ForkWith(ctx, ForkOptions{Tag: "base", Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed, died := sbs[0], sbs[1]
+	if err := killed.goneReason(); err != nil {
+		t.Fatalf("running sandbox: %v", err)
+	}
+	if _, err := e.Kill(ctx, []string{killed.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if err := killed.goneReason(); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "was killed") {
+		t.Errorf("killed sandbox: %v", err)
+	}
+	died.machine.(*fakeMachine).exit(errors.New("qemu: boom"))
+	if err := died.goneReason(); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "died while the call ran (its VMM process exited: qemu: boom;") {
+		t.Errorf("dead sandbox: %v", err)
 	}
 }

@@ -184,6 +184,7 @@ func (e *Engine) adoptOne(rec state.SandboxRecord) (_ *Sandbox, err error) {
 		state:    apiv1.StateRunning, exited: make(chan struct{}),
 		labels: rec.Labels, expiresAt: rec.ExpiresAt, idleTimeout: time.Duration(rec.IdleTimeoutSeconds) * time.Second,
 	}
+	s.agent.Gone = s.goneReason
 	s.touch()
 	if err := e.register(s); err != nil {
 		sess.Close()

@@ -169,6 +169,41 @@ func (s *Sandbox) watch(e *Engine) {
 	close(s.exited)
 }
 
+// goneWait bounds how long goneReason waits for the VMM's exit to be
+// seen: an agent connection cut by a dying VMM can be noticed a moment
+// before the process is reaped.
+const goneWait = 100 * time.Millisecond
+
+// goneReason says why the sandbox's agent can no longer answer (the
+// agent client's Gone): killed, being ended by a timeout, or its VMM
+// exited; nil while it runs.
+func (s *Sandbox) goneReason() error {
+	select {
+	case <-s.machine.Done():
+	case <-time.After(goneWait):
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.ending != "": // the janitor's kill: its reason says more
+		return fmt.Errorf("sandbox %s was ended (%s) while the call ran: %w", s.ID, s.ending, errdefs.ErrFailedPrecondition)
+	case s.killed:
+		return fmt.Errorf("sandbox %s was killed while the call ran: %w", s.ID, errdefs.ErrFailedPrecondition)
+	}
+	select {
+	case <-s.machine.Done():
+		reason := "its VMM process exited"
+		if err := s.machine.ExitError(); err != nil {
+			// The first line: the console tail after it is in `forkd sandbox info`.
+			first, _, _ := strings.Cut(err.Error(), "\n")
+			reason = "its VMM process exited: " + first
+		}
+		return fmt.Errorf("sandbox %s died while the call ran (%s; `forkd sandbox info %s` has its console): %w", s.ID, reason, s.ID, errdefs.ErrFailedPrecondition)
+	default:
+		return nil
+	}
+}
+
 // kill stops the VMM and waits for teardown.
 func (s *Sandbox) kill(ctx context.Context, why string) {
 	s.mu.Lock()

@@ -322,6 +322,7 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 		state: apiv1.StateRunning, exited: make(chan struct{}),
 		labels: opts.Labels, idleTimeout: opts.IdleTimeout, pendingFork: opts.RequestID,
 	}
+	s.agent.Gone = s.goneReason
 	if opts.Timeout > 0 {
 		s.expiresAt = s.Created.Add(opts.Timeout)
 	}

@@ -631,7 +631,7 @@ class _ExecStream:
             )
         if ev.get("error") and int(ev.get("exit_code") or 0) == -1:
             msg = str(ev["error"])
-            code = code_from_message(msg)
+            code = ev.get("code") or code_from_message(msg)
             text = "command %s in sandbox %s: %s" % (self.describe, self.sandbox_id, msg)
             cls = error_class(code)
             if cls is ForkdError or code in _CUT_CODES:

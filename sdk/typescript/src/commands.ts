@@ -90,6 +90,8 @@ interface WireExecEvent {
   signal?: string;
   timed_out?: boolean;
   error?: string;
+  /** The class of error (a problem code); absent from daemons before it. */
+  code?: string;
   duration_us?: number;
 }
 
@@ -171,7 +173,7 @@ export class Commands {
           }
           yield { type: ev.type, data };
         } else if (ev.type === "exit") {
-          if (ev.exit_code === -1 && ev.error) throw await this.execFailure(ev.error, a);
+          if (ev.exit_code === -1 && ev.error) throw await this.execFailure(ev.error, a, ev.code);
           sawExit = true;
           text.end();
           yield exitEvent(ev);
@@ -246,7 +248,7 @@ export class Commands {
             out.stderr(Buffer.from(ev.data ?? "", "base64"));
             break;
           case "exit":
-            if (ev.exit_code === -1 && ev.error) throw await this.execFailure(ev.error, a);
+            if (ev.exit_code === -1 && ev.error) throw await this.execFailure(ev.error, a, ev.code);
             exited = true;
             out.end();
             return exitEvent(ev);
@@ -341,8 +343,8 @@ export class Commands {
   }
 
   /** An exit event with exit_code -1: the process could not start, or its stream to the agent broke. */
-  private async execFailure(error: string, a: Answer): Promise<Error> {
-    const code = codeFromMessage(error) ?? "internal";
+  private async execFailure(error: string, a: Answer, given?: string): Promise<Error> {
+    const code = given ?? codeFromMessage(error) ?? "internal";
     if (code === "unavailable") {
       return this.cutError(a, new StreamCutError(error, { requestId: a.requestId }));
     }
