@@ -414,11 +414,11 @@ func TestGoneReason(t *testing.T) {
 	if _, err := e.Kill(ctx, []string{killed.ID}); err != nil {
 		t.Fatal(err)
 	}
-	if err := killed.goneReason(); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "was killed") {
+	if err := killed.goneReason(); !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "was killed") {
 		t.Errorf("killed sandbox: %v", err)
 	}
 	died.machine.(*fakeMachine).exit(errors.New("qemu: boom"))
-	if err := died.goneReason(); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "died while the call ran (its VMM process exited: qemu: boom;") {
+	if err := died.goneReason(); !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "died while the call ran (its VMM process exited: qemu: boom;") {
 		t.Errorf("dead sandbox: %v", err)
 	}
 }

@@ -176,7 +176,8 @@ const goneWait = 100 * time.Millisecond
 
 // goneReason says why the sandbox's agent can no longer answer (the
 // agent client's Gone): killed, being ended by a timeout, or its VMM
-// exited; nil while it runs.
+// exited; nil while it runs. The class stays Unavailable, a lost
+// connection's: clients (the SDKs) take it for a cut stream.
 func (s *Sandbox) goneReason() error {
 	select {
 	case <-s.machine.Done():
@@ -186,9 +187,9 @@ func (s *Sandbox) goneReason() error {
 	defer s.mu.Unlock()
 	switch {
 	case s.ending != "": // the janitor's kill: its reason says more
-		return fmt.Errorf("sandbox %s was ended (%s) while the call ran: %w", s.ID, s.ending, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("sandbox %s was ended (%s) while the call ran: %w", s.ID, s.ending, errdefs.ErrUnavailable)
 	case s.killed:
-		return fmt.Errorf("sandbox %s was killed while the call ran: %w", s.ID, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("sandbox %s was killed while the call ran: %w", s.ID, errdefs.ErrUnavailable)
 	}
 	select {
 	case <-s.machine.Done():
@@ -198,7 +199,7 @@ func (s *Sandbox) goneReason() error {
 			first, _, _ := strings.Cut(err.Error(), "\n")
 			reason = "its VMM process exited: " + first
 		}
-		return fmt.Errorf("sandbox %s died while the call ran (%s; `forkd sandbox info %s` has its console): %w", s.ID, reason, s.ID, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("sandbox %s died while the call ran (%s; `forkd sandbox info %s` has its console): %w", s.ID, reason, s.ID, errdefs.ErrUnavailable)
 	default:
 		return nil
 	}
