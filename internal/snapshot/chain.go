@@ -71,22 +71,35 @@ func (s *Store) Chain(head *Snapshot) ([]*Snapshot, error) {
 		if len(chain) > MaxChainDepth {
 			return nil, fmt.Errorf("snapshot %q: chain deeper than %d layers: %w", head.Tag, MaxChainDepth, errdefs.ErrFailedPrecondition)
 		}
-		p, err := s.Get(cur.Parent.Tag)
-		if errdefs.IsNotFound(err) {
+		p, now, err := s.parent(cur.Parent)
+		switch {
+		case errdefs.IsNotFound(err):
 			return nil, fmt.Errorf("snapshot %q needs %q (%s), its ancestor, which is gone: unpack an archive of %q to restore it, or remove %q: %w",
 				head.Tag, cur.Parent.Tag, shortDigest(cur.Parent.Digest), head.Tag, head.Tag, errdefs.ErrFailedPrecondition)
-		}
-		if err != nil {
+		case err != nil:
 			return nil, fmt.Errorf("snapshot %q: ancestor %q: %w", head.Tag, cur.Parent.Tag, err)
-		}
-		if d := p.Digest(); d != cur.Parent.Digest {
+		case now != "":
 			return nil, fmt.Errorf("snapshot %q needs %q with digest %s, but %q now has %s (it was replaced or altered): restore the original, or remove %q: %w",
-				head.Tag, cur.Parent.Tag, shortDigest(cur.Parent.Digest), p.Tag, shortDigest(d), head.Tag, errdefs.ErrFailedPrecondition)
+				head.Tag, cur.Parent.Tag, shortDigest(cur.Parent.Digest), p.Tag, shortDigest(now), head.Tag, errdefs.ErrFailedPrecondition)
 		}
 		chain = append(chain, p)
 		cur = p
 	}
 	return chain, nil
+}
+
+// parent reads the snapshot ref names. now is its digest when that is
+// not the one ref recorded (the tag was removed and reused, or its files
+// changed), "" when it is; a missing parent is NotFound.
+func (s *Store) parent(ref *ParentRef) (p *Snapshot, now string, err error) {
+	p, err = s.Get(ref.Tag)
+	if err != nil {
+		return nil, "", err
+	}
+	if d := p.Digest(); d != ref.Digest {
+		return p, d, nil
+	}
+	return p, "", nil
 }
 
 // Dependents returns the tags whose chains go through tag (children,

@@ -316,16 +316,15 @@ func (st *Staging) Commit(m Manifest) (*Snapshot, error) {
 // the layer is renamed into place: the parent may have been removed or
 // replaced while the layer was written.
 func (s *Store) checkParent(tag string, parent *ParentRef) error {
-	p, err := s.Get(parent.Tag)
-	if errdefs.IsNotFound(err) {
+	_, now, err := s.parent(parent)
+	switch {
+	case errdefs.IsNotFound(err):
 		return fmt.Errorf("snapshot %q: its parent %q was removed while it was written; nothing was created: %w", tag, parent.Tag, errdefs.ErrFailedPrecondition)
-	}
-	if err != nil {
+	case err != nil:
 		return fmt.Errorf("snapshot %q: parent %q: %w", tag, parent.Tag, err)
-	}
-	if d := p.Digest(); d != parent.Digest {
+	case now != "":
 		return fmt.Errorf("snapshot %q: its parent %q was replaced while it was written (digest %s, now %s); nothing was created: %w",
-			tag, parent.Tag, shortDigest(parent.Digest), shortDigest(d), errdefs.ErrFailedPrecondition)
+			tag, parent.Tag, shortDigest(parent.Digest), shortDigest(now), errdefs.ErrFailedPrecondition)
 	}
 	return nil
 }
