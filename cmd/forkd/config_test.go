@@ -56,3 +56,16 @@ func TestConfigFileErrors(t *testing.T) {
 		t.Error("absent explicit config accepted")
 	}
 }
+
+func TestServeRefusesAnUnknownLogLevel(t *testing.T) {
+	serve := serveWithRoot(&globals{})
+	conf := filepath.Join(t.TempDir(), "forkd.toml")
+	os.WriteFile(conf, nil, 0o644)
+	if err := serve.Flags().Parse([]string{"--log-level", "loud", "--config", conf}); err != nil {
+		t.Fatal(err)
+	}
+	err := serve.RunE(serve, nil)
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), `--log-level "loud"`) {
+		t.Fatalf("serve --log-level loud: %v", err)
+	}
+}

@@ -113,7 +113,7 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 }
 
 func serveCmd(g *globals) *cobra.Command {
-	var netnsPrefix, configPath string
+	var netnsPrefix, configPath, logLevel string
 	var listen, tlsCert, tlsKey, tokenFile string
 	var insecure bool
 	cmd := &cobra.Command{
@@ -132,7 +132,11 @@ func serveCmd(g *globals) *cobra.Command {
 			if err := applyConfig(cmd, configPath, explicit); err != nil {
 				return err
 			}
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level %q: want debug, info, warn or error: %w", logLevel, errdefs.ErrInvalidArgument)
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			if err := os.MkdirAll(g.runDir, 0o700); err != nil {
 				return err
 			}
@@ -251,6 +255,8 @@ func serveCmd(g *globals) *cobra.Command {
 	f.StringVar(&g.accel, "accel", os.Getenv("FORKD_ACCEL"), "accelerator: kvm, tcg, or empty for auto (env FORKD_ACCEL)")
 	f.IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, "pre-started VMM processes kept per snapshot")
 	f.StringVar(&configPath, "config", "", "TOML config file (default "+defaultConfigPath+" if present)")
+	f.StringVar(&logLevel, "log-level", envOr("FORKD_LOG_LEVEL", "info"),
+		"debug, info, warn or error (env FORKD_LOG_LEVEL); debug adds every API request with its duration, each VMM start, and each branch's and snapshot's timings")
 	f.StringVar(&netnsPrefix, "netns-prefix", envOr("FORKD_NETNS_PREFIX", "forkd-"), "prefix of the network namespaces this daemon creates (and cleans up at start)")
 	f.IntVar(&g.maxFork, "max-fork", 100, "most sandboxes one fork request may create")
 	f.IntVar(&g.maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: no limit)")
