@@ -89,7 +89,7 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 	if err != nil {
 		return nil, ctor, err
 	}
-	drv, err := ctor.New(vmm.Options{Accel: vmm.Accel(g.accel)})
+	drv, err := ctor.New(vmm.Options{Accel: vmm.Accel(g.accel), Logger: d.log})
 	if err != nil {
 		return nil, ctor, err
 	}

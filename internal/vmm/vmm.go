@@ -33,6 +33,7 @@ package vmm
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"sort"
 	"sync"
@@ -253,6 +254,9 @@ type Options struct {
 	Binary string
 	// Accel is the default accelerator (qemu). Auto picks KVM when usable.
 	Accel Accel
+	// Logger receives the driver's messages (nil: slog.Default()); the
+	// daemon passes its own, so that its log level applies.
+	Logger *slog.Logger
 }
 
 var (

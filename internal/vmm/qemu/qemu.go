@@ -169,7 +169,7 @@ const DefaultRunAs = "nobody"
 func init() {
 	vmm.Register(Name, vmm.Constructor{
 		New: func(o vmm.Options) (vmm.Driver, error) {
-			cfg := Config{Binary: o.Binary, Accel: o.Accel}
+			cfg := Config{Binary: o.Binary, Accel: o.Accel, Logger: o.Logger}
 			if os.Geteuid() == 0 {
 				cfg.UIDs = DefaultUIDRange
 			}
