@@ -26,6 +26,7 @@ import (
 type benchBranchOpts struct {
 	memories string // comma-separated MiB
 	rounds   int
+	dirties  string // bench branch: comma-separated MB the sandbox writes first
 	dirtyMB  int
 	depth    int
 	forks    int
@@ -35,17 +36,19 @@ func benchBranchCmds(g *globals) []*cobra.Command {
 	var o, oc benchBranchOpts
 	branch := &cobra.Command{
 		Use:   "branch",
-		Short: "Branch pause and cost of an idle sandbox, diff / full / live, for each guest memory size",
+		Short: "Branch pause and cost of a sandbox, diff / full / live, for each guest memory size and amount it wrote",
 		Long: "For each --memory size: creates a snapshot of the minimal recipe with that much guest memory\n" +
-			"(kept as bench-branch-SIZE), forks one sandbox, lets it idle, and branches it --rounds times per\n" +
-			"mode. Reports the median pause (stop to cont as the caller sees it), total time and bytes\n" +
-			"written. Prints a Markdown report (append it to docs/BENCHMARKS.md), or with --json the\n" +
-			"same rows with their numbers as one JSON object.",
+			"(kept as bench-branch-SIZE); for each --dirty-mb, forks one sandbox, has it write that much fresh\n" +
+			"data to its tmpfs (0: none), lets it idle, and branches it --rounds times per mode. Reports the\n" +
+			"median pause (stop to cont as the caller sees it), total time and bytes written. Prints a\n" +
+			"Markdown report (append it to docs/BENCHMARKS.md), or with --json the same rows with their\n" +
+			"numbers as one JSON object.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runBenchBranch(cmd.Context(), g, o) },
 	}
 	branch.Flags().StringVar(&o.memories, "memory", "256,1024", "guest memory sizes in MiB, comma-separated")
 	branch.Flags().IntVar(&o.rounds, "rounds", 5, "branches per mode and size (median reported)")
+	branch.Flags().StringVar(&o.dirties, "dirty-mb", "0", "MB of fresh data the sandbox writes before it is branched, comma-separated (0: idle; it must fit in the guest's /tmp, about 40 % of its memory)")
 
 	chain := &cobra.Command{
 		Use:   "chain",
@@ -96,6 +99,34 @@ func memoryDirKind(dir string) string {
 	return "on tmpfs"
 }
 
+// parseDirties reads --dirty-mb: MB amounts, 0 or more.
+func parseDirties(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("--dirty-mb %q: want amounts in MB like 0,64: %w", s, errdefs.ErrInvalidArgument)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// writeFresh has sandbox id write mb MB of random data to a file in its
+// /tmp (a tmpfs: guest memory the sandbox wrote, so pages a branch copies).
+func writeFresh(ctx context.Context, e *sandbox.Engine, id, name string, mb int) error {
+	a, err := e.Agent(id)
+	if err != nil {
+		return err
+	}
+	var out bytes.Buffer
+	cmd := fmt.Sprintf("dd if=/dev/urandom of=/tmp/%s bs=1M count=%d 2>&1", name, mb)
+	if res, err := a.Exec(ctx, agentapi.ExecRequest{Argv: []string{"sh", "-c", cmd}}, nil, &out, &out); err != nil || res.ExitCode != 0 {
+		return fmt.Errorf("sandbox %s: %s: %v %s", id, cmd, err, out.String())
+	}
+	return nil
+}
+
 func parseSizes(s string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
@@ -113,6 +144,10 @@ func runBenchBranch(ctx context.Context, g *globals, o benchBranchOpts) error {
 	if err != nil {
 		return err
 	}
+	dirties, err := parseDirties(o.dirties)
+	if err != nil {
+		return err
+	}
 	env, err := newBenchEnv(g, "branch", nil)
 	if err != nil {
 		return err
@@ -120,58 +155,75 @@ func runBenchBranch(ctx context.Context, g *globals, o benchBranchOpts) error {
 	defer env.close()
 	e := env.e
 	report := newBenchReport(ctx, e, "branch", "")
-	report.Intro = fmt.Sprintf("Idle sandbox of the minimal recipe, %d branches per mode (median); clones' memory %s. "+
+	report.Intro = fmt.Sprintf("Sandbox of the minimal recipe, idle, after it wrote the fresh data of the \"guest wrote\" column to its tmpfs; %d branches per mode (median); clones' memory %s. "+
 		"Pause: diff and full, stop to cont as the caller sees it; live, QEMU's STOP to RESUME events (the guest's own pause).",
 		o.rounds, memoryDirKind(e.Config().MemoryDir))
-	report.columns = []string{"guest memory", "mode", "pause p50", "pause max", "total p50", "written p50"}
+	report.columns = []string{"guest memory", "guest wrote", "mode", "pause p50", "pause max", "total p50", "written p50"}
 	for _, mib := range sizes {
 		snap, err := sizedSnapshot(ctx, e, fmt.Sprintf("bench-branch-%d", mib), mib)
 		if err != nil {
 			return err
 		}
-		sbs, err := e.Fork(ctx, snap.Tag, 1)
-		if err != nil {
-			return err
-		}
-		src := sbs[0].ID
-		time.Sleep(2 * time.Second) // idle: the agent's start-up writes are done
-		for _, mode := range []string{sandbox.BranchDiff, sandbox.BranchFull, sandbox.BranchLive} {
-			var pauses, totals, written []float64
-			var failure error
-			for i := 0; i < o.rounds; i++ {
-				tag := fmt.Sprintf("bench-br-%s-%s", mode, snapshot.NewID())
-				res, err := e.Branch(ctx, src, sandbox.BranchOptions{Tag: tag, Mode: mode})
-				if err != nil {
-					failure = err
-					break
-				}
-				pauses = append(pauses, float64(res.Paused.Microseconds())/1000)
-				totals = append(totals, float64(res.Duration.Microseconds())/1000)
-				written = append(written, float64(res.BytesWritten))
-				if _, err := e.RemoveSnapshotWith(ctx, tag, sandbox.RemoveOptions{Cascade: true}); err != nil {
-					return err
-				}
+		for _, dirty := range dirties {
+			if err := benchBranchModes(ctx, e, report, snap.Tag, mib, dirty, o.rounds); err != nil {
+				return err
 			}
-			measure := fmt.Sprintf("%d MiB %s", mib, mode)
-			if failure != nil {
-				benchSay("%d MiB %s: %v", mib, mode, failure)
-				report.Rows = append(report.Rows, benchRow{Measure: measure, Error: failure.Error(),
-					cells: []string{fmt.Sprintf("%d MiB", mib), mode, "unavailable here: " + oneLine(failure.Error(), 140), "", "", ""}})
-				continue
-			}
-			p50, pmax, t50, w50 := percentile(pauses, 0.5), percentile(pauses, 1), percentile(totals, 0.5), percentile(written, 0.5)
-			benchSay("%d MiB %s: pause p50 %.1f ms, total p50 %.0f ms", mib, mode, p50, t50)
-			report.Rows = append(report.Rows, benchRow{
-				Measure: measure,
-				Value:   fmt.Sprintf("pause p50 %.1f ms, max %.1f ms; total p50 %.0f ms; written p50 %s", p50, pmax, t50, human(int64(w50))),
-				Values:  vals{"memory_mib": float64(mib), "pause_p50_ms": p50, "pause_max_ms": pmax, "total_p50_ms": t50, "written_p50_bytes": w50},
-				cells: []string{fmt.Sprintf("%d MiB", mib), mode, fmt.Sprintf("%.1f ms", p50), fmt.Sprintf("%.1f ms", pmax),
-					fmt.Sprintf("%.0f ms", t50), human(int64(w50))},
-			})
 		}
-		e.Kill(ctx, []string{src})
 	}
 	return report.print(g.jsonOut)
+}
+
+// benchBranchModes forks a sandbox of tag, has it write dirty MB, and
+// branches it rounds times in each mode, adding a row per mode.
+func benchBranchModes(ctx context.Context, e *sandbox.Engine, report *benchReport, tag string, mib, dirty, rounds int) error {
+	sbs, err := e.Fork(ctx, tag, 1)
+	if err != nil {
+		return err
+	}
+	src := sbs[0].ID
+	defer e.Kill(ctx, []string{src})
+	if dirty > 0 {
+		if err := writeFresh(ctx, e, src, "dirty", dirty); err != nil {
+			return err
+		}
+	}
+	time.Sleep(2 * time.Second) // idle: the agent's start-up (or the write's) work is done
+	wrote := fmt.Sprintf("%d MB", dirty)
+	for _, mode := range []string{sandbox.BranchDiff, sandbox.BranchFull, sandbox.BranchLive} {
+		var pauses, totals, written []float64
+		var failure error
+		for i := 0; i < rounds; i++ {
+			tag := fmt.Sprintf("bench-br-%s-%s", mode, snapshot.NewID())
+			res, err := e.Branch(ctx, src, sandbox.BranchOptions{Tag: tag, Mode: mode})
+			if err != nil {
+				failure = err
+				break
+			}
+			pauses = append(pauses, float64(res.Paused.Microseconds())/1000)
+			totals = append(totals, float64(res.Duration.Microseconds())/1000)
+			written = append(written, float64(res.BytesWritten))
+			if _, err := e.RemoveSnapshotWith(ctx, tag, sandbox.RemoveOptions{Cascade: true}); err != nil {
+				return err
+			}
+		}
+		measure := fmt.Sprintf("%d MiB, wrote %s, %s", mib, wrote, mode)
+		if failure != nil {
+			benchSay("%s: %v", measure, failure)
+			report.Rows = append(report.Rows, benchRow{Measure: measure, Error: failure.Error(),
+				cells: []string{fmt.Sprintf("%d MiB", mib), wrote, mode, "unavailable here: " + oneLine(failure.Error(), 140), "", "", ""}})
+			continue
+		}
+		p50, pmax, t50, w50 := percentile(pauses, 0.5), percentile(pauses, 1), percentile(totals, 0.5), percentile(written, 0.5)
+		benchSay("%s: pause p50 %.1f ms, total p50 %.0f ms", measure, p50, t50)
+		report.Rows = append(report.Rows, benchRow{
+			Measure: measure,
+			Value:   fmt.Sprintf("pause p50 %.1f ms, max %.1f ms; total p50 %.0f ms; written p50 %s", p50, pmax, t50, human(int64(w50))),
+			Values:  vals{"memory_mib": float64(mib), "dirty_mb": float64(dirty), "pause_p50_ms": p50, "pause_max_ms": pmax, "total_p50_ms": t50, "written_p50_bytes": w50},
+			cells: []string{fmt.Sprintf("%d MiB", mib), wrote, mode, fmt.Sprintf("%.1f ms", p50), fmt.Sprintf("%.1f ms", pmax),
+				fmt.Sprintf("%.0f ms", t50), human(int64(w50))},
+		})
+	}
+	return nil
 }
 
 func oneLine(s string, n int) string {
@@ -216,14 +268,8 @@ func runBenchChain(ctx context.Context, g *globals, o benchBranchOpts) error {
 		if err != nil {
 			return err
 		}
-		a, err := e.Agent(sbs[0].ID)
-		if err != nil {
-			return err
-		}
-		var out bytes.Buffer
-		cmd := fmt.Sprintf("dd if=/dev/urandom of=/tmp/layer%d bs=1M count=%d 2>&1", i, o.dirtyMB)
-		if res, err := a.Exec(ctx, agentapi.ExecRequest{Argv: []string{"sh", "-c", cmd}}, nil, &out, &out); err != nil || res.ExitCode != 0 {
-			return fmt.Errorf("layer %d: %s: %v %s", i, cmd, err, out.String())
+		if err := writeFresh(ctx, e, sbs[0].ID, fmt.Sprintf("layer%d", i), o.dirtyMB); err != nil {
+			return fmt.Errorf("layer %d: %w", i, err)
 		}
 		tag := fmt.Sprintf("bench-chain-%s-l%d", id, i)
 		res, err := e.Branch(ctx, sbs[0].ID, sandbox.BranchOptions{Tag: tag})
