@@ -101,15 +101,7 @@ func memoryDirKind(dir string) string {
 
 // parseDirties reads --dirty-mb: MB amounts, 0 or more.
 func parseDirties(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 0 {
-			return nil, fmt.Errorf("--dirty-mb %q: want amounts in MB like 0,64: %w", s, errdefs.ErrInvalidArgument)
-		}
-		out = append(out, n)
-	}
-	return out, nil
+	return parseInts("--dirty-mb", s, 0, "amounts in MB like 0,64")
 }
 
 // writeFresh has sandbox id write mb MB of random data to a file in its
@@ -127,12 +119,19 @@ func writeFresh(ctx context.Context, e *sandbox.Engine, id, name string, mb int)
 	return nil
 }
 
+// parseSizes reads --memory: guest sizes in MiB, 64 or more.
 func parseSizes(s string) ([]int, error) {
+	return parseInts("--memory", s, 64, "sizes in MiB like 256,1024")
+}
+
+// parseInts reads a flag's comma-separated numbers, none below least;
+// anything else is an error naming the flag and what it wants.
+func parseInts(flag, s string, least int, want string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 64 {
-			return nil, fmt.Errorf("--memory %q: want sizes in MiB like 256,1024: %w", s, errdefs.ErrInvalidArgument)
+		if err != nil || n < least {
+			return nil, fmt.Errorf("%s %q: want %s: %w", flag, s, want, errdefs.ErrInvalidArgument)
 		}
 		out = append(out, n)
 	}
