@@ -160,11 +160,13 @@ func socketPeerPID(sock string) int {
 // has the serve subcommand. A pid file outlives a daemon killed with
 // SIGKILL, and its pid may since belong to any process.
 func checkDaemonProcess(pid int) error {
-	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	argv, err := procfs.WaitCmdline(context.Background(), pid)
+	if errors.Is(err, procfs.ErrNoCmdline) {
+		return fmt.Errorf("process %d is not a forkd daemon (it has no command line)", pid)
+	}
 	if err != nil {
 		return fmt.Errorf("process %d is not running", pid)
 	}
-	argv := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
 	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 	if err != nil {
 		// Another user's process (a root daemon seen by a non-root CLI):

@@ -38,6 +38,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/metrics"
 	"github.com/forkd-dev/forkd/internal/netns"
+	"github.com/forkd-dev/forkd/internal/procfs"
 	"github.com/forkd-dev/forkd/internal/sandbox"
 	"github.com/forkd-dev/forkd/internal/state"
 	"github.com/forkd-dev/forkd/internal/vmm/qemu"
@@ -65,11 +66,10 @@ func benchAlive(pid int) bool {
 	if pid == os.Getpid() {
 		return true
 	}
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	argv, err := procfs.ReadCmdline(pid)
 	if err != nil {
 		return false
 	}
-	argv := strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
 	return strings.HasPrefix(filepath.Base(argv[0]), "forkd") && slices.Contains(argv, "bench")
 }
 

@@ -1,6 +1,7 @@
-// Package procfs reads the few /proc/PID/stat fields forkd acts on: whether
+// Package procfs reads what forkd acts on in /proc/PID: from stat, whether
 // a process has exited, whether it is a kernel thread, and its start time
-// (which, with the pid, names one process across pid reuse).
+// (which, with the pid, names one process across pid reuse); and its
+// command line, read again while a process still in execve shows none.
 package procfs
 
 import (

@@ -62,7 +62,7 @@ func (d *Driver) Adopt(ctx context.Context, spec vmm.AdoptSpec) (vmm.Machine, er
 	if cfg.ConsoleLog == "" {
 		cfg.ConsoleLog = filepath.Join(cfg.RunDir, consoleFile)
 	}
-	proc, incoming, err := openAdoptee(cfg, want)
+	proc, incoming, err := openAdoptee(ctx, cfg, want)
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +145,7 @@ func takeOverQMP(ctx context.Context, cfg vmm.MachineConfig) (_ *qmp.Client, sta
 
 // openAdoptee checks that want is alive and is cfg's QEMU, and returns it
 // held by a pidfd, and whether it was started for a restore (-incoming).
-func openAdoptee(cfg vmm.MachineConfig, want vmm.ProcessIdentity) (_ *adopted, incoming bool, err error) {
+func openAdoptee(ctx context.Context, cfg vmm.MachineConfig, want vmm.ProcessIdentity) (_ *adopted, incoming bool, err error) {
 	notFound := func(format string, args ...any) error {
 		return fmt.Errorf("qemu %s: adopt pid %d: %s: %w", cfg.ID, want.PID, fmt.Sprintf(format, args...), errdefs.ErrNotFound)
 	}
@@ -177,7 +177,9 @@ func openAdoptee(cfg vmm.MachineConfig, want vmm.ProcessIdentity) (_ *adopted, i
 	if st.Exited() {
 		return nil, false, notFound("the process has exited")
 	}
-	args, err := readCmdline(want.PID)
+	// A process still in execve (just started) reads as an empty command
+	// line for a moment: not yet known, rather than another process.
+	args, err := procfs.WaitCmdline(ctx, want.PID)
 	if err != nil {
 		return nil, false, notFound("reading its command line: %v", err)
 	}
@@ -284,13 +286,4 @@ func waitStatusString(ws syscall.WaitStatus) string {
 		return s
 	}
 	return fmt.Sprintf("wait status %#x", uint32(ws))
-}
-
-// readCmdline returns a process's arguments.
-func readCmdline(pid int) ([]string, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil {
-		return nil, err
-	}
-	return strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00"), nil
 }

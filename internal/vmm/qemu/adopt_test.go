@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -166,7 +167,7 @@ func orphanVMs(t *testing.T, req adoptRequest) (specs []vmm.AdoptSpec, helperPID
 	}
 	t.Cleanup(func() {
 		for _, s := range specs {
-			if p, _, err := openAdoptee(s.MachineConfig, s.Process); err == nil {
+			if p, _, err := openAdoptee(context.Background(), s.MachineConfig, s.Process); err == nil {
 				p.kill()
 				p.f.Close()
 			}
@@ -407,7 +408,7 @@ func TestAdoptRefusesOtherProcesses(t *testing.T) {
 	}
 	defer z.Wait()
 	var zst procfs.Stat
-	for deadline := time.Now().Add(5 * time.Second); ; {
+	for deadline := time.Now().Add(time.Minute); ; {
 		if zst, err = procfs.ReadStat(z.Process.Pid); err != nil || zst.State == 'Z' || time.Now().After(deadline) {
 			break
 		}
@@ -452,8 +453,10 @@ func TestWaitStatusString(t *testing.T) {
 }
 
 // fakeVMM starts a process whose command line passes Adopt's identity
-// checks for cfg (a shell, waiting) and returns it with its identity.
-func fakeVMM(t *testing.T, cfg vmm.MachineConfig) (*exec.Cmd, vmm.ProcessIdentity) {
+// checks for cfg (a shell, waiting) and returns its identity and its exit,
+// from the one Wait on it. It returns once the process's command line is
+// readable (right after Start it can still read empty).
+func fakeVMM(t *testing.T, cfg vmm.MachineConfig) (*exec.Cmd, vmm.ProcessIdentity, *fakeExit) {
 	t.Helper()
 	sh := testutil.RequiresBinary(t, "sh")
 	// The shell waits on its stdin (a pipe left open): no child of its own
@@ -468,12 +471,27 @@ func fakeVMM(t *testing.T, cfg vmm.MachineConfig) (*exec.Cmd, vmm.ProcessIdentit
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	exit := &fakeExit{done: make(chan struct{})}
+	go func() { exit.err = cmd.Wait(); close(exit.done) }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exit.done
+	})
 	st, err := procfs.ReadStat(cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cmd, vmm.ProcessIdentity{PID: cmd.Process.Pid, StartTime: st.StartTime}
+	if args, err := procfs.WaitCmdline(context.Background(), cmd.Process.Pid); err != nil || !slices.Contains(args, "fake-qemu") {
+		t.Fatalf("fake VMM's command line = %q, %v", args, err)
+	}
+	return cmd, vmm.ProcessIdentity{PID: cmd.Process.Pid, StartTime: st.StartTime}, exit
+}
+
+// fakeExit is a fake VMM's end: done closes when it was reaped, err is
+// what Wait returned.
+type fakeExit struct {
+	done chan struct{}
+	err  error
 }
 
 // fakeQMP serves QMP on path: a greeting (unless mute) and, for every
@@ -531,27 +549,25 @@ func TestAdoptUndrivable(t *testing.T) {
 	cfg := vmm.MachineConfig{ID: "prepared", RunDir: filepath.Join(dir, "p")}
 	os.MkdirAll(cfg.RunDir, 0o700)
 	fakeQMP(t, filepath.Join(cfg.RunDir, qmpSocket), "inmigrate", false)
-	cmd, id := fakeVMM(t, cfg)
+	_, id, exit := fakeVMM(t, cfg)
 	_, err := d.Adopt(context.Background(), vmm.AdoptSpec{MachineConfig: cfg, Process: id})
 	if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), `"inmigrate"`) || !strings.Contains(err.Error(), "killed it") {
 		t.Errorf("Adopt of a VMM waiting for a restore = %v", err)
 	}
 	t.Log(err)
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
 	select {
-	case err := <-exited:
-		if !strings.Contains(fmt.Sprint(err), "killed") {
-			t.Errorf("process ended with %v, want killed", err)
+	case <-exit.done:
+		if !strings.Contains(fmt.Sprint(exit.err), "killed") {
+			t.Errorf("process ended with %v, want killed", exit.err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(time.Minute):
 		t.Error("the undrivable process was not killed")
 	}
 
 	cfg = vmm.MachineConfig{ID: "mute", RunDir: filepath.Join(dir, "m")}
 	os.MkdirAll(cfg.RunDir, 0o700)
 	fakeQMP(t, filepath.Join(cfg.RunDir, qmpSocket), "", true)
-	cmd, id = fakeVMM(t, cfg)
+	cmd, id, _ := fakeVMM(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	_, err = d.Adopt(ctx, vmm.AdoptSpec{MachineConfig: cfg, Process: id})

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/forkd-dev/forkd/internal/procfs"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -26,7 +27,11 @@ func VMMsUnder(dir string) []vmm.LeftoverVMM {
 		if err != nil || !strings.Contains(string(data), dir) {
 			continue
 		}
-		runDir, ok := vmmRunDir(strings.Split(strings.TrimSuffix(string(data), "\x00"), "\x00"))
+		args, err := procfs.ParseCmdline(data)
+		if err != nil {
+			continue
+		}
+		runDir, ok := vmmRunDir(args)
 		if !ok || !strings.HasPrefix(runDir, dir) {
 			continue
 		}
