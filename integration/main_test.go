@@ -58,8 +58,8 @@ func newEngine(t *testing.T, poolSize int) *sandbox.Engine {
 	return newEngineOn(t, dataDir, poolSize)
 }
 
-// newEngineOn is newEngine over another data dir.
-func newEngineOn(t *testing.T, data string, poolSize int) *sandbox.Engine {
+// newEngineOn is newEngine over another data dir; opts adjust the config.
+func newEngineOn(t *testing.T, data string, poolSize int, opts ...func(*sandbox.Config)) *sandbox.Engine {
 	t.Helper()
 	ctor, err := vmm.Lookup("qemu")
 	if err != nil {
@@ -74,13 +74,17 @@ func newEngineOn(t *testing.T, data string, poolSize int) *sandbox.Engine {
 		t.Fatal(err)
 	}
 	prefix := "fkt" + snapshot.NewID()[:4] + "-"
-	e, err := sandbox.New(sandbox.Config{
+	cfg := sandbox.Config{
 		DataDir: data, RunDir: runDir, Driver: drv,
 		RecipeDirs:  []string{filepath.Join(repoRoot, "recipes"), filepath.Join(repoRoot, "integration", "testdata")},
 		AgentBinary: filepath.Join(repoRoot, "bin", "forkd-agent"),
 		PoolSize:    poolSize, NetNSPrefix: prefix, MaxForkCount: 20,
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	e, err := sandbox.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

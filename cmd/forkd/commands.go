@@ -136,7 +136,7 @@ func parseMemory(s string) (int, error) {
 func snapshotCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "snapshot", Short: "Create, list, inspect and remove snapshots"}
 	var req apiv1.CreateSnapshotRequest
-	var memory string
+	var memory, network string
 	create := &cobra.Command{
 		Use:   "create --tag TAG --recipe RECIPE",
 		Short: "Boot a recipe's image, warm it, and save it as a snapshot tag to fork from",
@@ -150,6 +150,9 @@ func snapshotCmd(g *globals) *cobra.Command {
 				return err
 			}
 			req.MemoryMiB = mem
+			if req.Network, err = policyFlag(network); err != nil {
+				return err
+			}
 			if req.Recipe, req.RecipeTOML, err = recipeArg(req.Recipe); err != nil {
 				return err
 			}
@@ -174,6 +177,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 	f.StringVar(&req.Warm, "warm", "", "Python code run in the session before the snapshot (replaces the recipe's)")
 	f.StringVar(&memory, "memory", "", "guest memory, e.g. 512M (default: the recipe's)")
 	f.IntVar(&req.VCPUs, "vcpus", 0, "vCPUs (default: the recipe's)")
+	f.StringVar(&network, "network", "", "egress policy its children inherit unless their fork names one (default: the daemon's --network): "+policyHelp)
 	create.MarkFlagRequired("tag")
 	create.MarkFlagRequired("recipe")
 
@@ -338,6 +342,7 @@ func forkCmd(g *globals) *cobra.Command {
 	var quiet bool
 	var timeout, idle time.Duration
 	var labels []string
+	var network string
 	cmd := &cobra.Command{
 		Use:   "fork --tag TAG [-n N]",
 		Short: "Fork N sandboxes from a snapshot; returns when every agent answers (they keep running)",
@@ -353,12 +358,16 @@ func forkCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			pol, err := policyFlag(network)
+			if err != nil {
+				return err
+			}
 			c, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
 			resp, err := c.Fork(cmd.Context(), apiv1.ForkRequest{
-				Tag: tag, Count: n, Metadata: meta,
+				Tag: tag, Count: n, Metadata: meta, Network: pol,
 				TimeoutSeconds: int64(timeout / time.Second), IdleTimeoutSeconds: int64(idle / time.Second),
 			})
 			if err != nil {
@@ -388,6 +397,7 @@ func forkCmd(g *globals) *cobra.Command {
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "end each sandbox this long after creation (e.g. 30m; 0: never)")
 	cmd.Flags().DurationVar(&idle, "idle-timeout", 0, "end a sandbox after this long without requests (0: never)")
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "metadata label key=value (repeatable)")
+	cmd.Flags().StringVar(&network, "network", "", "egress policy of the new sandboxes (default: the snapshot's, else the daemon's --network): "+policyHelp)
 	cmd.MarkFlagRequired("tag")
 	return cmd
 }

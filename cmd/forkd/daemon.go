@@ -101,6 +101,10 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 	if err != nil {
 		return nil, ctor, err
 	}
+	netCfg, err := g.network.config()
+	if err != nil {
+		return nil, ctor, err
+	}
 	e, err := sandbox.New(sandbox.Config{
 		MemoryDir: memDir,
 		DataDir:   g.dataDir, RunDir: d.runDir, Driver: drv, Accel: vmm.Accel(g.accel),
@@ -108,6 +112,7 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 		NetNSPrefix: d.netnsPrefix, Logger: d.log, MaxForkCount: g.maxFork, MaxSandboxes: g.maxSandboxes,
 		MaxConcurrentBuilds: g.maxBuilds, Metrics: d.metrics, OnEvent: d.onEvent,
 		State: d.state, KeepSandboxesOnClose: d.state != nil && !g.stopSandboxes,
+		Network: netCfg,
 	})
 	return e, ctor, err
 }
@@ -268,6 +273,7 @@ func serveCmd(g *globals) *cobra.Command {
 	f.BoolVar(&insecure, "insecure-no-tls-or-auth-i-know", false, "allow --listen on a non-loopback address without TLS (tokens stay required)")
 	f.BoolVar(&g.stopSandboxes, "stop-sandboxes", false, "stop every sandbox when the daemon stops (default: they keep running and the next daemon re-adopts them)")
 	addLiveBranchFlags(f, g)
+	addNetworkFlags(f, &g.network)
 	return cmd
 }
 

@@ -49,6 +49,7 @@ type globals struct {
 	// may create a userfaultfd, so live branches work.
 	liveBranch bool
 	memoryDir  string
+	network    networkFlags
 }
 
 func envOr(key, def string) string {

@@ -39,7 +39,7 @@ func sandboxCmd(g *globals) *cobra.Command {
 	}
 	ls := lsCmd(g)
 	ls.Aliases = []string{"list"}
-	cmd.AddCommand(info, ls)
+	cmd.AddCommand(info, ls, sandboxNetworkCmd(g))
 	return cmd
 }
 
@@ -69,6 +69,13 @@ func printSandbox(w io.Writer, s apiv1.Sandbox) {
 	}
 	if s.GuestIP != "" {
 		field("guest ip", s.GuestIP)
+	}
+	if s.Network != nil {
+		field("network", policyString(s.Network.Policy))
+		if st := s.Network.Stats; st != nil {
+			field("traffic", fmt.Sprintf("%s sent, %s received, %d packets refused, %d spoofed",
+				human(int64(st.TxBytes)), human(int64(st.RxBytes)), st.DeniedPackets, st.SpoofedPackets))
+		}
 	}
 	if len(s.Metadata) > 0 {
 		keys := make([]string, 0, len(s.Metadata))

@@ -102,6 +102,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/processes/{pid}/signal", s.signalProcess)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/run_code", s.runCode)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/branch", s.branch)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/network", s.getNetwork)
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/network", s.putNetwork)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/run_code/stream", s.runCodeStream)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files", s.readFile)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", s.writeFile)
@@ -286,6 +288,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	opts := sandbox.CreateSnapshotOptions{
 		Tag: req.Tag, Recipe: req.Recipe, RecipeTOML: req.RecipeTOML, Warm: req.Warm, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs,
+		Network: policyOf(req.Network),
 	}
 	// Validate everything that can be checked before committing to a
 	// stream (tag, recipe, memory, vCPUs, warm-up code, disk space), and
@@ -357,7 +360,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	sbs, err := s.Engine.ForkWith(r.Context(), sandbox.ForkOptions{
-		Tag: req.Tag, Count: req.Count, Labels: req.Metadata, RequestID: requestID(r),
+		Tag: req.Tag, Count: req.Count, Labels: req.Metadata, RequestID: requestID(r), Network: policyOf(req.Network),
 		Timeout:     time.Duration(req.TimeoutSeconds) * time.Second,
 		IdleTimeout: time.Duration(req.IdleTimeoutSeconds) * time.Second,
 	})
@@ -381,7 +384,9 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	writeJSON(w, sb.Info())
+	info := sb.Info()
+	info.Network = sb.NetworkInfo(true)
+	writeJSON(w, info)
 }
 
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {

@@ -124,6 +124,9 @@ type CreateSnapshotRequest struct {
 	Warm      string `json:"warm,omitempty"`
 	MemoryMiB int    `json:"memory_mib,omitempty"` // 0: the recipe's
 	VCPUs     int    `json:"vcpus,omitempty"`      // 0: the recipe's
+	// Network is the egress policy the snapshot's children inherit
+	// unless their fork names one; absent: the daemon's default.
+	Network *NetworkPolicy `json:"network,omitempty"`
 }
 
 // Snapshot describes a snapshot tag.
@@ -190,6 +193,36 @@ type ForkRequest struct {
 	IdleTimeoutSeconds int64 `json:"idle_timeout_s,omitempty"`
 	// Metadata labels every sandbox of the request; list filters on them.
 	Metadata map[string]string `json:"metadata,omitempty"`
+	// Network is the children's egress policy; absent: the snapshot's,
+	// or the daemon's default.
+	Network *NetworkPolicy `json:"network,omitempty"`
+}
+
+// NetworkPolicy is what a sandbox may reach: mode "none" (nothing),
+// "public" (the internet, never the host, other sandboxes, private,
+// CGNAT, link-local or multicast ranges), or "allow" with Allow listing
+// networks ("198.51.100.0/24", "203.0.113.7:443/tcp", ports as
+// "8000-8099") and domain names ("example.com", "*.example.com").
+type NetworkPolicy struct {
+	Mode  string   `json:"mode"`
+	Allow []string `json:"allow,omitempty"`
+}
+
+// SandboxNetwork is a sandbox's policy and traffic (PUT and GET
+// /v1/sandboxes/{id}/network).
+type SandboxNetwork struct {
+	Policy NetworkPolicy `json:"policy"`
+	Stats  *NetworkStats `json:"stats,omitempty"`
+}
+
+// NetworkStats counts what crossed a sandbox's link since it was set up.
+type NetworkStats struct {
+	TxBytes        uint64 `json:"tx_bytes"`
+	RxBytes        uint64 `json:"rx_bytes"`
+	TxPackets      uint64 `json:"tx_packets"`
+	RxPackets      uint64 `json:"rx_packets"`
+	DeniedPackets  uint64 `json:"denied_packets"`
+	SpoofedPackets uint64 `json:"spoofed_packets"`
 }
 
 // ForkResponse lists the new sandboxes, every one answering.
@@ -235,6 +268,9 @@ type Sandbox struct {
 	LastActivity       time.Time `json:"last_activity"`
 	// ConsoleTail is the end of the guest console, for dead sandboxes.
 	ConsoleTail string `json:"console_tail,omitempty"`
+	// Network is the sandbox's egress policy (and, for one sandbox, its
+	// traffic).
+	Network *SandboxNetwork `json:"network,omitempty"`
 }
 
 // BranchRequest is POST /v1/sandboxes/{id}/branch: snapshot a running

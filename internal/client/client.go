@@ -472,3 +472,15 @@ func (c *Client) Branch(ctx context.Context, id string, req apiv1.BranchRequest)
 	var out apiv1.BranchResponse
 	return out, c.call(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/branch", nil, req, &out)
 }
+
+// Network returns a sandbox's egress policy and traffic counters.
+func (c *Client) Network(ctx context.Context, id string) (apiv1.SandboxNetwork, error) {
+	var out apiv1.SandboxNetwork
+	return out, c.call(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(id)+"/network", nil, nil, &out)
+}
+
+// SetNetwork changes a running sandbox's egress policy.
+func (c *Client) SetNetwork(ctx context.Context, id string, p apiv1.NetworkPolicy) (apiv1.SandboxNetwork, error) {
+	var out apiv1.SandboxNetwork
+	return out, c.call(ctx, http.MethodPut, "/v1/sandboxes/"+url.PathEscape(id)+"/network", nil, p, &out)
+}

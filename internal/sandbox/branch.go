@@ -149,6 +149,11 @@ func (e *Engine) branch(ctx context.Context, id string, opts BranchOptions) (_ *
 	e.cfg.Metrics.ObserveBranch(opts.Mode, res.Paused, res.BytesWritten)
 	m := parent.Manifest
 	m.ID, m.Created, m.Files = "", time.Time{}, nil
+	if s.net != nil {
+		// The branch's children keep the source's policy, as it is now.
+		p := s.net.Policy()
+		m.Network.Policy = &p
+	}
 	m.Parent, m.Depth, m.CompactedFrom = nil, 0, ""
 	if layer {
 		m.Parent = &snapshot.ParentRef{Tag: parent.Tag, Digest: parent.Digest()}

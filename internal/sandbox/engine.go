@@ -75,6 +75,9 @@ type Config struct {
 	// not private mappings of files on disk), at the price of keeping
 	// those images in RAM.
 	MemoryDir string
+	// Network configures sandbox networking: the default egress policy,
+	// the uplink pool, the host namespace and the DNS upstream.
+	Network NetworkConfig
 }
 
 // Engine owns sandboxes, pools and the snapshot store.
@@ -90,6 +93,7 @@ type Engine struct {
 
 	// mu guards the fields below.
 	mu        sync.Mutex
+	net       *network
 	sandboxes map[string]*Sandbox
 	pools     map[string]*pool            // by snapshot ID
 	pending   map[string]*PendingSnapshot // background branches, by tag
@@ -149,7 +153,12 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	nw, err := newNetwork(cfg.Network, cfg.NetNSPrefix, cfg.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
 	e := &Engine{
+		net:       nw,
 		mem:       mem,
 		cfg:       cfg,
 		log:       cfg.Logger,
@@ -221,6 +230,7 @@ func (e *Engine) Close(ctx context.Context) error {
 	case <-done:
 	case <-ctx.Done():
 	}
+	e.net.Close()
 	return nil
 }
 

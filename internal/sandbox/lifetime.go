@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/egress"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 )
 
@@ -27,6 +28,9 @@ type ForkOptions struct {
 	RequestID string
 	// Labels are attached to every sandbox of the request.
 	Labels map[string]string
+	// Network is the children's egress policy; nil: the snapshot's, or
+	// the daemon's default.
+	Network *egress.Policy
 }
 
 // Limits on ForkOptions, stated in the errors that enforce them.

@@ -39,6 +39,10 @@ func (e *Engine) record(s *Sandbox) state.SandboxRecord {
 		Labels: s.labels, ExpiresAt: s.expiresAt, IdleTimeoutSeconds: int64(s.idleTimeout / time.Second),
 		VMM: e.cfg.Driver.Name(), Process: vmm.ProcessIdentity{PID: s.pid},
 	}
+	if s.net != nil {
+		p := s.net.Policy()
+		rec.Network = &p
+	}
 	if s.base != nil {
 		rec.BaseManifest, _ = json.Marshal(s.base) // a struct of plain fields: cannot fail
 	}
@@ -176,11 +180,17 @@ func (e *Engine) adoptOne(rec state.SandboxRecord) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
+	sn, err := e.readoptNetwork(rec)
+	if err != nil {
+		sess.Close()
+		conn.Close()
+		return nil, fmt.Errorf("network: %w", err)
+	}
 	s := &Sandbox{
 		ID: rec.ID, Tag: rec.Tag, SnapshotID: rec.SnapshotID, Created: rec.Created,
 		ReadyMillis: rec.ReadyMillis, Pooled: rec.Pooled, GuestIP: rec.GuestIP, base: baseManifest(rec),
-		machine: m, pid: m.PID(), netns: rec.NetNS, conn: conn, session: sess, agent: e.agentClient(sess),
-		teardown: e.sandboxTeardown(rec.NetNS, rec.Machine.RunDir, conn),
+		machine: m, pid: m.PID(), netns: rec.NetNS, net: sn, conn: conn, session: sess, agent: e.agentClient(sess),
+		teardown: e.sandboxTeardown(rec.NetNS, rec.Machine.RunDir, conn, sn),
 		state:    apiv1.StateRunning, exited: make(chan struct{}),
 		labels: rec.Labels, expiresAt: rec.ExpiresAt, idleTimeout: time.Duration(rec.IdleTimeoutSeconds) * time.Second,
 	}
@@ -258,9 +268,10 @@ func (e *Engine) reattachOnce(ctx context.Context, m vmm.Machine, id string) (ne
 }
 
 // sandboxTeardown is what a sandbox's end releases besides its VMM.
-func (e *Engine) sandboxTeardown(nsName, runDir string, conn interface{ Close() error }) []func(context.Context) error {
+func (e *Engine) sandboxTeardown(nsName, runDir string, conn interface{ Close() error }, sn *sbNet) []func(context.Context) error {
 	return []func(context.Context) error{
 		removeAllStep(runDir),
+		func(context.Context) error { return e.net.release(sn) },
 		func(context.Context) error {
 			ns, err := netns.Open(nsName, netns.DefaultTap)
 			if err != nil {
@@ -332,6 +343,9 @@ func (e *Engine) reapLeftovers(keep map[string]bool) {
 		if !keep[ent.Name()] {
 			os.RemoveAll(filepath.Join(e.cfg.RunDir, "vms", ent.Name()))
 		}
+	}
+	if _, err := e.net.RemoveLeftovers(keep); err != nil {
+		e.log.Warn("removing leftover sandbox uplinks", "err", err)
 	}
 	if names, err := netns.List(e.cfg.NetNSPrefix); err == nil {
 		for _, n := range names {

@@ -43,6 +43,7 @@ type Sandbox struct {
 	machine vmm.Machine // nil for a dead sandbox recorded by an earlier daemon
 	pid     int
 	netns   string
+	net     *sbNet // nil for a dead sandbox recorded by an earlier daemon
 	conn    net.Conn
 	session *agentconn.Session
 	agent   *agentclient.Client
@@ -120,6 +121,7 @@ func (s *Sandbox) Info() apiv1.Sandbox {
 		DeadReason: s.deadReason, ConsoleTail: s.consoleTail,
 		Metadata: s.labels, IdleTimeoutSeconds: int64(s.idleTimeout / time.Second),
 		LastActivity: s.LastActivity().UTC(), ExpiresAt: expiresAt(s.expiresAt),
+		Network: s.NetworkInfo(false),
 	}
 }
 

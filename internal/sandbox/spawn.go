@@ -34,6 +34,7 @@ type prepared struct {
 	snap     *snapshot.Snapshot
 	machine  vmm.Machine
 	netns    string
+	net      *sbNet
 	conn     net.Conn
 	teardown []func(context.Context) error
 	took     time.Duration
@@ -92,6 +93,17 @@ func (e *Engine) prepare(ctx context.Context, snap *snapshot.Snapshot, nice int)
 		return nil, fmt.Errorf("sandbox %s: network namespace: %w", id, err)
 	}
 	cl.Push(func(context.Context) error { return ns.Remove() })
+	// The snapshot's policy (or the daemon's default) is set up now, off
+	// the fork's path; a fork asking for another one changes only rules.
+	sn := newSandboxNet(id, ns)
+	pol, compiled, err := e.net.resolve(nil, snap.Network.Policy)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: snapshot %s: %w", id, snap.Tag, err)
+	}
+	if err := e.net.apply(sn, pol, compiled); err != nil {
+		return nil, err
+	}
+	cl.Push(func(context.Context) error { return e.net.release(sn) })
 
 	mc := e.machineConfig(id, snap, runDir, memFile)
 	mc.Network = &vmm.Network{NetNSPath: ns.Path(), TapName: netns.DefaultTap, MAC: snap.Network.GuestMAC}
@@ -110,7 +122,7 @@ func (e *Engine) prepare(ctx context.Context, snap *snapshot.Snapshot, nice int)
 	cl.Push(func(context.Context) error { return conn.Close() })
 	took := time.Since(start)
 	e.cfg.Metrics.ObserveVMMStart(metrics.PhasePrepare, took)
-	return &prepared{id: id, snap: snap, machine: m, netns: ns.Name(), conn: conn, teardown: cl.Release(), took: took}, nil
+	return &prepared{id: id, snap: snap, machine: m, netns: ns.Name(), net: sn, conn: conn, teardown: cl.Release(), took: took}, nil
 }
 
 // Fork creates n children of the snapshot tagged tag and returns once every
@@ -126,6 +138,11 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) ([]*Sandbox, er
 	tag, n := opts.Tag, opts.Count
 	if err := opts.validate(e.cfg.MaxForkCount); err != nil {
 		return nil, err
+	}
+	if opts.Network != nil {
+		if _, _, err := e.net.resolve(opts.Network, nil); err != nil {
+			return nil, err
+		}
 	}
 	if err := e.pendingErr(tag); err != nil {
 		return nil, err // a branch still being written, or failed
@@ -302,6 +319,18 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 			pv.discard(ctx)
 		}
 	}()
+	if opts.Network != nil {
+		// Before the guest runs: it never sends under the pooled policy.
+		pol, compiled, err := e.net.resolve(opts.Network, p.snap.Network.Policy)
+		if err != nil {
+			return nil, err
+		}
+		if !samePolicy(pol, pv.net.Policy()) {
+			if err := e.net.apply(pv.net, pol, compiled); err != nil {
+				return nil, err
+			}
+		}
+	}
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	restoreStart := time.Now()
@@ -317,7 +346,7 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 	s := &Sandbox{
 		ID: pv.id, Tag: p.snap.Tag, SnapshotID: p.snap.ID, Created: time.Now().UTC(),
 		ReadyMillis: since(start), Pooled: pooled, GuestIP: p.snap.Network.GuestIP, base: &p.snap.Manifest,
-		machine: pv.machine, pid: pv.machine.PID(), netns: pv.netns, conn: pv.conn, session: sess,
+		machine: pv.machine, pid: pv.machine.PID(), netns: pv.netns, net: pv.net, conn: pv.conn, session: sess,
 		agent: e.agentClient(sess), teardown: pv.teardown,
 		state: apiv1.StateRunning, exited: make(chan struct{}),
 		labels: opts.Labels, idleTimeout: opts.IdleTimeout, pendingFork: opts.RequestID,

@@ -10,6 +10,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/agentconn"
 	"github.com/forkd-dev/forkd/internal/cleanup"
+	"github.com/forkd-dev/forkd/internal/egress"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/image"
 	"github.com/forkd-dev/forkd/internal/metrics"
@@ -43,6 +44,9 @@ type CreateSnapshotOptions struct {
 	// answering its client; CreateSnapshot releases it when it returns.
 	// Nil: CreateSnapshot takes one (or fails with ResourceExhausted).
 	Slot *BuildSlot
+	// Network is the egress policy the snapshot's children inherit; nil:
+	// the daemon's default at each fork.
+	Network *egress.Policy
 }
 
 // templatePlan is what a valid CreateSnapshotOptions resolves to.
@@ -64,6 +68,11 @@ func (e *Engine) CheckCreateSnapshot(opts CreateSnapshotOptions) error {
 func (e *Engine) planTemplate(opts CreateSnapshotOptions) (*templatePlan, error) {
 	if err := e.store.CheckFree(opts.Tag); err != nil {
 		return nil, err
+	}
+	if opts.Network != nil {
+		if _, _, err := e.net.resolve(opts.Network, nil); err != nil {
+			return nil, err
+		}
 	}
 	r, err := e.ResolveRecipe(opts.Recipe, opts.RecipeTOML)
 	if err != nil {
@@ -227,7 +236,7 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 		MemoryMiB:    r.MemoryMiB,
 		VCPUs:        r.VCPUs,
 		Python:       snapshot.Python{Enabled: r.Python.Enabled, Warm: strings.TrimSpace(warm)},
-		Network:      snapshot.Network{GuestMAC: netns.GuestMAC, GuestIP: netns.GuestAddr, GatewayIP: netns.HostAddr},
+		Network:      snapshot.Network{GuestMAC: netns.GuestMAC, GuestIP: netns.GuestAddr, GatewayIP: netns.HostAddr, Policy: opts.Network},
 		CreateMillis: time.Since(start).Milliseconds(),
 	})
 	if err != nil {
@@ -241,9 +250,10 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 }
 
 // guestNetworkArgs tell the agent how to configure eth0. The address is the
-// same in every sandbox: each lives in its own network namespace. No gateway
-// is given, so the guest has no default route: egress is off until an egress
-// policy (later) adds one together with a route out of the namespace.
+// same in every sandbox: each lives in its own network namespace. The
+// default route and the name server are the tap's address in every clone:
+// what the guest reaches through them is its namespace's egress policy
+// (internal/egress), which can change without the guest knowing.
 func guestNetworkArgs() []string {
-	return []string{"forkd.ip=" + netns.GuestAddr + "/30"}
+	return []string{"forkd.ip=" + netns.GuestAddr + "/30", "forkd.gw=" + netns.HostAddr, "forkd.dns=" + netns.HostAddr}
 }

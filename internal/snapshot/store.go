@@ -24,6 +24,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/forkd-dev/forkd/internal/egress"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/fsutil"
 )
@@ -126,6 +127,9 @@ type Network struct {
 	GuestMAC  string `json:"guest_mac,omitempty"`
 	GuestIP   string `json:"guest_ip,omitempty"`
 	GatewayIP string `json:"gateway_ip,omitempty"`
+	// Policy is what the snapshot's children may reach unless their fork
+	// says otherwise; nil: the daemon's default.
+	Policy *egress.Policy `json:"policy,omitempty"`
 }
 
 // FileEntry is one file of a snapshot.

@@ -9,6 +9,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
+	"github.com/forkd-dev/forkd/internal/egress"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
@@ -28,6 +29,9 @@ type SandboxRecord struct {
 	NetNS       string            `json:"netns,omitempty"`
 	GuestIP     string            `json:"guest_ip,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`
+	// Network is the sandbox's egress policy (absent: none, as every
+	// sandbox recorded before policies existed).
+	Network *egress.Policy `json:"network,omitempty"`
 	// ExpiresAt is the absolute timeout (zero: none); IdleTimeoutSeconds
 	// the idle one (0: none). A later daemon keeps enforcing both.
 	ExpiresAt          time.Time `json:"expires_at,omitempty"`

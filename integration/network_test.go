@@ -1,0 +1,186 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/agentclient"
+	"github.com/forkd-dev/forkd/internal/egress"
+	"github.com/forkd-dev/forkd/internal/sandbox"
+	"github.com/forkd-dev/forkd/internal/snapshot"
+	"github.com/forkd-dev/forkd/internal/testutil/testnet"
+)
+
+// Network tests route sandboxes into a world of namespaces the test makes
+// (internal/testutil/testnet): the engine's host namespace is the world's,
+// whose only routes lead to the test's own servers; the resolver's
+// upstream is the world's DNS server. No packet leaves those namespaces.
+
+// netEngine is an engine whose sandboxes' uplinks lead into w, numbered
+// from pool (distinct per test: engines share the kernel).
+func netEngine(t *testing.T, w *testnet.World, pool string, poolSize int) *sandbox.Engine {
+	t.Helper()
+	return newEngineOn(t, dataDir, poolSize, func(c *sandbox.Config) {
+		c.Network = sandbox.NetworkConfig{Pool: pool, HostNS: w.Host.Path(), DNSUpstream: testnet.Upstream}
+		c.MaxForkCount = 100
+	})
+}
+
+// fetch runs busybox wget in the guest; ok is its success.
+func fetch(t *testing.T, a *agentclient.Client, url string) (body string, ok bool) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	ev, err := a.Exec(context.Background(), agentapi.ExecRequest{Argv: []string{"wget", "-q", "-O", "-", url}}, nil, &out, &errb)
+	if err != nil {
+		t.Fatalf("exec wget %s: %v", url, err)
+	}
+	return strings.TrimSpace(out.String()), ev.ExitCode == 0
+}
+
+func mustFetch(t *testing.T, a *agentclient.Client, host, addr string) {
+	t.Helper()
+	if body, ok := fetch(t, a, "http://"+host+"/"); !ok || body != "hello from "+addr {
+		t.Errorf("wget http://%s/ = %q (ok %v); want it served by %s", host, body, ok, addr)
+	}
+}
+
+func mustNotFetch(t *testing.T, a *agentclient.Client, host string) {
+	t.Helper()
+	if body, ok := fetch(t, a, "http://"+host+"/"); ok {
+		t.Errorf("wget http://%s/ = %q; want it refused", host, body)
+	}
+}
+
+func policy(t *testing.T, spec string) *egress.Policy {
+	t.Helper()
+	p, err := egress.ParseSpec(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &p
+}
+
+// TestEgressPolicies: real guests under each policy, a change on a running
+// sandbox, and a branch whose children keep their source's policy.
+func TestEgressPolicies(t *testing.T) {
+	w := testnet.New(t)
+	e := netEngine(t, w, "10.231.10.0/24", 1)
+	snap := newTemplate(t, e, "minimal")
+	ctx := context.Background()
+
+	pub, err := e.ForkWith(ctx, sandbox.ForkOptions{Tag: snap.Tag, Count: 1, Network: policy(t, "public")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := agentOf(t, e, pub[0].ID)
+	mustFetch(t, a, testnet.WebA, testnet.WebA)
+	mustFetch(t, a, "api.example.org:8080", testnet.WebB) // through forkd's resolver
+	for _, h := range []string{testnet.TrapPriv, testnet.TrapMeta, testnet.HostSvc} {
+		mustNotFetch(t, a, h)
+	}
+
+	allow, err := e.ForkWith(ctx, sandbox.ForkOptions{Tag: snap.Tag, Count: 1, Network: policy(t, "allow:allowed.example.com,198.51.100.20:8080/tcp")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := agentOf(t, e, allow[0].ID)
+	mustFetch(t, b, "allowed.example.com", testnet.WebA)
+	mustFetch(t, b, testnet.WebB, testnet.WebB)
+	mustNotFetch(t, b, "other.example.com:8080") // refused by the resolver
+	mustNotFetch(t, b, "198.51.100.20")          // port 80 is not listed
+	if got := allow[0].Info().Network; got == nil || got.Policy.Mode != "allow" {
+		t.Errorf("info network = %+v", got)
+	}
+
+	// A branch's children keep the source's policy.
+	branchTag := "it-net-branch-" + snapshot.NewID()
+	if _, err := e.Branch(ctx, allow[0].ID, sandbox.BranchOptions{Tag: branchTag}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.RemoveSnapshot(context.Background(), branchTag) })
+	kids, err := e.Fork(ctx, branchTag, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := agentOf(t, e, kids[0].ID)
+	mustFetch(t, k, "allowed.example.com", testnet.WebA)
+	mustNotFetch(t, k, "198.51.100.20")
+	if got := kids[0].Info().Network.Policy; got.Mode != "allow" || len(got.Allow) != 2 {
+		t.Errorf("branch child's policy %+v, want its source's", got)
+	}
+
+	// Changed on a running sandbox: closed at once.
+	if _, err := e.SetNetwork(allow[0].ID, egress.Policy{Mode: egress.ModeNone}); err != nil {
+		t.Fatal(err)
+	}
+	mustNotFetch(t, b, testnet.WebB)
+	sb, _ := e.Get(allow[0].ID)
+	if st := sb.NetworkInfo(true).Stats; st == nil || st.TxPackets == 0 || st.DeniedPackets == 0 {
+		t.Errorf("stats after traffic and refusals: %+v", st)
+	}
+	// Bad policies are refused naming the problem, and change nothing.
+	if _, err := e.SetNetwork(pub[0].ID, egress.Policy{Mode: egress.ModeAllow, Allow: []string{"169.254.169.254"}}); err == nil || !strings.Contains(err.Error(), "reserved range") {
+		t.Errorf("allowing the metadata address: %v", err)
+	}
+	mustFetch(t, a, testnet.WebA, testnet.WebA)
+}
+
+// TestManyNetworkedChildren: children of one snapshot, each with its own
+// namespace, uplink and rules, reach the test host at once.
+func TestManyNetworkedChildren(t *testing.T) {
+	n := 100
+	if testing.Short() {
+		n = 10
+	}
+	w := testnet.New(t)
+	e := netEngine(t, w, "10.231.12.0/22", 0)
+	snap := newTemplate(t, e, "minimal")
+	ctx := context.Background()
+	var sbs []*sandbox.Sandbox
+	for len(sbs) < n {
+		batch, err := e.ForkWith(ctx, sandbox.ForkOptions{Tag: snap.Tag, Count: min(50, n-len(sbs)), Network: policy(t, "public")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sbs = append(sbs, batch...)
+	}
+	var wg sync.WaitGroup
+	errs := make([]string, len(sbs))
+	for i, s := range sbs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a, err := e.Agent(s.ID)
+			if err != nil {
+				errs[i] = err.Error()
+				return
+			}
+			var out, errb bytes.Buffer
+			ev, err := a.Exec(ctx, agentapi.ExecRequest{Argv: []string{"wget", "-q", "-O", "-", "http://" + testnet.WebA + "/"}}, nil, &out, &errb)
+			switch {
+			case err != nil:
+				errs[i] = err.Error()
+			case ev.ExitCode != 0 || strings.TrimSpace(out.String()) != "hello from "+testnet.WebA:
+				errs[i] = fmt.Sprintf("exit %d, %q, %q", ev.ExitCode, out.String(), errb.String())
+			}
+		}()
+	}
+	wg.Wait()
+	failed := 0
+	for i, msg := range errs {
+		if msg != "" {
+			failed++
+			if failed <= 5 {
+				t.Errorf("child %d (%s): %s", i, sbs[i].ID, msg)
+			}
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d of %d children could not reach the test host", failed, len(sbs))
+	}
+}
