@@ -118,7 +118,7 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 }
 
 func serveCmd(g *globals) *cobra.Command {
-	var netnsPrefix, configPath, logLevel string
+	var netnsPrefix, configPath, logLevel, portDomain string
 	var listen, tlsCert, tlsKey, tokenFile string
 	var insecure bool
 	cmd := &cobra.Command{
@@ -179,7 +179,7 @@ func serveCmd(g *globals) *cobra.Command {
 			// The server exists before the engine: lifecycle events go
 			// through its audit gate (a failed write refuses mutating
 			// requests until one succeeds) from the first adoption on.
-			srv := &api.Server{Version: version, Log: log, Metrics: m, Audit: alog}
+			srv := &api.Server{Version: version, Log: log, Metrics: m, Audit: alog, PortDomain: strings.ToLower(strings.Trim(portDomain, "."))}
 			onEvent := func(ev sandbox.Event) {
 				targets := []string{ev.SandboxID}
 				if ev.Tag != "" {
@@ -274,6 +274,7 @@ func serveCmd(g *globals) *cobra.Command {
 	f.BoolVar(&g.stopSandboxes, "stop-sandboxes", false, "stop every sandbox when the daemon stops (default: they keep running and the next daemon re-adopts them)")
 	addLiveBranchFlags(f, g)
 	addNetworkFlags(f, &g.network)
+	f.StringVar(&portDomain, "port-domain", "", "route requests for the host PORT-ID.DOMAIN (e.g. 8080-sb-0123456789.sandbox.example.com, a wildcard DNS name pointing at --listen) to that sandbox's port, whole paths included")
 	return cmd
 }
 

@@ -106,6 +106,7 @@ func newRootCmd(g *globals) *cobra.Command {
 		doctorCmd(g), benchCmd(g), auditCmd(g), tokenCmd(g),
 	)
 	root.AddCommand(mcpCmd(g))
+	root.AddCommand(portCmd(g), portForwardCmd(g))
 	return root
 }
 

@@ -92,11 +92,12 @@ func (s *Server) auditRequests(mux *http.ServeMux, next http.Handler) http.Handl
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !mutating(r.Method) {
+		_, pattern := mux.Handler(r)
+		if !mutating(r.Method) || strings.HasPrefix(pattern, portProxyPrefix) {
+			// Reads, and an app's own traffic through the port proxy.
 			next.ServeHTTP(w, r)
 			return
 		}
-		_, pattern := mux.Handler(r)
 		note := &auditNote{}
 		r = r.WithContext(context.WithValue(r.Context(), auditKey{}, note))
 		sw := &statusWriter{ResponseWriter: w}

@@ -14,6 +14,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/http/httputil"
 	"runtime"
 	"slices"
 	"strconv"
@@ -58,6 +59,12 @@ type Server struct {
 	// cannot be written, mutating requests are refused with 503.
 	Audit *audit.Log
 
+	// PortDomain, if set, routes requests for the host PORT-ID.PortDomain
+	// to that sandbox's port, whole paths included (ports.go).
+	PortDomain string
+
+	proxyOnce   sync.Once
+	proxy       *httputil.ReverseProxy
 	ops         operations
 	auditGate   auditGate     // fails closed when audit writes fail (audit.go)
 	unauthAudit unauthLimiter // bounds the records of unauthenticated requests (audit.go)
@@ -104,6 +111,13 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/branch", s.branch)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/network", s.getNetwork)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/network", s.putNetwork)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/ports/{port}", s.portInfo)
+	// An app's HTTP and WebSocket traffic (ports.go).
+	mux.HandleFunc("GET /v1/sandboxes/{id}/ports/{port}/{path...}", s.proxyPort)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/ports/{port}/{path...}", s.proxyPort)
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/ports/{port}/{path...}", s.proxyPort)
+	mux.HandleFunc("PATCH /v1/sandboxes/{id}/ports/{port}/{path...}", s.proxyPort)
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}/ports/{port}/{path...}", s.proxyPort)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/run_code/stream", s.runCodeStream)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files", s.readFile)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", s.writeFile)
@@ -135,6 +149,7 @@ func (s *Server) Handler() http.Handler {
 		}
 		w.Header().Set("X-Request-Id", id)
 		r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, id))
+		s.hostRoute(r)
 		start := time.Now()
 		h.ServeHTTP(w, r)
 		if s.Log != nil {

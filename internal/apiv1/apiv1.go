@@ -198,6 +198,15 @@ type ForkRequest struct {
 	Network *NetworkPolicy `json:"network,omitempty"`
 }
 
+// Port is where a sandbox's TCP port is served (GET
+// /v1/sandboxes/{id}/ports/{port}): Path on the API, and Host when the
+// daemon routes PORT-ID.DOMAIN (serve --port-domain).
+type Port struct {
+	Port int    `json:"port"`
+	Path string `json:"path"`
+	Host string `json:"host,omitempty"`
+}
+
 // NetworkPolicy is what a sandbox may reach: mode "none" (nothing),
 // "public" (the internet, never the host, other sandboxes, private,
 // CGNAT, link-local or multicast ranges), or "allow" with Allow listing

@@ -484,3 +484,33 @@ func (c *Client) SetNetwork(ctx context.Context, id string, p apiv1.NetworkPolic
 	var out apiv1.SandboxNetwork
 	return out, c.call(ctx, http.MethodPut, "/v1/sandboxes/"+url.PathEscape(id)+"/network", nil, p, &out)
 }
+
+// Port says where a sandbox's TCP port is served (the proxy path, and the
+// host when the daemon routes PORT-ID.DOMAIN).
+func (c *Client) Port(ctx context.Context, id string, port int) (apiv1.Port, error) {
+	var out apiv1.Port
+	return out, c.call(ctx, http.MethodGet, fmt.Sprintf("/v1/sandboxes/%s/ports/%d", url.PathEscape(id), port), nil, nil, &out)
+}
+
+// URL is the absolute URL of path on the daemon (for a Unix socket, an
+// http://forkd URL only this client can reach).
+func (c *Client) URL(path string) string { return c.url(path, nil) }
+
+// Tunnel opens a raw TCP connection to a port inside a sandbox, through
+// the API (an HTTP upgrade): what is written reaches the port, what it
+// sends is read. ctx bounds the opening only.
+func (c *Client) Tunnel(ctx context.Context, id string, port int) (io.ReadWriteCloser, error) {
+	hdr := http.Header{}
+	hdr.Set("Connection", "Upgrade")
+	hdr.Set("Upgrade", "tcp")
+	resp, err := c.send(context.WithoutCancel(ctx), http.MethodGet, fmt.Sprintf("/v1/sandboxes/%s/ports/%d", url.PathEscape(id), port), nil, nil, hdr)
+	if err != nil {
+		return nil, err
+	}
+	rwc, ok := resp.Body.(io.ReadWriteCloser)
+	if resp.StatusCode != http.StatusSwitchingProtocols || !ok {
+		resp.Body.Close()
+		return nil, fmt.Errorf("sandbox %s port %d: the daemon answered %s, not a tunnel (an older daemon?): %w", id, port, resp.Status, errdefs.ErrUnavailable)
+	}
+	return rwc, nil
+}
