@@ -75,6 +75,7 @@ type Client struct {
 	readErr  error
 	closeErr error
 	closed   bool
+	broken   error // why the client closed the connection itself
 }
 
 type reply struct {
@@ -183,7 +184,8 @@ func newClient(ctx context.Context, conn *net.UnixConn) (*Client, error) {
 // Version is the QEMU version announced in the greeting.
 func (c *Client) Version() Version { return c.version }
 
-// Done is closed when the connection has ended (Close, or QEMU exited).
+// Done is closed when the connection has ended (Close, QEMU exited, or a
+// command was cut off part-way).
 func (c *Client) Done() <-chan struct{} { return c.done }
 
 // Close ends the session. Pending calls fail with ErrClosed.
@@ -204,7 +206,9 @@ func (c *Client) Close() error {
 // Execute runs a command and decodes its "return" member into result
 // (which may be nil). args is marshalled as "arguments" unless nil. An error
 // reply is returned as *Error. If ctx ends first the call returns the
-// context's error; QEMU may still run the command.
+// context's error; QEMU may still run the command. A command that ctx cuts
+// off part-way (QEMU not reading) ends the session: later calls fail with
+// ErrClosed.
 func (c *Client) Execute(ctx context.Context, cmd string, args, result any) error {
 	return c.ExecuteWithFiles(ctx, cmd, args, result)
 }
@@ -236,8 +240,14 @@ func (c *Client) ExecuteWithFiles(ctx context.Context, cmd string, args, result 
 		return fmt.Errorf("qmp %s: marshal arguments: %w", cmd, err)
 	}
 	buf = append(buf, '\n')
-	if err := c.write(ctx, buf, files); err != nil {
-		c.forget(id)
+	if n, err := c.write(ctx, buf, files); err != nil {
+		c.unsend(id)
+		if n > 0 {
+			// Part of the command is on the stream: QEMU would read the
+			// next command as its continuation, so no later one could be
+			// trusted.
+			c.abandon(fmt.Errorf("%s cut off after %d of %d bytes", cmd, n, len(buf)))
+		}
 		return fmt.Errorf("qmp %s: %w", cmd, err)
 	}
 
@@ -262,16 +272,37 @@ func (c *Client) ExecuteWithFiles(ctx context.Context, cmd string, args, result 
 	}
 }
 
-func (c *Client) write(ctx context.Context, buf []byte, files []*os.File) error {
+// write sends buf, with files, and says how many bytes went out. ctx
+// bounds it (QEMU may have stopped reading); a write it cut off fails with
+// ctx's cause.
+func (c *Client) write(ctx context.Context, buf []byte, files []*os.File) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if dl, ok := ctx.Deadline(); ok {
-		c.conn.SetWriteDeadline(dl)
-		defer c.conn.SetWriteDeadline(time.Time{})
+	if ctx.Err() != nil {
+		return 0, context.Cause(ctx)
 	}
+	// When ctx ends (deadline or cancel), a write deadline in the past
+	// cuts the write off; the caller then gets ctx's error, not a bare
+	// i/o timeout.
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		c.conn.SetWriteDeadline(time.Unix(1, 0))
+		close(fired)
+	})
+	n, err := c.writeMsg(buf, files)
+	if !stop() {
+		<-fired // or it could cut off the next write
+		c.conn.SetWriteDeadline(time.Time{})
+		if err != nil {
+			err = context.Cause(ctx)
+		}
+	}
+	return n, err
+}
+
+func (c *Client) writeMsg(buf []byte, files []*os.File) (int, error) {
 	if len(files) == 0 {
-		_, err := c.conn.Write(buf)
-		return err
+		return c.conn.Write(buf)
 	}
 	fds := make([]int, len(files))
 	for i, f := range files {
@@ -282,13 +313,11 @@ func (c *Client) write(ctx context.Context, buf []byte, files []*os.File) error 
 	// plain data.
 	n, _, err := c.conn.WriteMsgUnix(buf, syscall.UnixRights(fds...), nil)
 	runtime.KeepAlive(files) // the descriptors must stay open until sent
-	if err != nil {
-		return err
+	if err != nil || n == len(buf) {
+		return n, err
 	}
-	if n < len(buf) {
-		_, err = c.conn.Write(buf[n:])
-	}
-	return err
+	m, err := c.conn.Write(buf[n:])
+	return n + m, err
 }
 
 // forget drops a pending call whose reply nobody waits for.
@@ -300,7 +329,36 @@ func (c *Client) forget(id string) {
 	// sends in order) still line up; dispatch skips forgotten ids.
 }
 
+// unsend drops a call whose command did not go out (whole).
+func (c *Client) unsend(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.pending, id)
+	for i, o := range c.order {
+		if o == id {
+			c.order = append(c.order[:i:i], c.order[i+1:]...)
+			break
+		}
+	}
+}
+
+// abandon closes the connection because the session cannot go on; calls
+// fail with ErrClosed and the reason.
+func (c *Client) abandon(reason error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.closed = true
+	c.broken = reason
+	c.closeErr = c.conn.Close()
+}
+
 func (c *Client) closedErr() error {
+	if c.broken != nil {
+		return fmt.Errorf("%w: %v", ErrClosed, c.broken)
+	}
 	if c.readErr != nil && !c.closed && !errors.Is(c.readErr, net.ErrClosed) {
 		return fmt.Errorf("%w: %v", ErrClosed, c.readErr)
 	}

@@ -93,6 +93,10 @@ func procUID(pid int) (int, error) {
 // background snapshot after its context has ended (see live).
 var liveGiveUp = 2 * time.Minute
 
+// liveCleanupTimeout bounds the QMP calls that undo a live branch's setup,
+// which run after the caller's context may have ended (see live).
+const liveCleanupTimeout = 30 * time.Second
+
 // live takes a live branch with QEMU's background-snapshot.
 //
 // QEMU 7.2 leaves guest RAM write-protected when a background snapshot
@@ -137,34 +141,18 @@ func (b *brancher) live(ctx context.Context) (err error) {
 		spool.Close()
 		os.Remove(spoolPath) // whatever happened: the spool is never a result
 	}()
-	// QEMU gets a write-only descriptor of the spool (getfd matches the
-	// access mode of its use).
-	spoolW, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", spool.Fd()), os.O_WRONLY, 0)
-	if err != nil {
-		return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
-	}
-	err = m.qmp.ExecuteWithFiles(ctx, "getfd", map[string]string{"fdname": branchFD}, nil, spoolW)
-	spoolW.Close()
-	if err != nil {
-		return m.failure("hand over the stream spool", err)
-	}
 	caps := func(on bool) map[string]any {
 		return map[string]any{"capabilities": []map[string]any{{"capability": "background-snapshot", "state": on}}}
 	}
-	if err := m.qmp.Execute(ctx, "migrate-set-capabilities", caps(true), nil); err != nil {
-		m.qmp.Execute(ctx, "closefd", map[string]string{"fdname": branchFD}, nil)
-		var qe *qmp.Error
-		if errors.As(err, &qe) {
-			return fmt.Errorf("qemu %s: live branch: %s: %w", m.cfg.ID, qe.Desc, errdefs.ErrFailedPrecondition)
-		}
-		return m.failure("enable background-snapshot", err)
-	}
+	// The cleanup is in place before the setup starts: a call that ctx
+	// cuts off may have taken effect in QEMU all the same. Its calls must
+	// work after ctx has ended.
 	migrating := false
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resumeTimeout)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), liveCleanupTimeout)
 		defer cancel()
 		if !migrating {
-			// QEMU still holds the spool descriptor.
+			// QEMU may hold the spool descriptor.
 			m.qmp.Execute(cctx, "closefd", map[string]string{"fdname": branchFD}, nil)
 		}
 		cerr := m.qmp.Execute(cctx, "migrate-set-capabilities", caps(false), nil)
@@ -184,6 +172,28 @@ func (b *brancher) live(ctx context.Context) (err error) {
 			}
 		}
 	}()
+	// QEMU gets a write-only descriptor of the spool (getfd matches the
+	// access mode of its use).
+	spoolW, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", spool.Fd()), os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
+	}
+	err = m.qmp.ExecuteWithFiles(ctx, "getfd", map[string]string{"fdname": branchFD}, nil, spoolW)
+	spoolW.Close()
+	if err != nil {
+		return m.failure("hand over the stream spool", err)
+	}
+	err = m.qmp.Execute(ctx, "migrate-set-capabilities", caps(true), nil)
+	if err == nil {
+		err = hook("capabilities") // tests: as though ctx cut the reply off
+	}
+	if err != nil {
+		var qe *qmp.Error
+		if errors.As(err, &qe) {
+			return fmt.Errorf("qemu %s: live branch: %s: %w", m.cfg.ID, qe.Desc, errdefs.ErrFailedPrecondition)
+		}
+		return m.failure("enable background-snapshot", err)
+	}
 
 	pt := &pauseTimes{sub: m.qmp.SubscribeNames("STOP", "RESUME")}
 	defer pt.sub.Cancel()
@@ -191,7 +201,18 @@ func (b *brancher) live(ctx context.Context) (err error) {
 		return err
 	}
 	tStart := time.Now()
-	if err := m.qmp.Execute(ctx, "migrate", map[string]string{"uri": "fd:" + branchFD}, nil); err != nil {
+	err = m.qmp.Execute(ctx, "migrate", map[string]string{"uri": "fd:" + branchFD}, nil)
+	if err == nil {
+		err = hook("migrate") // tests: as though ctx cut the reply off
+	}
+	if err != nil {
+		if ctx.Err() != nil && b.migrationRunning(ctx) {
+			// QEMU started the snapshot all the same. It refuses to switch
+			// the capability off until the snapshot has ended, which
+			// waitLive waits for (rather than cancel it, see above).
+			migrating = true
+			b.waitLive(ctx)
+		}
 		return m.failure("migrate", err)
 	}
 	migrating = true
@@ -225,6 +246,19 @@ func (b *brancher) live(ctx context.Context) (err error) {
 // liveSpoolSuffix names a live branch's stream spool, next to its memory
 // file (so in the snapshot's staging directory).
 const liveSpoolSuffix = ".live-stream"
+
+// migrationRunning says whether QEMU runs a migration; it works after ctx
+// has ended.
+func (b *brancher) migrationRunning(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), liveCleanupTimeout)
+	defer cancel()
+	var info migrationInfo
+	if err := b.m.qmp.Execute(ctx, "query-migrate", nil, &info); err != nil {
+		return false
+	}
+	ended, _ := b.m.migrationEnded(info, "")
+	return info.Status != "" && info.Status != "none" && !ended
+}
 
 // waitLive polls query-migrate until the background snapshot ends. When
 // ctx ends first it keeps waiting, up to liveGiveUp, without cancelling

@@ -35,7 +35,7 @@ type source struct {
 // restore prepares and restores a machine from src and connects its agent.
 func (src source) restore(t *testing.T, d *Driver, id string) (*Machine, *testguest.Agent) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), vmTimeout)
 	defer cancel()
 	cfg := vmm.MachineConfig{
 		ID:         id,
@@ -67,14 +67,14 @@ func (src source) restore(t *testing.T, d *Driver, id string) (*Machine, *testgu
 	if _, err := m.Restore(ctx); err != nil {
 		t.Fatal(err)
 	}
-	r, err := a.Call("ping", 20*time.Second)
+	r, err := a.Call("ping", callTimeout)
 	// A branch taken while the source's test agent was in the middle of a
 	// command restores into a guest that finishes it: its reply comes
 	// first. (The real agent's HELLO/READY handshake discards such bytes;
 	// this line protocol has none.)
 	for i := 0; i < 3 && err == nil && r != "pong"; i++ {
 		t.Logf("%s: leftover reply %q before pong", id, r)
-		r, err = a.ReadLine(20 * time.Second)
+		r, err = a.ReadLine(callTimeout)
 	}
 	if err != nil || r != "pong" {
 		t.Fatalf("%s ping: %q %v\n%s", id, r, err, m.ConsoleTail(2000))
@@ -90,7 +90,7 @@ func (src source) from(res vmm.SnapshotResult) source {
 
 func call(t *testing.T, a *testguest.Agent, line, want string) {
 	t.Helper()
-	r, err := a.Call(line, 20*time.Second)
+	r, err := a.Call(line, callTimeout)
 	if err != nil || r != want {
 		t.Fatalf("%q: %q %v, want %q", line, r, err, want)
 	}
@@ -113,7 +113,7 @@ func branchSpec(dir, name string, typ vmm.SnapshotType) vmm.SnapshotSpec {
 // checkRunning checks that a machine's guest runs and answers.
 func checkRunning(t *testing.T, m *Machine, a *testguest.Agent, wantState string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	var st struct{ Status string }
 	if err := m.QMP().Execute(ctx, "query-status", nil, &st); err != nil || st.Status != "running" {
@@ -196,7 +196,7 @@ func TestBranchPrefixMatchesQEMU(t *testing.T) {
 	f := template(t)
 	d := newTestDriver(t, Config{RunAs: "nobody"})
 	c, _ := f.source().restore(t, d, "pfx")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	var info string
 	if err := c.QMP().Execute(ctx, "human-monitor-command", map[string]string{"command-line": "info ramblock"}, &info); err != nil {
@@ -250,7 +250,7 @@ func TestBranchPrefixMatchesQEMU(t *testing.T) {
 func TestBranchDiff(t *testing.T) {
 	f := template(t)
 	d := newTestDriver(t, Config{RunAs: "nobody"})
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), vmTimeout)
 	defer cancel()
 	dir := shortDir(t, "forkd-branch")
 	t.Cleanup(func() { os.RemoveAll(dir) })
@@ -289,7 +289,7 @@ func TestBranchDiff(t *testing.T) {
 	call(t, ga, "run cat /tmp/later 2>/dev/null || echo none", "none ")
 	call(t, ga, "set grandchild", "ok")
 	call(t, ca, "get", "state=after-branch")
-	waitFor(t, 10*time.Second, func() bool { return ticksAfterRestore(g.ConsoleTail(4096)) >= 2 }, "grandchild console ticking")
+	waitFor(t, callTimeout, func() bool { return ticksAfterRestore(g.ConsoleTail(4096)) >= 2 }, "grandchild console ticking")
 
 	// Depth 2: a branch of the grandchild.
 	res2, err := g.Snapshot(ctx, branchSpec(dir, "b2", vmm.SnapshotDiff))
@@ -302,7 +302,8 @@ func TestBranchDiff(t *testing.T) {
 	checkRunning(t, gg, gga, "grandchild")
 	checkBranchFiles(t, res2, testMemMiB, f.state)
 
-	// The pause of an idle clone, a few times.
+	// The pause of an idle clone, a few times (logged, not checked: on a
+	// busy machine it measures the load; TestBranchMeasurements measures).
 	var pauses []time.Duration
 	for i := range 5 {
 		time.Sleep(300 * time.Millisecond)
@@ -328,9 +329,6 @@ func TestBranchDiff(t *testing.T) {
 	checkRunning(t, fb, fba, "after-branch")
 	sort.Slice(pauses, func(i, j int) bool { return pauses[i] < pauses[j] })
 	t.Logf("idle diff pauses: %v (median %v)", pauses, pauses[len(pauses)/2])
-	if pauses[len(pauses)/2] > 500*time.Millisecond {
-		t.Errorf("idle diff pause median %v", pauses[len(pauses)/2])
-	}
 	checkRunning(t, c, ca, "after-branch")
 	checkTemplateUnchanged(t, f.memFile, f.memHash)
 }
@@ -366,7 +364,7 @@ func checkOnlyIndexedDiffer(t *testing.T, base, branch string, ix *memlayer.Inde
 func TestBranchFull(t *testing.T) {
 	f := template(t)
 	d := newTestDriver(t, Config{RunAs: "nobody"})
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), vmTimeout)
 	defer cancel()
 	dir := shortDir(t, "forkd-branch")
 	t.Cleanup(func() { os.RemoveAll(dir) })
@@ -391,6 +389,8 @@ func TestBranchFull(t *testing.T) {
 	call(t, ca, "get", "state=full-after")
 	// The guest memory is the clone's: equal to the template's wherever
 	// the clone did not write (compare with a diff branch taken now).
+	// That the running guests do not write to the template's file is a
+	// negative check: nothing tells that they did not, so they get a moment.
 	time.Sleep(200 * time.Millisecond)
 	checkTemplateUnchanged(t, f.memFile, f.memHash)
 
@@ -447,7 +447,7 @@ func copyMemoryFile(t *testing.T, src, dst string) {
 func TestBranchFailures(t *testing.T) {
 	f := template(t)
 	d := newTestDriver(t, Config{RunAs: "nobody"})
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), vmTimeout)
 	defer cancel()
 	dir := shortDir(t, "forkd-branch")
 	t.Cleanup(func() { os.RemoveAll(dir) })
@@ -559,7 +559,7 @@ func buildShmTemplate(t *testing.T) *shmFixture {
 	run := shortDir(t, "forkd-live")
 	t.Cleanup(func() { os.RemoveAll(run) })
 	d := newTestDriver(t, Config{}) // root: userfaultfd
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), vmTimeout)
 	defer cancel()
 	src := source{image: f.image, mem: filepath.Join(shm, "t.mem"), state: filepath.Join(shm, "t.state"), memMiB: testMemMiB, runRoot: run}
 	m, err := d.Boot(ctx, vmm.BootSpec{MachineConfig: vmm.MachineConfig{
@@ -574,7 +574,9 @@ func buildShmTemplate(t *testing.T) *shmFixture {
 		t.Fatal(err)
 	}
 	a := testguest.NewAgent(conn)
-	call(t, a, "ping", "pong")
+	if r, err := a.Call("ping", vmTimeout); err != nil || r != "pong" { // the boot
+		t.Fatalf("shm template agent: %q %v\n%s", r, err, m.ConsoleTail(2000))
+	}
 	call(t, a, "set shm-template", "ok")
 	a.Close()
 	if _, err := m.Snapshot(ctx, vmm.SnapshotSpec{StateFile: src.state, StopAfter: true}); err != nil {
@@ -593,7 +595,7 @@ func buildShmTemplate(t *testing.T) *shmFixture {
 func TestBranchLive(t *testing.T) {
 	sf := buildShmTemplate(t)
 	d := sf.d
-	ctx, cancel := context.WithTimeout(context.Background(), 180*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), vmTimeout)
 	defer cancel()
 	out, err := os.MkdirTemp("/dev/shm", "forkd-branch-out-")
 	if err != nil {
@@ -607,13 +609,14 @@ func TestBranchLive(t *testing.T) {
 	call(t, ca, "get", "state=shm-template")
 	call(t, ca, "set live-before", "ok")
 
-	// A live branch while the clone is busy writing memory.
+	// A live branch while the clone is busy writing memory (once the
+	// command has started; it may be over by then on a slow machine).
 	busy := make(chan error, 1)
 	go func() {
-		_, err := ca.Call("run dd if=/dev/urandom of=/tmp/busy bs=64k count=160 2>/dev/null; echo done", 60*time.Second)
+		_, err := ca.Call("run echo busy-start >/dev/console; dd if=/dev/urandom of=/tmp/busy bs=64k count=160 2>/dev/null; echo done", callTimeout)
 		busy <- err
 	}()
-	time.Sleep(200 * time.Millisecond)
+	waitFor(t, callTimeout, func() bool { return strings.Contains(c.ConsoleTail(4096), "busy-start") }, "the busy command to start")
 	spec := branchSpec(out, "l1", vmm.SnapshotLive)
 	res, err := c.Snapshot(ctx, spec)
 	if err != nil {
@@ -716,16 +719,55 @@ func TestBranchLive(t *testing.T) {
 		t.Errorf("a successful live branch left its stream spool: %v", err)
 	}
 	// The caller gives up while the snapshot runs: the branch fails once
-	// QEMU has finished, and the clone runs on.
-	cctx, ccancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	// QEMU has finished, and the clone runs on. It gives up 50 ms after the
+	// migration starts: 50 ms after the call can fall, on a busy machine,
+	// in an earlier step, which fails another way.
+	cctx, ccancel := context.WithCancel(ctx)
+	branchHook = func(p string) error {
+		if p == "before-migrate" {
+			time.AfterFunc(50*time.Millisecond, ccancel)
+		}
+		return nil
+	}
 	spec = branchSpec(out, "lc", vmm.SnapshotLive)
 	_, err = c.Snapshot(cctx, spec)
+	branchHook = nil
 	ccancel()
-	if !errors.Is(err, context.DeadlineExceeded) {
+	if !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled live branch: %v", err)
 	}
 	checkRunning(t, c, ca, "live-after")
 	assertCapOff(t, c)
+	// The caller gives up while QEMU switches background-snapshot on, or
+	// starts the snapshot, and the reply is lost, though QEMU did it: the
+	// capability goes off and QEMU lets the spool go all the same.
+	for _, point := range []string{"capabilities", "migrate"} {
+		cctx, ccancel := context.WithCancel(ctx)
+		branchHook = func(p string) error {
+			if p == point {
+				ccancel()
+				return context.Cause(cctx)
+			}
+			return nil
+		}
+		spec = branchSpec(out, "lr", vmm.SnapshotLive)
+		_, err = c.Snapshot(cctx, spec)
+		branchHook = nil
+		ccancel()
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("live branch cancelled at %s: %v", point, err)
+		}
+		t.Logf("cancelled at %s: %v", point, err)
+		checkRunning(t, c, ca, "live-after")
+		assertCapOff(t, c)
+		spool := spec.MemoryFile + liveSpoolSuffix
+		waitFor(t, callTimeout, func() bool { return !holdsFile(c.PID(), spool) }, "QEMU to close %s", spool)
+		for _, p := range []string{spec.StateFile, spec.MemoryFile, spool} {
+			if _, err := os.Stat(p); !os.IsNotExist(err) {
+				t.Errorf("%s left behind", p)
+			}
+		}
+	}
 	// And a later live branch works.
 	if _, err := c.Snapshot(ctx, branchSpec(out, "l3", vmm.SnapshotLive)); err != nil {
 		t.Fatal(err)
@@ -743,9 +785,23 @@ func TestBranchLive(t *testing.T) {
 	}
 }
 
+// holdsFile reports whether process pid has path open (or had, before it
+// was removed).
+func holdsFile(pid int, path string) bool {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		l, err := os.Readlink(filepath.Join(dir, e.Name()))
+		if err == nil && (l == path || l == path+" (deleted)") {
+			return true
+		}
+	}
+	return false
+}
+
 func assertCapOff(t *testing.T, m *Machine) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	var caps []struct {
 		Capability string
