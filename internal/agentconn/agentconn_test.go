@@ -30,18 +30,44 @@ import (
 //	/touch       -> counts the request, answers 204
 type testAgent struct {
 	touched atomic.Int64
-	port    *agentconntest.Port
+	port    *eofPort
 	hellos  atomic.Int64
 	mu      sync.Mutex
 	sandbox string
-	refuse  atomic.Bool
-	slow    atomic.Int64 // OnHello sleeps this long (nanoseconds)
-	served  chan error
+	// holdHello, if set, is waited for (closed) before OnHello answers.
+	holdHello chan struct{}
+	refuse    atomic.Bool
+	served    chan error
+}
+
+// eofPort is a Port that counts the EOFs the agent reads, so that a test
+// can wait until the agent has seen a disconnect.
+type eofPort struct {
+	*agentconntest.Port
+	eofs atomic.Int64
+}
+
+func (p *eofPort) Read(b []byte) (int, error) {
+	n, err := p.Port.Read(b)
+	if err == io.EOF {
+		p.eofs.Add(1)
+	}
+	return n, err
+}
+
+// waitEOF waits until the agent has read more than seen EOFs.
+func (p *eofPort) waitEOF(t *testing.T, seen int64) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); p.eofs.Load() <= seen; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the agent read no EOF")
+		}
+	}
 }
 
 func startAgent(t *testing.T) *testAgent {
 	t.Helper()
-	a := &testAgent{port: &agentconntest.Port{}, served: make(chan error, 1)}
+	a := &testAgent{port: &eofPort{Port: &agentconntest.Port{}}, served: make(chan error, 1)}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+agentapi.PathInfo, func(w http.ResponseWriter, r *http.Request) {
 		json.NewEncoder(w).Encode(a.info())
@@ -70,7 +96,15 @@ func startAgent(t *testing.T) *testAgent {
 		Handler: mux,
 		OnHello: func(h agentapi.Hello) (agentapi.Info, error) {
 			a.hellos.Add(1)
-			time.Sleep(time.Duration(a.slow.Load()))
+			a.mu.Lock()
+			hold := a.holdHello
+			a.mu.Unlock()
+			if hold != nil {
+				select {
+				case <-hold:
+				case <-time.After(time.Minute):
+				}
+			}
 			if a.refuse.Load() {
 				return agentapi.Info{}, errors.New("identity refused")
 			}
@@ -87,7 +121,7 @@ func startAgent(t *testing.T) *testAgent {
 		a.port.Close()
 		select {
 		case <-a.served:
-		case <-time.After(5 * time.Second):
+		case <-time.After(time.Minute):
 			t.Error("Serve did not return")
 		}
 	})
@@ -121,7 +155,7 @@ func hello(id string) agentapi.Hello {
 
 func dial(t *testing.T, conn net.Conn, id string) *Session {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	s, ready, err := Dial(ctx, conn, hello(id))
 	if err != nil {
@@ -147,7 +181,7 @@ func getInfo(ctx context.Context, s *Session) (agentapi.Info, error) {
 
 func mustInfo(t *testing.T, s *Session, want string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	info, err := getInfo(ctx, s)
 	if err != nil {
@@ -187,6 +221,10 @@ func (c *prefixWriteConn) Write(b []byte) (int, error) {
 }
 
 func TestHandshakeSkipsGarbageBeforeHelloAndReady(t *testing.T) {
+	// No resync (a second HELLO) however slowly the agent answers.
+	old := resyncAfter
+	resyncAfter = time.Hour
+	defer func() { resyncAfter = old }()
 	a := startAgent(t)
 	// The agent -> host direction starts with stale bytes, including a READY
 	// from an older handshake (wrong nonce) that the host must skip.
@@ -204,7 +242,7 @@ func TestRefusedHelloThenRetry(t *testing.T) {
 	a := startAgent(t)
 	a.refuse.Store(true)
 	conn := a.port.Connect()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, ready, err := Dial(ctx, conn, hello("sb-x"))
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "identity refused") {
@@ -225,7 +263,7 @@ func TestNewHelloWhileOldSessionIsStale(t *testing.T) {
 	mustInfo(t, s1, "template")
 	// Leave an idle stream and a finished large transfer in the old
 	// session, as a busy template would.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	big := bytes.Repeat([]byte("x"), 1<<20)
 	if got, err := echo(ctx, s1, big); err != nil || !bytes.Equal(got, big) {
@@ -251,9 +289,10 @@ func TestHostDisconnectThenNewHost(t *testing.T) {
 	a := startAgent(t)
 	s1 := dial(t, a.port.Connect(), "one")
 	mustInfo(t, s1, "one")
+	eofs := a.port.eofs.Load()
 	s1.Close() // host goes away: the agent reads EOF
 	// Wait until the agent has noticed (its reads keep returning EOF).
-	time.Sleep(20 * time.Millisecond)
+	a.port.waitEOF(t, eofs)
 	s2 := dial(t, a.port.Connect(), "two")
 	mustInfo(t, s2, "two")
 }
@@ -270,12 +309,14 @@ func TestStaleEOFAfterNewHello(t *testing.T) {
 	// The old daemon goes; the new one's HELLO arrives before the agent
 	// learns of it.
 	s2 := dial(t, a.port.Swap(), "new-daemon")
+	eofs := a.port.eofs.Load()
 	a.port.StaleEOF()
-	time.Sleep(20 * time.Millisecond) // the agent reads the EOF
+	a.port.waitEOF(t, eofs) // the agent reads the EOF
 	mustInfo(t, s2, "new-daemon")
 	// A real disconnect and a new host still work.
+	eofs = a.port.eofs.Load()
 	s2.Close()
-	time.Sleep(20 * time.Millisecond)
+	a.port.waitEOF(t, eofs)
 	s3 := dial(t, a.port.Connect(), "third")
 	mustInfo(t, s3, "third")
 }
@@ -286,7 +327,7 @@ func TestQuiesceThenNewHello(t *testing.T) {
 			a := startAgent(t)
 			s1 := dial(t, a.port.Connect(), "template")
 			mustInfo(t, s1, "template")
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			req, _ := http.NewRequestWithContext(ctx, "POST", BaseURL+agentapi.PathQuiesce, nil)
 			resp, err := s1.HTTPClient().Do(req)
@@ -301,7 +342,7 @@ func TestQuiesceThenNewHello(t *testing.T) {
 			// The agent sent a GoAway: a new stream is refused at once
 			// rather than hanging.
 			s1.transport.CloseIdleConnections()
-			deadline := time.Now().Add(5 * time.Second)
+			deadline := time.Now().Add(time.Minute)
 			for {
 				_, err := s1.mux.Open()
 				if err != nil {
@@ -340,7 +381,7 @@ func TestNoRequestServedAfterQuiesce(t *testing.T) {
 			go func() { defer wg.Done(); mustInfo(t, s1, "template") }()
 		}
 		wg.Wait()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		req, _ := http.NewRequestWithContext(ctx, "POST", BaseURL+agentapi.PathQuiesce, nil)
 		resp, err := s1.HTTPClient().Do(req)
 		if err != nil {
@@ -387,7 +428,7 @@ func TestNoRequestServedAfterQuiesce(t *testing.T) {
 func TestConcurrentRequestsMultiplexed(t *testing.T) {
 	a := startAgent(t)
 	s := dial(t, a.port.Connect(), "busy")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const n = 100
 	var wg sync.WaitGroup
@@ -414,7 +455,7 @@ func TestConcurrentRequestsMultiplexed(t *testing.T) {
 		t.Error(err)
 	}
 	// Streams beyond the idle pool are closed (FIN both ways, asynchronously).
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for s.mux.NumStreams() > 64 {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d streams still open, want idle streams capped at 64", s.mux.NumStreams())
@@ -424,21 +465,21 @@ func TestConcurrentRequestsMultiplexed(t *testing.T) {
 }
 
 func TestServeReturnsWhenPortCloses(t *testing.T) {
-	p := &agentconntest.Port{}
+	p := &eofPort{Port: &agentconntest.Port{}}
 	done := make(chan error, 1)
 	go func() {
 		done <- Serve(context.Background(), p, http.NotFoundHandler(), func(agentapi.Hello) (agentapi.Info, error) {
 			return agentapi.Info{}, nil
 		})
 	}()
-	time.Sleep(20 * time.Millisecond) // idle, reading EOF with back-off
+	p.waitEOF(t, 0) // idle, reading EOF with back-off
 	p.Close()
 	select {
 	case err := <-done:
 		if !errors.Is(err, io.ErrClosedPipe) {
 			t.Fatalf("Serve = %v, want the port's close error", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("Serve did not return after the port closed")
 	}
 }
@@ -474,8 +515,8 @@ func TestNoHostBacksOff(t *testing.T) {
 	}()
 	select {
 	case <-p.fifth:
-	case <-time.After(10 * time.Second):
-		t.Error("fewer than 5 reads in 10 s with no host: the agent stopped retrying")
+	case <-time.After(time.Minute):
+		t.Error("fewer than 5 reads in a minute with no host: the agent stopped retrying")
 	}
 	cancel()
 	<-done
@@ -543,16 +584,35 @@ func TestResyncWithSlowAgent(t *testing.T) {
 	resyncAfter = 50 * time.Millisecond
 	defer func() { resyncAfter = old }()
 	a := startAgent(t)
-	a.slow.Store(int64(150 * time.Millisecond))
-	s := dial(t, a.port.Connect(), "slow")
+	// The agent answers the first HELLO only once the host has begun its
+	// resync (its second write), however long that takes.
+	conn := &secondWriteConn{Conn: a.port.Connect(), second: make(chan struct{})}
+	a.mu.Lock()
+	a.holdHello = conn.second
+	a.mu.Unlock()
+	s := dial(t, conn, "slow")
 	mustInfo(t, s, "slow")
 	if n := a.hellos.Load(); n != 2 {
 		t.Fatalf("OnHello ran %d times, want 2 (original HELLO and the resync's)", n)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	big := bytes.Repeat([]byte("y"), 3<<20)
 	if got, err := echo(ctx, s, big); err != nil || !bytes.Equal(got, big) {
 		t.Fatalf("echo after resync: %v", err)
 	}
+}
+
+// secondWriteConn closes second when its second Write begins.
+type secondWriteConn struct {
+	net.Conn
+	writes atomic.Int64
+	second chan struct{}
+}
+
+func (c *secondWriteConn) Write(b []byte) (int, error) {
+	if c.writes.Add(1) == 2 {
+		close(c.second)
+	}
+	return c.Conn.Write(b)
 }

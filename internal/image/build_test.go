@@ -122,7 +122,8 @@ func TestBuildBusybox(t *testing.T) {
 		t.Error("/init differs from the agent binary")
 	}
 
-	// Second build: a cache hit, same digest, fast.
+	// Second build: a cache hit, same digest (and creation time: nothing
+	// was built again; how fast it is depends on the machine's load).
 	start = time.Now()
 	again, err := b.Build(context.Background(), r)
 	warm := time.Since(start)
@@ -132,9 +133,6 @@ func TestBuildBusybox(t *testing.T) {
 	t.Logf("cached busybox build: %v", warm)
 	if again.Digest != img.Digest || !again.Created.Equal(img.Created) {
 		t.Errorf("second build: digest %s created %v, want %s %v", again.Digest, again.Created, img.Digest, img.Created)
-	}
-	if warm > 500*time.Millisecond {
-		t.Errorf("cache hit took %v", warm)
 	}
 
 	// No staging debris.

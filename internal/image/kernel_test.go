@@ -67,9 +67,6 @@ func TestFetchKernelCacheHit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if elapsed > 50*time.Millisecond {
-		t.Errorf("cache hit took %v", elapsed)
-	}
 	t.Logf("cached FetchKernel: %v", elapsed)
 	if got.Vmlinuz != want.Vmlinuz || got.PackageVersion != want.PackageVersion || !slices.Equal(got.Modules, want.Modules) {
 		t.Errorf("cache hit returned %+v, want %+v", got, want)

@@ -5,10 +5,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -76,9 +76,15 @@ func TestChangedMemoryFileRefusesForks(t *testing.T) {
 	if err := e.SnapshotIntact(snap); !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("SnapshotIntact of the changed snapshot: %v", err)
 	}
-	// Refills find it refused too.
+	// Refills find it refused too: once the refill has given up, the pool
+	// is still empty.
 	e.Warm("base")
-	time.Sleep(50 * time.Millisecond)
+	p := e.poolFor(snap)
+	waitFor(t, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return !p.filling
+	})
 	if n := e.PoolSize(snap.ID); n != 0 {
 		t.Fatalf("%d VMMs pooled for a changed snapshot", n)
 	}
@@ -229,7 +235,12 @@ func TestImageBeingCommittedIsNotRemoved(t *testing.T) {
 		p, err := e.memoryImage(snap)
 		done <- result{p, err}
 	}()
-	time.Sleep(100 * time.Millisecond) // the fork looks and waits for the lock
+	// The fork has looked and waits for the lock (its goroutine is in
+	// memCache.lock).
+	waitFor(t, func() bool {
+		buf := make([]byte, 1<<20)
+		return strings.Contains(string(buf[:runtime.Stack(buf, true)]), ".(*memCache).lock(")
+	})
 	if _, err := os.Stat(img); err != nil {
 		unlock()
 		t.Fatalf("image removed while its assembly held the lock: %v", err)

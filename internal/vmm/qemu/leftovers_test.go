@@ -50,7 +50,7 @@ func TestVMMsUnderSkipsOtherProcesses(t *testing.T) {
 		defer func(c *exec.Cmd) { c.Process.Kill(); c.Wait() }(c)
 	}
 	var found []vmm.LeftoverVMM
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if found = VMMsUnder(dir); len(found) > 0 {
 			break
 		}

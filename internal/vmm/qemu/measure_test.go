@@ -49,7 +49,7 @@ func TestForkMeasurements(t *testing.T) {
 			m, _ := f.clone(t, d, fmt.Sprintf("m%d%d", vi, i))
 			prepare = append(prepare, time.Since(start))
 			qmpReady = append(qmpReady, m.StartupTime())
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), vmTimeout)
 			conn, err := m.DialAgent(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -61,12 +61,12 @@ func TestForkMeasurements(t *testing.T) {
 			}
 			restore = append(restore, tm.Load)
 			start = time.Now()
-			if r, err := a.Call("ping", 10*time.Second); err != nil || r != "pong" {
+			if r, err := a.Call("ping", callTimeout); err != nil || r != "pong" {
 				t.Fatalf("ping %q %v", r, err)
 			}
 			first = append(first, time.Since(start))
 			start = time.Now()
-			if r, err := a.Call(workload, 60*time.Second); err != nil || !strings.Contains(r, "done") {
+			if r, err := a.Call(workload, callTimeout); err != nil || !strings.Contains(r, "done") {
 				t.Fatalf("workload %q %v", r, err)
 			}
 			work = append(work, time.Since(start))

@@ -31,6 +31,13 @@ import (
 
 const testMemMiB = 256
 
+// Bounds on waits for TCG guests and their QEMU on a busy machine. They
+// only stop a hang, so they are generous.
+const (
+	vmTimeout   = 5 * time.Minute // boot, restore or branch machines
+	callTimeout = 2 * time.Minute // one reply: the agent's, QMP's, an exit
+)
+
 // fixture is a template booted and snapshotted once for the tests of a
 // package run, inside its own network namespace, with a NIC, so that
 // every clone can have one.
@@ -109,7 +116,7 @@ func buildTemplate(t *testing.T, kernel, initrd string) (*fixture, error) {
 		memFile: filepath.Join(dir, "template.mem"),
 		state:   filepath.Join(dir, "template.state"),
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), vmTimeout)
 	defer cancel()
 	f.tmplNS, err = netns.Create(ctx, fmt.Sprintf("forkd-qt-%d-tmpl", os.Getpid()), netns.Options{})
 	if err != nil {
@@ -137,16 +144,16 @@ func buildTemplate(t *testing.T, kernel, initrd string) (*fixture, error) {
 		return nil, err
 	}
 	a := testguest.NewAgent(conn)
-	if r, err := a.Call("ping", 60*time.Second); err != nil || r != "pong" {
+	if r, err := a.Call("ping", vmTimeout); err != nil || r != "pong" {
 		return nil, fmt.Errorf("template agent: %q, %v; console:\n%s", r, err, m.ConsoleTail(2000))
 	}
 	f.bootTime = time.Since(start)
-	if r, err := a.Call("set template", 10*time.Second); err != nil || r != "ok" {
+	if r, err := a.Call("set template", callTimeout); err != nil || r != "ok" {
 		return nil, fmt.Errorf("set: %q, %v", r, err)
 	}
 	// Warm the guest's neighbour entry for the host side, so clones
 	// inherit it (the tap's MAC is the same everywhere).
-	if r, err := a.Call("run ping -c1 -W2 "+netns.HostAddr+" >/dev/null && echo reachable", 10*time.Second); err != nil || !strings.Contains(r, "reachable") {
+	if r, err := a.Call("run ping -c1 -W30 "+netns.HostAddr+" >/dev/null && echo reachable", callTimeout); err != nil || !strings.Contains(r, "reachable") {
 		return nil, fmt.Errorf("template ping host: %q, %v", r, err)
 	}
 	a.Close()
@@ -210,7 +217,7 @@ func fileHash(path string) (string, error) {
 // clone prepares a clone of the fixture in a network namespace of its own.
 func (f *fixture) clone(t *testing.T, d *Driver, id string) (*Machine, *netns.NS) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), vmTimeout)
 	defer cancel()
 	cfg := vmm.MachineConfig{
 		ID:         id,
@@ -263,7 +270,7 @@ func TestClones(t *testing.T) {
 	// Each clone drops to a uid of its own from a range of exactly two.
 	uids := UIDRange{First: 2_000_100_000, Count: 2}
 	d := newTestDriver(t, Config{UIDs: uids})
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), vmTimeout)
 	defer cancel()
 
 	ids := []string{"c1", "c2"}
@@ -309,36 +316,36 @@ func TestClones(t *testing.T) {
 	}
 	for i, a := range agents {
 		start := time.Now()
-		if r, err := a.Call("ping", 10*time.Second); err != nil || r != "pong" {
+		if r, err := a.Call("ping", callTimeout); err != nil || r != "pong" {
 			t.Fatalf("%s ping: %q, %v\n%s", ids[i], r, err, machines[i].ConsoleTail(1000))
 		}
 		t.Logf("%s: first agent answer %v after restore", ids[i], time.Since(start))
 		// Each clone starts from the template's memory...
-		if r, _ := a.Call("get", 5*time.Second); r != "state=template" {
+		if r, _ := a.Call("get", callTimeout); r != "state=template" {
 			t.Errorf("%s: inherited state %q", ids[i], r)
 		}
 	}
 	// ...and then lives its own life.
 	for i, a := range agents {
-		if r, err := a.Call("set "+ids[i], 5*time.Second); err != nil || r != "ok" {
+		if r, err := a.Call("set "+ids[i], callTimeout); err != nil || r != "ok" {
 			t.Fatalf("%s set: %q %v", ids[i], r, err)
 		}
 	}
 	for i, a := range agents {
-		if r, _ := a.Call("get", 5*time.Second); r != "state="+ids[i] {
+		if r, _ := a.Call("get", callTimeout); r != "state="+ids[i] {
 			t.Errorf("%s: state %q after writes", ids[i], r)
 		}
 	}
 	// The guests keep running: new ticks reach each console.
 	for i, m := range machines {
-		waitFor(t, 10*time.Second, func() bool { return ticksAfterRestore(m.ConsoleTail(4096)) >= 2 },
+		waitFor(t, callTimeout, func() bool { return ticksAfterRestore(m.ConsoleTail(4096)) >= 2 },
 			"%s console ticking", ids[i])
 	}
 
 	// Networking: each guest is reachable from inside its namespace, as
 	// GuestAddr, and reaches HostAddr there.
 	for i, ns := range nss {
-		if r, err := agents[i].Call("run ping -c1 -W2 "+netns.HostAddr+" >/dev/null && echo reachable", 10*time.Second); err != nil || !strings.Contains(r, "reachable") {
+		if r, err := agents[i].Call("run ping -c1 -W30 "+netns.HostAddr+" >/dev/null && echo reachable", callTimeout); err != nil || !strings.Contains(r, "reachable") {
 			t.Errorf("%s: guest -> host side: %q %v", ids[i], r, err)
 		}
 		if err := reachGuest(ns, agents[i]); err != nil {
@@ -362,7 +369,7 @@ func TestClones(t *testing.T) {
 	}
 	select {
 	case <-machines[0].Done():
-	case <-time.After(10 * time.Second):
+	case <-time.After(callTimeout):
 		t.Fatal("Done not closed after SIGKILL")
 	}
 	err := machines[0].ExitError()
@@ -375,7 +382,7 @@ func TestClones(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(f.dir, "c1", qmpSocket)); !os.IsNotExist(err) {
 		t.Errorf("qmp socket left behind: %v", err)
 	}
-	if r, err := agents[1].Call("ping", 5*time.Second); err != nil || r != "pong" {
+	if r, err := agents[1].Call("ping", callTimeout); err != nil || r != "pong" {
 		t.Errorf("c2 after c1 died: %q %v", r, err)
 	}
 
@@ -384,7 +391,7 @@ func TestClones(t *testing.T) {
 	agents[1].Send("run echo c > /proc/sysrq-trigger")
 	select {
 	case <-machines[1].Done():
-	case <-time.After(30 * time.Second):
+	case <-time.After(callTimeout):
 		var regs string
 		machines[1].QMP().Execute(ctx, "human-monitor-command", map[string]string{"command-line": "info registers"}, &regs)
 		t.Fatalf("guest panic did not end QEMU; console:\n%s\nregs:\n%s", machines[1].ConsoleTail(3000), regs)
@@ -454,12 +461,12 @@ func reachGuest(ns *netns.NS, a *testguest.Agent) error {
 			return
 		}
 		defer c.Close()
-		c.SetDeadline(time.Now().Add(10 * time.Second))
+		c.SetDeadline(time.Now().Add(callTimeout))
 		s, _ := bufio.NewReader(c).ReadString('\n')
 		got <- s
 	}()
-	cmd := fmt.Sprintf("run echo hello-from-guest | nc -w 3 %s %d", netns.HostAddr, port)
-	if _, err := a.Call(cmd, 15*time.Second); err != nil {
+	cmd := fmt.Sprintf("run echo hello-from-guest | nc -w 30 %s %d", netns.HostAddr, port)
+	if _, err := a.Call(cmd, callTimeout); err != nil {
 		return err
 	}
 	select {
@@ -467,11 +474,11 @@ func reachGuest(ns *netns.NS, a *testguest.Agent) error {
 		if strings.TrimSpace(s) != "hello-from-guest" {
 			return fmt.Errorf("listener got %q", s)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(callTimeout):
 		return errors.New("no connection from the guest")
 	}
 	return ns.Do(func() error {
-		c, err := net.DialTimeout("tcp", netns.GuestAddr+":1", 3*time.Second)
+		c, err := net.DialTimeout("tcp", netns.GuestAddr+":1", callTimeout)
 		if err == nil {
 			c.Close()
 			return nil
@@ -506,11 +513,13 @@ func separated(ns *netns.NS, a, b *testguest.Agent) error {
 			c.Close()
 		}
 	}()
-	cmd := fmt.Sprintf("run nc -w 2 %s %d </dev/null || echo failed", netns.HostAddr, ln.Addr().(*net.TCPAddr).Port)
-	if r, err := a.Call(cmd, 10*time.Second); err != nil || !strings.Contains(r, "here") {
+	// Refused at once in the other namespace: the timeout only matters
+	// for the own namespace's listener, when the machine is slow.
+	cmd := fmt.Sprintf("run nc -w 30 %s %d </dev/null || echo failed", netns.HostAddr, ln.Addr().(*net.TCPAddr).Port)
+	if r, err := a.Call(cmd, callTimeout); err != nil || !strings.Contains(r, "here") {
 		return fmt.Errorf("own namespace's listener: %q %v", r, err)
 	}
-	if r, err := b.Call(cmd, 10*time.Second); err != nil || strings.Contains(r, "here") || !strings.Contains(r, "failed") {
+	if r, err := b.Call(cmd, callTimeout); err != nil || strings.Contains(r, "here") || !strings.Contains(r, "failed") {
 		return fmt.Errorf("other namespace's listener: %q %v", r, err)
 	}
 	return nil
@@ -561,7 +570,7 @@ func waitFor(t *testing.T, timeout time.Duration, cond func() bool, format strin
 func TestAnonymousMemory(t *testing.T) {
 	f := template(t) // for the image; this test boots its own VM
 	d := newTestDriver(t, Config{})
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), vmTimeout)
 	defer cancel()
 	dir := shortDir(t, "forkd-qemu-anon")
 	t.Cleanup(func() { os.RemoveAll(dir) })
@@ -577,7 +586,7 @@ func TestAnonymousMemory(t *testing.T) {
 	}
 	a := testguest.NewAgent(conn)
 	defer a.Close()
-	if r, err := a.Call("set before", 60*time.Second); err != nil || r != "ok" {
+	if r, err := a.Call("set before", vmTimeout); err != nil || r != "ok" {
 		t.Fatalf("set: %q %v\n%s", r, err, m.ConsoleTail(2000))
 	}
 	state := filepath.Join(dir, "anon.state")
@@ -592,7 +601,7 @@ func TestAnonymousMemory(t *testing.T) {
 		t.Fatalf("state file with RAM: %v %v", st.Size(), err)
 	}
 	// The VM went on running.
-	if r, err := a.Call("set after", 10*time.Second); err != nil || r != "ok" {
+	if r, err := a.Call("set after", callTimeout); err != nil || r != "ok" {
 		t.Fatalf("after snapshot: %q %v", r, err)
 	}
 	cfg.ID, cfg.RunDir = "anon-clone", filepath.Join(dir, "clone")
@@ -612,7 +621,7 @@ func TestAnonymousMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("restore with %d MiB of RAM in the state file: %v", cfg.MemoryMiB, tm.Load)
-	if r, err := ca.Call("get", 10*time.Second); err != nil || r != "state=before" {
+	if r, err := ca.Call("get", callTimeout); err != nil || r != "state=before" {
 		t.Errorf("clone state %q %v", r, err)
 	}
 }
