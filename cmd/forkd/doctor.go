@@ -46,6 +46,7 @@ func hostChecks(ctx context.Context, g *globals) []apiv1.Check {
 	agent, err := agentBinary()
 	add("forkd-agent", err == nil, orElse(agent, fmt.Sprint(err)), "make build (puts bin/forkd-agent next to bin/forkd), or set FORKD_AGENT")
 	out = append(out, cgroupCheck())
+	out = append(out, networkChecks(g)...)
 	if c, ok := memoryDirCheck(g); ok {
 		out = append(out, c)
 	}

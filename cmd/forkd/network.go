@@ -111,3 +111,20 @@ func printNetwork(w io.Writer, n apiv1.SandboxNetwork) {
 		fmt.Fprintf(w, "%-14s%d packets refused by the policy, %d with a spoofed source\n", "dropped:", s.DeniedPackets, s.SpoofedPackets)
 	}
 }
+
+// networkChecks are what sandbox networking needs on the host (forkd
+// doctor): skipped when sandboxes are closed rooms by default.
+func networkChecks(g *globals) []apiv1.Check {
+	if g.network.policy == string(egress.ModeNone) {
+		return nil
+	}
+	pool := g.network.pool
+	if pool == "" {
+		pool = egress.DefaultPool
+	}
+	var out []apiv1.Check
+	for _, c := range egress.HostChecks(g.network.hostNS, pool) {
+		out = append(out, apiv1.Check{Name: "network: " + c.Name, OK: c.OK, Detail: c.Detail, Fix: c.Fix})
+	}
+	return out
+}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -137,5 +138,39 @@ func TestLeftoversAfterRestart(t *testing.T) {
 	// The gone sandbox's address is free again for the next one.
 	if l, err := next.Pool().Allocate(); err != nil || l == kept.link {
 		t.Errorf("next allocation %+v, %v", l, err)
+	}
+}
+
+// TestHostChecks: in a host namespace without a default route the check
+// says so with the fix; nf_tables works and nothing of the probe stays.
+func TestHostChecks(t *testing.T) {
+	w := testnet.New(t)
+	checks := HostChecks(w.Host.Path(), DefaultPool)
+	byName := map[string]Check{}
+	for _, c := range checks {
+		byName[c.Name] = c
+	}
+	if c := byName["nf_tables"]; !c.OK {
+		t.Errorf("nf_tables: %+v", c)
+	}
+	if c := byName["default route"]; c.OK || !strings.Contains(c.Fix, "--network-host-netns") {
+		t.Errorf("default route in a namespace without one: %+v", c)
+	}
+	if c := byName["forwarding firewall"]; !c.OK {
+		t.Errorf("forwarding firewall in a fresh namespace: %+v", c)
+	}
+	nc, done, err := nftConn(w.Host.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	if tables, _ := nc.ListTables(); len(tables) != 0 {
+		t.Errorf("the probe left %d tables", len(tables))
+	}
+	testnet.AddRoute(t, w.Host, "default", "203.0.113.2")
+	for _, c := range HostChecks(w.Host.Path(), DefaultPool) {
+		if c.Name == "default route" && !c.OK {
+			t.Errorf("with a default route: %+v", c)
+		}
 	}
 }
