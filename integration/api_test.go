@@ -115,7 +115,7 @@ func TestAPIFormats(t *testing.T) {
 	}
 	deadID := victim.Sandboxes[0].ID
 	syscall.Kill(victim.Sandboxes[0].PID, syscall.SIGKILL)
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		var sb apiv1.Sandbox
 		json.Unmarshal([]byte(c.okRaw(hc, "/v1/sandboxes/"+deadID)), &sb)

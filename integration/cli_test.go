@@ -34,6 +34,9 @@ func newCLI(t *testing.T) *cli {
 		"FORKD_RUN_DIR="+runDir,
 		"FORKD_RECIPES="+filepath.Join(repoRoot, "recipes"),
 		"FORKD_NETNS_PREFIX=fkc"+snapshot.NewID()[:4]+"-",
+		// Closed rooms: only network tests, in namespaces they make
+		// themselves, give sandboxes an uplink.
+		"FORKD_NETWORK=none",
 	)}
 	t.Cleanup(func() {
 		// Sandboxes outlive a stopped daemon (the next one re-adopts
@@ -212,7 +215,7 @@ func TestCLI(t *testing.T) {
 		return snap.Pooled, n, len(sbs) == 2 && n == len(sbs)+snap.Pooled
 	}
 	var pooled0, vmms0 int
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(5 * time.Minute) // pooled VMMs boot under TCG
 	for {
 		// Two equal readings in a row: the pool has stopped refilling.
 		p1, n1, ok1 := steady()
@@ -253,7 +256,7 @@ func TestCLI(t *testing.T) {
 	if err := <-exited; err == nil {
 		t.Fatal("the fork completed before it was killed; nothing was killed mid-fork")
 	}
-	deadline = time.Now().Add(60 * time.Second)
+	deadline = time.Now().Add(5 * time.Minute)
 	for {
 		if _, _, ok := steady(); ok {
 			break
@@ -315,10 +318,23 @@ func TestSnapshotCreateInterrupted(t *testing.T) {
 	if err := create.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond)
+	exited := make(chan error, 1)
+	go func() { exited <- create.Wait() }()
+	// Killed once the template's VMM runs (the image may have to be built
+	// first: minutes on a cold cache).
+	for deadline := time.Now().Add(15 * time.Minute); c.vmmProcesses() == 0; time.Sleep(50 * time.Millisecond) {
+		select {
+		case err := <-exited:
+			t.Fatalf("snapshot create ended (%v) before its template was seen booting", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no template VMM seen booting")
+		}
+	}
 	create.Process.Signal(syscall.SIGKILL)
-	create.Wait()
-	deadline := time.Now().Add(60 * time.Second)
+	<-exited
+	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		staging, _ := filepath.Glob(filepath.Join(dataDir, "snapshots", ".staging-"+tag+"*"))
 		_, _, code := c.run("snapshot", "info", tag)

@@ -56,7 +56,7 @@ func TestLiveBranch(t *testing.T) {
 	if br.Snapshot.State != apiv1.SnapshotWriting {
 		t.Fatalf("no-wait branch answered %+v", br.Snapshot)
 	}
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		var s apiv1.Snapshot
 		json.Unmarshal([]byte(c.ok("snapshot", "info", live2, "--json")), &s)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/procfs"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 )
 
@@ -21,10 +22,16 @@ func (c *cli) daemonPID() int {
 	return pid
 }
 
+// waitGone waits until pid has exited. A zombie counts as gone: its
+// parent (init, in a container maybe one that reaps late) may not have
+// reaped it yet.
 func waitGone(t *testing.T, pid int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for syscall.Kill(pid, 0) == nil {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if st, err := procfs.ReadStat(pid); err != nil || st.Exited() {
+			return
+		}
 		if time.Now().After(deadline) {
 			t.Fatalf("pid %d still alive", pid)
 		}
@@ -138,7 +145,7 @@ func TestDaemonRestart(t *testing.T) {
 		// No VMM is left without an owner: every QEMU under the run dir
 		// is a running sandbox or a pooled VMM.
 		var snap apiv1.Snapshot
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(3 * time.Minute) // the pool refills under TCG
 		for {
 			json.Unmarshal([]byte(c.ok("snapshot", "info", tag, "--json")), &snap)
 			if c.vmmProcesses() == running+snap.Pooled {
@@ -189,13 +196,13 @@ func TestDaemonSIGTERM(t *testing.T) {
 			<-served
 		}
 	}()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		if _, _, code := c.run("--no-autostart", "ls"); code == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("forkd serve --stop-sandboxes did not answer within 30s:\n%s", serveLog.String())
+			t.Fatalf("forkd serve --stop-sandboxes did not answer within 2m:\n%s", serveLog.String())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -217,11 +224,13 @@ func TestDaemonSIGTERM(t *testing.T) {
 	if err := exec.Start(); err != nil {
 		t.Fatal(err)
 	}
-	for {
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
 		if _, _, code := c.run("--no-autostart", "exec", id, "--", "test", "-e", "/tmp/started"); code == 0 {
 			break
 		}
-		time.Sleep(50 * time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatal("the exec did not start within 2m")
+		}
 	}
 	if err := serve.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -235,8 +244,8 @@ func TestDaemonSIGTERM(t *testing.T) {
 		if err != nil {
 			t.Fatalf("forkd serve after SIGTERM: %v\n%s", err, serveLog.String())
 		}
-	case <-time.After(40 * time.Second):
-		t.Fatalf("forkd serve still running 40s after SIGTERM:\n%s", serveLog.String())
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("forkd serve still running 2m after SIGTERM:\n%s", serveLog.String())
 	}
 	for _, s := range fr.Sandboxes {
 		waitGone(t, s.PID)

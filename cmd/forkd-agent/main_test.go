@@ -49,7 +49,7 @@ func TestServeStdio(t *testing.T) {
 			if err != nil {
 				t.Errorf("agent exit after SIGTERM: %v\n%s", err, stderr.String())
 			}
-		case <-time.After(10 * time.Second):
+		case <-time.After(time.Minute):
 			cmd.Process.Kill()
 			t.Errorf("agent ignored SIGTERM")
 		}
@@ -59,7 +59,7 @@ func TestServeStdio(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sess, ready, err := agentconn.Dial(ctx, conn, agentapi.Hello{Identity: agentapi.Identity{
 		SandboxID: "stdio", Entropy: bytes.Repeat([]byte{1}, 32),

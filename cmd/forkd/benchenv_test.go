@@ -68,7 +68,7 @@ func TestReapStaleBenchRuns(t *testing.T) {
 		if ws, ok := vmm.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
 			t.Errorf("the dead run's VMM ended with %v, want SIGKILL", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute):
 		t.Error("the dead run's VMM still runs")
 	}
 	if !strings.Contains(strings.Join(said, "\n"), "killed its 1 VMM(s)") {
@@ -123,12 +123,12 @@ func TestBenchWatchdog(t *testing.T) {
 		if err != nil {
 			t.Fatalf("watchdog: %v", err)
 		}
-	case <-time.After(30 * time.Second):
+	case <-time.After(2 * time.Minute):
 		t.Fatal("the watchdog did not end after its owner did")
 	}
 	select {
 	case <-vmmExited:
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("the owner's VMM still runs")
 	}
 	for _, gone := range []string{runDir, dataDir} {
@@ -240,7 +240,7 @@ func TestBenchReleaseKillsLeftVMMs(t *testing.T) {
 	b.release()
 	select {
 	case <-exited:
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("the run's VMM still runs after release")
 	}
 	if _, err := os.Stat(b.runDir); !os.IsNotExist(err) {

@@ -160,7 +160,8 @@ func TestAuditRecordsUnauthenticated(t *testing.T) {
 func TestUnauthenticatedAuditIsBounded(t *testing.T) {
 	tokens, tok := tokenStore(t, "ci")
 	l, dir := openAudit(t, nil)
-	h := (&Server{Tokens: tokens, Audit: l}).Handler()
+	srv := &Server{Tokens: tokens, Audit: l}
+	h := srv.Handler()
 	send := func(method, token string) int {
 		r := httptest.NewRequest(method, "/v1/sandboxes/kill", strings.NewReader(`{"ids":["sb-1"]}`))
 		r.Header.Set("Content-Type", "application/json")
@@ -170,16 +171,29 @@ func TestUnauthenticatedAuditIsBounded(t *testing.T) {
 		h.ServeHTTP(rec, r)
 		return rec.Code
 	}
-	const flood = unauthAuditBurst + 300
-	start := time.Now()
-	for i := range flood {
-		if i == flood/2 {
-			time.Sleep(200 * time.Millisecond) // the bucket refills a few tokens mid-flood
-		}
-		if code := send(http.MethodPost, "wrong"); code != 401 {
-			t.Fatalf("bad token: %d", code)
+	// Each record is fsynced: on a slow disk the bucket refills while
+	// the flood runs. So the flood goes on until a request did go
+	// unrecorded (the bucket is empty), not for a fixed count.
+	flood := 0
+	floodUntilUnrecorded := func() {
+		t.Helper()
+		for deadline := time.Now().Add(2 * time.Minute); srv.unauthAudit.skipped.Load() == 0; flood++ {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d refused requests, none went unrecorded", flood)
+			}
+			if code := send(http.MethodPost, "wrong"); code != 401 {
+				t.Fatalf("bad token: %d", code)
+			}
 		}
 	}
+	start := time.Now()
+	floodUntilUnrecorded()
+	time.Sleep(200 * time.Millisecond) // the bucket refills a few tokens mid-flood: the next request is recorded
+	if code := send(http.MethodPost, "wrong"); code != 401 {
+		t.Fatalf("bad token: %d", code)
+	}
+	flood++
+	floodUntilUnrecorded()
 	allowed := unauthAuditBurst + int(time.Since(start).Seconds()*unauthAuditRate) + 1
 	send(http.MethodPut, tok) // authenticated (a 405): its record comes after the last count
 	// Each refused request has its own record or is in a count; a count

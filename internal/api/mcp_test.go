@@ -165,7 +165,7 @@ func TestMCPHTTPTokenAuthAndAudit(t *testing.T) {
 	// the one carrying the last tool call.
 	var recs map[string][]audit.Record
 	mcpIDs := map[string]bool{}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
 		recs = auditRecords(t, auditDir)
 		mcpIDs = map[string]bool{}
 		for _, r := range recs["POST /mcp"] {

@@ -75,10 +75,11 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// waitFor polls cond (no sleeps as assertions: it fails only after 10s).
+// waitFor polls cond (no sleeps as assertions: it fails only after a
+// minute, which bounds a hang on a loaded machine).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

@@ -44,8 +44,8 @@ func TestPythonSessionOverTheWire(t *testing.T) {
 	}
 	start := time.Now()
 	res, err = e.c.RunCode(ctx, agentapi.RunCodeRequest{Code: "while True: pass", TimeoutMillis: 300})
-	if err != nil || !res.TimedOut || res.Error == nil || res.Error.Name != "TimeoutError" || time.Since(start) > 5*time.Second {
-		t.Fatalf("timeout: %+v %v", res, err)
+	if err != nil || !res.TimedOut || res.Error == nil || res.Error.Name != "TimeoutError" || time.Since(start) > 30*time.Second {
+		t.Fatalf("timeout: %+v %v after %v", res, err, time.Since(start))
 	}
 	if res, _ := e.c.RunCode(ctx, agentapi.RunCodeRequest{Code: "base"}); res.Result["text/plain"] != "40" {
 		t.Fatalf("after timeout: %+v", res)

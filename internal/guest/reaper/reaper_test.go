@@ -2,6 +2,7 @@ package reaper
 
 import (
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,6 +31,8 @@ func start(t *testing.T, script string) *Process {
 	return p
 }
 
+// waitTimeout waits for p; d only bounds a hang (keep it generous: a
+// loaded machine is slow to run and reap processes).
 func waitTimeout(t *testing.T, p *Process, d time.Duration) Status {
 	t.Helper()
 	select {
@@ -42,20 +45,20 @@ func waitTimeout(t *testing.T, p *Process, d time.Duration) Status {
 }
 
 func TestExitStatuses(t *testing.T) {
-	if st := waitTimeout(t, start(t, "exit 3"), 5*time.Second); st.ExitCode() != 3 || st.Signal() != "" {
+	if st := waitTimeout(t, start(t, "exit 3"), time.Minute); st.ExitCode() != 3 || st.Signal() != "" {
 		t.Errorf("exit 3: got %v", st)
 	}
 	// Exits before the caller gets to wait: the status must not be lost.
 	p := start(t, "true")
 	time.Sleep(50 * time.Millisecond)
-	if st := waitTimeout(t, p, 5*time.Second); st.ExitCode() != 0 {
+	if st := waitTimeout(t, p, time.Minute); st.ExitCode() != 0 {
 		t.Errorf("true: got %v", st)
 	}
 	p = start(t, "exec sleep 30")
 	if err := p.Signal(unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	if st := waitTimeout(t, p, 5*time.Second); st.Signal() != "SIGKILL" || st.ExitCode() != 137 {
+	if st := waitTimeout(t, p, time.Minute); st.Signal() != "SIGKILL" || st.ExitCode() != 137 {
 		t.Errorf("killed: got %v (code %d)", st, st.ExitCode())
 	}
 	if err := p.Signal(unix.SIGKILL); err != os.ErrProcessDone {
@@ -70,7 +73,7 @@ func TestManyConcurrent(t *testing.T) {
 		ps[i] = start(t, "exit "+strconv.Itoa(i%7))
 	}
 	for i, p := range ps {
-		if st := waitTimeout(t, p, 10*time.Second); st.ExitCode() != i%7 {
+		if st := waitTimeout(t, p, time.Minute); st.ExitCode() != i%7 {
 			t.Errorf("process %d: %v, want exit %d", i, st, i%7)
 		}
 	}
@@ -78,19 +81,27 @@ func TestManyConcurrent(t *testing.T) {
 
 func TestKillGroupReachesBackgroundChildren(t *testing.T) {
 	p := start(t, "sleep 100 & sleep 100 & echo $! > /dev/null; wait")
-	time.Sleep(100 * time.Millisecond)
-	members := groupMembers(t, p.Pid)
-	if len(members) < 3 {
-		t.Fatalf("group %d has %d members, want sh + 2 sleeps", p.Pid, len(members))
-	}
+	waitMembers(t, p.Pid, 3, "sh + 2 sleeps")
 	if err := p.KillGroup(unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitTimeout(t, p, 5*time.Second)
-	deadline := time.Now().Add(5 * time.Second)
+	waitTimeout(t, p, time.Minute)
+	deadline := time.Now().Add(time.Minute)
 	for len(groupMembers(t, p.Pid)) > 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("group %d still has members %v", p.Pid, groupMembers(t, p.Pid))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitMembers waits until process group pgid has at least n live members.
+func waitMembers(t *testing.T, pgid, n int, what string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for len(groupMembers(t, pgid)) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("group %d: members %v, want %s", pgid, groupMembers(t, pgid), what)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -103,17 +114,27 @@ func TestOrphansAreReaped(t *testing.T) {
 	before := Default().Orphans()
 	// The shell exits at once; its background child is reparented to us
 	// and exits later: nobody registered it, the reaper must still reap it.
-	p := start(t, "(sleep 0.2; exit 5) & echo started")
-	waitTimeout(t, p, 5*time.Second)
-	deadline := time.Now().Add(5 * time.Second)
-	for Default().Orphans() == before {
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	p := start(t, "(sleep 0.2; exit 5) & echo $! > "+pidFile)
+	waitTimeout(t, p, time.Minute)
+	b, _ := os.ReadFile(pidFile)
+	orphan, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("orphan pid %q: %v", b, err)
+	}
+	// Reaped: its /proc entry (a zombie's too) is gone. Zombies of other
+	// exiting processes may show for a moment, hence the wait for none.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, err := os.Stat("/proc/" + strconv.Itoa(orphan))
+		if os.IsNotExist(err) && Default().Orphans() > before && len(zombies(t)) == 0 {
+			break
+		}
 		if time.Now().After(deadline) {
-			t.Fatal("orphan was not reaped")
+			t.Fatalf("orphan %d not reaped (stat: %v; orphans reaped %d, %d before); zombie children: %v",
+				orphan, err, Default().Orphans(), before, zombies(t))
 		}
 		time.Sleep(20 * time.Millisecond)
-	}
-	if z := zombies(t); len(z) > 0 {
-		t.Fatalf("zombie children left: %v", z)
 	}
 }
 
@@ -175,20 +196,14 @@ func forEachProc(t *testing.T, f func(pid int, state byte, ppid, pgid int)) {
 // another process group. KillGroup still reaches what the leader left.
 func TestSignalGroupOnlyWhileLeaderUnreaped(t *testing.T) {
 	p := start(t, "sleep 100 & exec sleep 100")
-	deadline := time.Now().Add(5 * time.Second)
-	for len(groupMembers(t, p.Pid)) < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("group %d: members %v, want the leader and a background sleep", p.Pid, groupMembers(t, p.Pid))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitMembers(t, p.Pid, 2, "the leader and a background sleep")
 	if err := p.SignalGroup(0); err != nil {
 		t.Fatalf("running leader: %v", err)
 	}
 	if err := p.Signal(unix.SIGKILL); err != nil { // the leader only
 		t.Fatal(err)
 	}
-	waitTimeout(t, p, 5*time.Second)
+	waitTimeout(t, p, time.Minute)
 	if err := p.SignalGroup(unix.SIGKILL); err != os.ErrProcessDone {
 		t.Fatalf("reaped leader: %v, want os.ErrProcessDone", err)
 	}

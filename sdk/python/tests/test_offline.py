@@ -187,7 +187,7 @@ def test_refusals_not_retried(fake: _Server) -> None:
     for want in (forkd.RateLimited, forkd.Unavailable, forkd.ForkdError):
         with pytest.raises(want):
             c.version()
-    assert calls["n"] == 3 and time.monotonic() - start < 5
+    assert calls["n"] == 3 and time.monotonic() - start < 30  # not the 60 s Retry-After
 
 
 def test_unauthenticated_hint(fake: _Server) -> None:
@@ -358,15 +358,20 @@ def test_file_read_cut_midway(fake: _Server) -> None:
 
 
 def test_request_timeout(fake: _Server) -> None:
+    answer = threading.Event()
+
     def hang(r: _Handler) -> None:
-        time.sleep(2)
+        answer.wait(60)
         r.send_json(200, {})
 
     fake.routes[("GET", "/v1/version")] = hang
     t0 = time.monotonic()
-    with pytest.raises(forkd.Timeout) as ei:
-        _client(fake, request_timeout=0.3).version()
-    assert time.monotonic() - t0 < 1.5 and isinstance(ei.value, TimeoutError)
+    try:
+        with pytest.raises(forkd.Timeout) as ei:
+            _client(fake, request_timeout=0.3).version()
+    finally:
+        answer.set()
+    assert time.monotonic() - t0 < 30 and isinstance(ei.value, TimeoutError)  # it hangs for a minute
 
 
 def test_run_code_stream_error_event(fake: _Server) -> None:

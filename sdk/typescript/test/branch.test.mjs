@@ -5,7 +5,7 @@ import { createReadStream, createWriteStream, mkdtempSync, rmSync, statSync, exi
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { ConflictError, InvalidArgumentError, NotFoundError, Sandbox } from "forkd";
-import { TAG, needsDaemon, Tracker, getClient, sleep } from "./helpers/env.mjs";
+import { TAG, needsDaemon, Tracker, getClient, until } from "./helpers/env.mjs";
 
 describe("branch and snapshots", needsDaemon, () => {
   const t = new Tracker();
@@ -16,7 +16,8 @@ describe("branch and snapshots", needsDaemon, () => {
     sb = await t.create(TAG);
     await sb.files.write("/root/state.txt", "before the branch");
     // A process that keeps running: a branch captures it too.
-    await sb.commands.run("sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/tick; sleep 0.2; done' >/dev/null 2>&1 &", { timeoutMs: 5000 });
+    await sb.commands.run("sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/tick; sleep 0.2; done' >/dev/null 2>&1 &", { timeoutMs: 60_000 });
+    await until(() => sb.files.exists("/tmp/tick"), "the tick loop to start");
   });
   after(async () => {
     await t.cleanup();
@@ -46,10 +47,9 @@ describe("branch and snapshots", needsDaemon, () => {
     await sb.files.write("/root/state.txt", "changed after the branch");
     const [child] = await t.fork(branchTag, 1);
     assert.equal(await child.files.read("/root/state.txt"), "before the branch");
+    // The loop started before the branch runs on in the child.
     const t1 = (await child.files.read("/tmp/tick")).trim();
-    await sleep(700);
-    const t2 = (await child.files.read("/tmp/tick")).trim();
-    assert.notEqual(t1, t2, "the loop started before the branch runs on in the child");
+    await until(async () => (await child.files.read("/tmp/tick")).trim() !== t1, "the tick loop to run on in the child");
     await child.kill();
   });
 

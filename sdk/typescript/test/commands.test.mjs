@@ -10,7 +10,7 @@ import {
   TimeoutError,
   ForkdError,
 } from "forkd";
-import { TAG, needsDaemon, Tracker, sleep } from "./helpers/env.mjs";
+import { TAG, needsDaemon, Tracker, sleep, until, within, gate } from "./helpers/env.mjs";
 
 describe("commands", needsDaemon, () => {
   const t = new Tracker();
@@ -74,21 +74,30 @@ describe("commands", needsDaemon, () => {
       assert.match(err.message, /timed out after 300 ms/);
       return true;
     });
-    assert.ok(Date.now() - t0 < 10_000, "took too long");
+    assert.ok(Date.now() - t0 < 25_000, "took too long: as long as the sleep");
     // The sandbox is still fine.
     assert.equal((await sb.commands.run("echo ok")).stdout, "ok\n");
   });
 
   test("onStdout and onStderr see output as it happens", async () => {
     const events = [];
-    const t0 = Date.now();
-    const r = await sb.commands.run("echo one; sleep 0.5; echo two >&2; sleep 0.5; echo three", {
-      onStdout: (s) => events.push(["out", s, Date.now() - t0]),
-      onStderr: (s) => events.push(["err", s, Date.now() - t0]),
+    // Each line is printed once the one before it reached its callback,
+    // which opens the gate: streamed, in order, however slow the host.
+    const g1 = gate();
+    const g2 = gate();
+    const opened = [];
+    const r = await sb.commands.run(`echo one; ${g1.wait}; echo two >&2; ${g2.wait}; echo three`, {
+      onStdout: (s) => {
+        events.push(["out", s]);
+        if (s.includes("one")) opened.push(sb.commands.run(["touch", g1.path]));
+      },
+      onStderr: (s) => {
+        events.push(["err", s]);
+        opened.push(sb.commands.run(["touch", g2.path]));
+      },
     });
-    assert.deepEqual(events.map(([k, s]) => [k, s]), [["out", "one\n"], ["err", "two\n"], ["out", "three\n"]]);
-    // The first line arrived well before the end.
-    assert.ok(events[2][2] - events[0][2] >= 700, `events came together: ${JSON.stringify(events)}`);
+    await Promise.all(opened);
+    assert.deepEqual(events, [["out", "one\n"], ["err", "two\n"], ["out", "three\n"]]);
     assert.equal(r.stdout, "one\nthree\n");
   });
 
@@ -117,8 +126,11 @@ describe("commands", needsDaemon, () => {
 
   test("stream() yields stdout/stderr then the exit event, whatever the code", async () => {
     const seen = [];
-    for await (const ev of sb.commands.stream("printf a; sleep 0.2; printf b >&2; exit 3")) {
+    // b is written once a arrived: the order holds however slow the host.
+    const g = gate();
+    for await (const ev of sb.commands.stream(`printf a; ${g.wait}; printf b >&2; exit 3`)) {
       seen.push(ev.type === "exit" ? ["exit", ev.exitCode, ev.timedOut] : [ev.type, ev.data.toString()]);
+      if (ev.type === "stdout") await sb.commands.run(["touch", g.path]);
     }
     assert.deepEqual(seen, [["stdout", "a"], ["stderr", "b"], ["exit", 3, false]]);
   });
@@ -133,21 +145,27 @@ describe("commands", needsDaemon, () => {
 
   test("breaking out of stream() kills the command", async () => {
     await sb.files.remove("/tmp/stream-marker").catch(() => {});
-    for await (const ev of sb.commands.stream("echo started; sleep 1; touch /tmp/stream-marker")) {
+    const cmd = "echo started; sleep 30; touch /tmp/stream-marker";
+    for await (const ev of sb.commands.stream(cmd)) {
       assert.equal(ev.type, "stdout");
       break;
     }
-    await sleep(1500);
+    // Killed: it leaves the process table long before it would have
+    // touched the marker (a command left running would touch it first).
+    await until(async () => !(await sb.commands.list()).some((p) => p.cmd === cmd), "the command to end");
     assert.equal(await sb.files.exists("/tmp/stream-marker"), false);
   });
 
   test("background: handle with output so far, wait(), exit codes", async () => {
-    // sleep 3: room for a loaded host between "first" arriving and the checks.
-    const h = await sb.commands.run("echo first; sleep 3; echo second", { background: true });
+    // It runs on until the test opens the gate, however slow the host.
+    const g = gate();
+    const h = await sb.commands.run(`echo first; ${g.wait}; echo second`, { background: true });
     assert.ok(h instanceof CommandHandle);
     assert.equal(h.exitCode, undefined);
-    for (let i = 0; i < 200 && !h.stdout.includes("first"); i++) await sleep(50);
+    await until(() => h.stdout.includes("first"), "first");
     assert.equal(h.stdout, "first\n");
+    assert.equal(h.exitCode, undefined);
+    await sb.commands.run(["touch", g.path]);
     const r = await h.wait();
     assert.equal(r.stdout, "first\nsecond\n");
     assert.equal(h.exitCode, 0);
@@ -157,12 +175,16 @@ describe("commands", needsDaemon, () => {
   });
 
   test("background: kill() stops the process group", async () => {
-    const h = await sb.commands.run("sh -c 'sleep 2; touch /tmp/bg-marker' & sleep 30", { background: true });
-    await sleep(200);
+    const h = await sb.commands.run("sh -c 'sleep 20; touch /tmp/bg-marker' & echo $!; sleep 30", { background: true });
+    await until(() => /^\d+\n/.test(h.stdout), "the child's pid");
+    const child = h.stdout.trim();
     assert.equal(await h.kill(), true);
     await assert.rejects(h.wait(), (err) => err instanceof CommandExitError && err.exitCode === 137 && err.signal === "SIGKILL");
     assert.equal(await h.kill(), false);
-    await sleep(2500);
+    // The child ends long before it would touch the marker: killed with
+    // the group (a child left running would touch it first).
+    const gone = async () => (await sb.commands.run(["sh", "-c", `[ -e /proc/${child} ] && echo alive || echo gone`])).stdout === "gone\n";
+    await until(gone, "the child of the killed command to end");
     assert.equal(await sb.files.exists("/tmp/bg-marker"), false, "a child of the killed command survived");
   });
 
@@ -175,7 +197,7 @@ describe("commands", needsDaemon, () => {
     });
     await h.sendStdin("one\n");
     // The answer comes while stdin is still open: full duplex.
-    for (let i = 0; i < 100 && !h.stdout.includes("got:one"); i++) await sleep(50);
+    await until(() => h.stdout.includes("got:one"), "got:one");
     assert.equal(h.stdout, "got:one\n");
     await h.sendStdin(new TextEncoder().encode("two\n"));
     await h.closeStdin();
@@ -248,20 +270,28 @@ describe("commands", needsDaemon, () => {
   test("sandbox killed during a streamed exec: StreamCutError, never success", async () => {
     const victim = await t.create(TAG);
     // Settle-catch at once: these reject while the test awaits the kill.
-    const run = victim.commands.run("echo started; sleep 30; echo never", { timeoutMs: 60_000 }).then(
+    let runOut, streamOut;
+    const runStarted = new Promise((r) => (runOut = r));
+    const streamStarted = new Promise((r) => (streamOut = r));
+    const run = victim.commands.run("echo started; sleep 30; echo never", { timeoutMs: 60_000, onStdout: () => runOut() }).then(
       (r) => ({ ok: r }),
       (err) => ({ err }),
     );
     const streamed = (async () => {
       const seen = [];
-      for await (const ev of victim.commands.stream("echo s; sleep 30")) seen.push(ev.type);
+      for await (const ev of victim.commands.stream("echo s; sleep 30")) {
+        seen.push(ev.type);
+        streamOut();
+      }
       return seen;
     })().then(
       (r) => ({ ok: r }),
       (err) => ({ err }),
     );
     const bg = await victim.commands.run("sleep 30", { background: true });
-    await sleep(800);
+    // Killed once each command runs (its output arrived; bg's start came
+    // with its answer), however slow the host.
+    await within(Promise.all([Promise.race([runStarted, run]), Promise.race([streamStarted, streamed])]), "the commands to start");
     await victim.kill();
     const t0 = Date.now();
     const check = ({ ok, err }) => {
@@ -273,6 +303,6 @@ describe("commands", needsDaemon, () => {
     check(await run);
     check(await streamed);
     check(await bg.wait().then((r) => ({ ok: r }), (err) => ({ err })));
-    assert.ok(Date.now() - t0 < 10_000);
+    assert.ok(Date.now() - t0 < 25_000, "cut as late as the sleeps end");
   });
 });

@@ -215,7 +215,7 @@ describe("problem+json errors", () => {
     const c = new Client({ socket: fake.socket, requestTimeoutMs: 200 });
     const t0 = Date.now();
     await assert.rejects(c.sandboxes.get("slow"), TimeoutError);
-    assert.ok(Date.now() - t0 < 2000);
+    assert.ok(Date.now() - t0 < 30_000); // it never answers
   });
 
   test("an AbortSignal aborts a call with an AbortError", async () => {
@@ -610,7 +610,7 @@ describe("retries of refusals with a Retry-After", () => {
       await assert.rejects(fake.client.version(), ForkdError);
       await assert.rejects(noRetry.version(), (err) => err instanceof RateLimitedError && err.retryAfter === 0);
       assert.equal(calls, 4);
-      assert.ok(Date.now() - start < 5000);
+      assert.ok(Date.now() - start < 30_000); // not the 60 s Retry-After
       assert.throws(() => new Client({ socket: fake.socket, retries: -1 }), InvalidArgumentError);
     } finally {
       noRetry.close();

@@ -69,7 +69,6 @@ describe("files", needsDaemon, () => {
         yield b;
       }
     }
-    const t0 = Date.now();
     const info = await sb.files.write("/tmp/big.bin", source());
     assert.equal(produced, size);
     assert.equal(info.size, size);
@@ -91,7 +90,6 @@ describe("files", needsDaemon, () => {
     const r = await sb.commands.run("sha256sum /tmp/big.bin");
     assert.equal(r.stdout.split(" ")[0], digest);
     await sb.files.remove("/tmp/big.bin");
-    assert.ok(Date.now() - t0 < 60_000);
   });
 
   test("list, exists, getInfo", async () => {

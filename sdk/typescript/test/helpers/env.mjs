@@ -76,3 +76,42 @@ export class Tracker {
 }
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * Polls cond (sync or async) until it holds. The limit only bounds a hang:
+ * a loaded host (TCG, busy CPUs) is slow, never wait for a fixed time.
+ */
+export async function until(cond, what, ms = 60_000) {
+  const deadline = Date.now() + ms;
+  while (!(await cond())) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
+    await sleep(50);
+  }
+}
+
+/** promise, or a rejection naming what after ms (which only bounds a hang). */
+export async function within(promise, what, ms = 60_000) {
+  let timer;
+  const late = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms waiting for ${what}`)), ms);
+  });
+  try {
+    return await Promise.race([promise, late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/**
+ * A gate in the guest: path (a fresh file name) and wait, shell that waits
+ * until the test creates path (a minute at most, then it says so on
+ * stderr). A command that waits at a gate the test opens only once it has
+ * seen the output before it shows that output was streamed.
+ */
+export function gate() {
+  const path = `/tmp/gate-${randomBytes(4).toString("hex")}`;
+  const wait =
+    `i=0; while [ ! -e ${path} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; ` +
+    `[ -e ${path} ] || echo "gate ${path} not opened" >&2`;
+  return { path, wait };
+}
