@@ -14,7 +14,7 @@ export FORKD_TEST_DATA_DIR ?= /var/tmp/forkd-test
 # skipping it, so a VM test can never pass by not running.
 export FORKD_TEST_PRIVILEGED ?= $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: all build deps test-deps quickstart test unit integration vet fmt bench clean
+.PHONY: all build deps test-deps quickstart test test-load unit integration vet fmt bench clean
 
 all: build
 
@@ -46,6 +46,12 @@ integration: build
 	$(GO) test -count=1 -timeout 40m ./integration/...
 
 test: test-deps build vet unit integration
+
+# The whole suite while every core is kept busy (scripts/test-load.sh), as
+# CI may be: a test that waits for a fixed time instead of a condition
+# fails here first.
+test-load:
+	./scripts/test-load.sh
 
 bench: build
 	sudo ./bin/forkd bench spawn
