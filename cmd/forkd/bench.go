@@ -46,6 +46,7 @@ func benchCmd(g *globals) *cobra.Command {
 	f.StringVar(&g.vmmName, "vmm", envOr("FORKD_VMM", "qemu"), "VMM driver")
 	f.StringVar(&g.accel, "accel", os.Getenv("FORKD_ACCEL"), "accelerator (kvm, tcg, auto)")
 	addLiveBranchFlags(f, g) // --memory-dir: where clones' memory images live, as a daemon has it
+	addNetworkFlags(f, &g.network)
 	cmd.AddCommand(spawn)
 	cmd.AddCommand(benchAPICmd(g))
 	cmd.AddCommand(benchBranchCmds(g)...)
@@ -132,7 +133,7 @@ func runBenchSpawn(ctx context.Context, g *globals, o benchOpts) error {
 		return err
 	}
 	report := newBenchReport(ctx, e, "spawn", string(snap.VMM.Accel))
-	report.Setup = fmt.Sprintf("snapshot `%s` (recipe %s, %d MiB, %d vCPU); pool %d", snap.Tag, snap.Image.Recipe, snap.MemoryMiB, snap.VCPUs, g.poolSize)
+	report.Setup = fmt.Sprintf("snapshot `%s` (recipe %s, %d MiB, %d vCPU); pool %d; network %s", snap.Tag, snap.Image.Recipe, snap.MemoryMiB, snap.VCPUs, g.poolSize, g.network.policy)
 	row := report.row
 
 	// Cold boots.

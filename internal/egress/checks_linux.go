@@ -103,7 +103,6 @@ func orElse(err error, ok string) string {
 	return ok
 }
 
-
 // netlinkIn is a netlink handle in the namespace at path ("" for the
 // process's own).
 func netlinkIn(path string) (*netlink.Handle, error) {
