@@ -32,6 +32,7 @@ import (
 type benchAPIOpts struct {
 	tag, recipe     string
 	calls           int
+	portCalls       int
 	clients         int
 	sandboxes       int
 	duration        time.Duration
@@ -63,6 +64,7 @@ func benchAPICmd(g *globals) *cobra.Command {
 	f.StringVar(&o.tag, "tag", "bench-minimal", "snapshot to fork (created from --recipe if missing)")
 	f.StringVar(&o.recipe, "recipe", "minimal", "recipe for a missing --tag")
 	f.IntVar(&o.calls, "calls", 200, "sequential calls per path for the overhead measure")
+	f.IntVar(&o.portCalls, "port-calls", 200, "sequential HTTP GETs per path for the port proxy's overhead (0 skips it)")
 	f.IntVar(&o.clients, "clients", 200, "concurrent API clients in the load measure (0 skips it)")
 	f.IntVar(&o.sandboxes, "sandboxes", 20, "sandboxes the load is spread over")
 	f.DurationVar(&o.duration, "duration", 30*time.Second, "how long clients keep issuing requests")
@@ -326,6 +328,11 @@ func runBenchAPI(ctx context.Context, g *globals, o benchAPIOpts) error {
 				}
 				p.ms = append(p.ms, float64(time.Since(start).Microseconds())/1000)
 				p.conns += ln.n.Load() - c0
+			}
+		}
+		if o.portCalls > 0 {
+			if err := benchPortProxy(ctx, e, id, sock, o.portCalls, row); err != nil {
+				return err
 			}
 		}
 		e.Kill(ctx, []string{id})
