@@ -3,14 +3,19 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/agentclient"
+	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/egress"
+	"github.com/forkd-dev/forkd/internal/netns"
 	"github.com/forkd-dev/forkd/internal/sandbox"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 	"github.com/forkd-dev/forkd/internal/testutil/testnet"
@@ -183,4 +188,56 @@ func TestManyNetworkedChildren(t *testing.T) {
 	if failed > 0 {
 		t.Errorf("%d of %d children could not reach the test host", failed, len(sbs))
 	}
+}
+
+// TestNetworkAcrossRestart: a daemon killed with -9 and started again
+// takes its sandboxes' networks back (rules, resolver, pool address) and
+// removes the uplink of one that died while it was down.
+func TestNetworkAcrossRestart(t *testing.T) {
+	w := testnet.New(t)
+	c := newCLI(t)
+	c.env = append(c.env, "FORKD_NETWORK=public", "FORKD_NETWORK_HOST_NETNS="+w.Host.Path(),
+		"FORKD_NETWORK_POOL=10.231.20.0/24", "FORKD_NETWORK_DNS_UPSTREAM="+testnet.Upstream)
+	tag := "it-netrestart-" + snapshot.NewID()
+	c.ok("snapshot", "create", "--tag", tag, "--recipe", "minimal")
+	defer c.run("rmi", tag)
+	keep := strings.TrimSpace(c.ok("fork", "--tag", tag, "-q", "--network", "allow:allowed.example.com"))
+	var lost apiv1.Sandbox
+	lostID := strings.TrimSpace(c.ok("fork", "--tag", tag, "-q"))
+	json.Unmarshal([]byte(c.ok("sandbox", "info", lostID, "--json")), &lost)
+	wget := func(id, url string) (string, int) {
+		out, _, code := c.run("--no-autostart", "exec", id, "--", "wget", "-q", "-O", "-", url)
+		return strings.TrimSpace(out), code
+	}
+	if out, code := wget(keep, "http://allowed.example.com/"); code != 0 || out != "hello from "+testnet.WebA {
+		t.Fatalf("before the restart: %q exit %d", out, code)
+	}
+	if uplinks, _ := netns.HostUplinks(w.Host.Path(), egress.HostLinkPrefix); !uplinks[egress.HostLinkName(lostID)].IsValid() {
+		t.Fatalf("uplinks before the restart: %v", uplinks)
+	}
+
+	pid := c.daemonPID()
+	syscall.Kill(pid, syscall.SIGKILL)
+	waitGone(t, pid)
+	syscall.Kill(lost.PID, syscall.SIGKILL) // dies while no daemon runs
+	waitGone(t, lost.PID)
+	c.ok("daemon", "start")
+
+	// The kept sandbox resolves (its resolver is back) and connects (its
+	// rules never left); what it may not reach, it still may not.
+	if out, code := wget(keep, "http://allowed.example.com/"); code != 0 || out != "hello from "+testnet.WebA {
+		t.Errorf("after the restart: %q exit %d", out, code)
+	}
+	if _, code := wget(keep, "http://"+testnet.WebB+"/"); code == 0 {
+		t.Error("after the restart the allow-list no longer holds")
+	}
+	if got := c.ok("sandbox", "network", keep); !strings.Contains(got, "allow: allowed.example.com") {
+		t.Errorf("sandbox network after the restart:\n%s", got)
+	}
+	waitFor(t, 2*time.Minute, "the dead sandbox's uplink to go", func() bool {
+		uplinks, _ := netns.HostUplinks(w.Host.Path(), egress.HostLinkPrefix)
+		_, lostLeft := uplinks[egress.HostLinkName(lostID)]
+		_, kept := uplinks[egress.HostLinkName(keep)]
+		return !lostLeft && kept // (pooled VMMs have uplinks too)
+	})
 }

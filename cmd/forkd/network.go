@@ -29,9 +29,9 @@ func addNetworkFlags(f *pflag.FlagSet, n *networkFlags) {
 	f.StringVar(&n.policy, "network", envOr("FORKD_NETWORK", "public"),
 		"default egress policy of sandboxes whose fork and snapshot name none (env FORKD_NETWORK): "+policyHelp+
 			"; public is the internet but never the host, other sandboxes, private, CGNAT, link-local or multicast ranges")
-	f.StringVar(&n.pool, "network-pool", egress.DefaultPool, "IPv4 network sandbox uplinks are numbered from, one /30 each (a /16 holds 16,384)")
-	f.StringVar(&n.hostNS, "network-host-netns", "", "network namespace (a path such as /run/netns/uplink) sandbox traffic leaves through (default: the daemon's own)")
-	f.StringVar(&n.dnsUpstream, "network-dns-upstream", "", "DNS server HOST:PORT allowed names are resolved with (default: the first nameserver of /etc/resolv.conf)")
+	f.StringVar(&n.pool, "network-pool", envOr("FORKD_NETWORK_POOL", egress.DefaultPool), "IPv4 network sandbox uplinks are numbered from, one /30 each (a /16 holds 16,384; env FORKD_NETWORK_POOL)")
+	f.StringVar(&n.hostNS, "network-host-netns", os.Getenv("FORKD_NETWORK_HOST_NETNS"), "network namespace (a path such as /run/netns/uplink) sandbox traffic leaves through (env FORKD_NETWORK_HOST_NETNS; default: the daemon's own)")
+	f.StringVar(&n.dnsUpstream, "network-dns-upstream", os.Getenv("FORKD_NETWORK_DNS_UPSTREAM"), "DNS server HOST:PORT allowed names are resolved with (env FORKD_NETWORK_DNS_UPSTREAM; default: the first nameserver of /etc/resolv.conf)")
 	f.BoolVar(&n.allowReserved, "network-allow-reserved", false, "let egress policies open private, loopback, link-local and multicast ranges (off: only public addresses can be allowed)")
 }
 
