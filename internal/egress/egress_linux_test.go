@@ -269,7 +269,29 @@ func TestSpoofedSource(t *testing.T) {
 	if err != nil {
 		t.Error(err)
 	}
-	if st, err := sb.rules.Stats(); err != nil || st.Spoofed == 0 {
+	// Nor does the namespace itself answer one: a spoofed query would make
+	// the resolver send its answer out of the uplink to whoever was named.
+	err = sb.guest.Do(func() error {
+		c, err := net.DialUDP("udp4", &net.UDPAddr{IP: net.ParseIP("172.31.0.9")}, &net.UDPAddr{IP: net.ParseIP(netns.HostAddr), Port: 53})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		q := new(dns.Msg)
+		q.SetQuestion("api.example.org.", dns.TypeA)
+		b, _ := q.Pack()
+		c.Write(b)
+		// A negative check: nothing can be waited for instead.
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if n, err := c.Read(make([]byte, 512)); err == nil {
+			return fmt.Errorf("the resolver answered a spoofed query (%d bytes)", n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+	if st, err := sb.rules.Stats(); err != nil || st.Spoofed < 2 {
 		t.Errorf("stats = %+v, %v; want spoofed packets counted", st, err)
 	}
 	sb.mustGet(t, webA) // the guest's own address still works

@@ -101,6 +101,11 @@ func (r *Rules) Install(c *Compiled) error {
 	pol := nc.AddChain(&nftables.Chain{Name: chainPolicy, Table: t})
 	in := nc.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	// Before conntrack and NAT, for the namespace itself (its resolver)
+	// as for what it forwards: a spoofed query would make the resolver
+	// answer, through the uplink, whatever address the guest named.
+	raw := nc.AddChain(&nftables.Chain{Name: "antispoof", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRaw, Policy: &accept})
 	pre := nc.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept})
 	post := nc.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
@@ -111,8 +116,9 @@ func (r *Rules) Install(c *Compiled) error {
 	guest := netip.PrefixFrom(r.l.Guest, 32)
 	tcp, udp := byte(unix.IPPROTO_TCP), byte(unix.IPPROTO_UDP)
 
+	add(raw, cat(ifname(true, tap, false), ipaddr(true, guest, true), []expr.Any{count(ctrSpoofed), verdict(expr.VerdictDrop)})...)
+
 	// forward: what the guest sends out, and the answers.
-	add(fwd, cat(ifname(true, tap, false), ipaddr(true, guest, true), []expr.Any{count(ctrSpoofed), verdict(expr.VerdictDrop)})...)
 	add(fwd, cat(ifname(true, tap, false), []expr.Any{count(ctrTx)})...)
 	add(fwd, cat(ifname(false, tap, false), []expr.Any{count(ctrRx)})...)
 	add(fwd, cat(ctEstablished(), []expr.Any{verdict(expr.VerdictAccept)})...)
