@@ -15,6 +15,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/agentclient"
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/egress"
+	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/netns"
 	"github.com/forkd-dev/forkd/internal/sandbox"
 	"github.com/forkd-dev/forkd/internal/snapshot"
@@ -240,4 +241,43 @@ func TestNetworkAcrossRestart(t *testing.T) {
 		_, kept := uplinks[egress.HostLinkName(keep)]
 		return !lostLeft && kept // (pooled VMMs have uplinks too)
 	})
+}
+
+// TestNetworkPoolExhausted: a fork that finds no free uplink address fails
+// with ErrUnavailable naming the pool, and leaves no namespace, uplink or
+// VMM behind; the sandboxes already running keep theirs.
+func TestNetworkPoolExhausted(t *testing.T) {
+	w := testnet.New(t)
+	e := netEngine(t, w, "10.231.30.0/29", 0) // two links
+	snap := newTemplate(t, e, "minimal")
+	ctx := context.Background()
+	sbs, err := e.ForkWith(ctx, sandbox.ForkOptions{Tag: snap.Tag, Count: 2, Network: policy(t, "public")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.ForkWith(ctx, sandbox.ForkOptions{Tag: snap.Tag, Count: 1, Network: policy(t, "public")})
+	if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "10.231.30.0/29") {
+		t.Fatalf("fork past the pool: %v", err)
+	}
+	prefix := e.Config().NetNSPrefix
+	if names, _ := netns.List(prefix); len(names) != 2 {
+		t.Errorf("namespaces after the refused fork: %v", names)
+	}
+	if up, _ := netns.HostUplinks(w.Host.Path(), egress.HostLinkPrefix); len(up) != 2 {
+		t.Errorf("uplinks after the refused fork: %v", up)
+	}
+	if got := len(e.List()); got != 2 {
+		t.Errorf("%d sandboxes listed", got)
+	}
+	// A fork that needs no uplink still works, and a freed address is
+	// taken again.
+	if _, err := e.ForkWith(ctx, sandbox.ForkOptions{Tag: snap.Tag, Count: 1, Network: policy(t, "none")}); err != nil {
+		t.Errorf("fork with none: %v", err)
+	}
+	if _, err := e.Kill(ctx, []string{sbs[0].ID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.ForkWith(ctx, sandbox.ForkOptions{Tag: snap.Tag, Count: 1, Network: policy(t, "public")}); err != nil {
+		t.Errorf("fork after a kill freed an address: %v", err)
+	}
 }
