@@ -63,7 +63,7 @@ func (ns *NS) AddUplink(hostNS string, u Uplink) (err error) {
 	defer inner.Close()
 
 	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: u.HostName},
+		LinkAttrs:     netlink.LinkAttrs{Name: u.HostName, Flags: net.FlagUp}, // created up
 		PeerName:      UplinkName,
 		PeerNamespace: netlink.NsFd(int(target)),
 	}
@@ -75,15 +75,9 @@ func (ns *NS) AddUplink(hostNS string, u Uplink) (err error) {
 			host.LinkDel(veth)
 		}
 	}()
-	hl, err := host.LinkByName(u.HostName)
-	if err != nil {
-		return fmt.Errorf("netns %s: uplink %s: %w", ns.name, u.HostName, err)
-	}
-	if err := host.AddrAdd(hl, &netlink.Addr{IPNet: ipnet(u.HostAddr)}); err != nil {
+	// LinkAdd filled in the host side's index.
+	if err := host.AddrAdd(veth, &netlink.Addr{IPNet: ipnet(u.HostAddr)}); err != nil {
 		return fmt.Errorf("netns %s: uplink %s address: %w", ns.name, u.HostName, err)
-	}
-	if err := host.LinkSetUp(hl); err != nil {
-		return fmt.Errorf("netns %s: uplink %s up: %w", ns.name, u.HostName, err)
 	}
 	nl, err := inner.LinkByName(UplinkName)
 	if err != nil {
