@@ -24,6 +24,8 @@ echo "== forking 3 sandboxes from py-pandas"
 t=$(date +%s%N)
 ids=$($forkd fork --tag py-pandas -n 3 --quiet)
 echo "3 sandboxes answering after $(ms "$t") ms: $(echo $ids)"
+echo "   (each has the internet under the default egress policy, public: never the host, other"
+echo "    sandboxes or private ranges; forkd fork --network none|allow:pypi.org,... narrows it)"
 
 code='import socket
 df = pd.DataFrame({"x": np.random.randint(0, 100, 5)})
