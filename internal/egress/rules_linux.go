@@ -91,7 +91,10 @@ func (r *Rules) Install(c *Compiled) error {
 	for _, name := range []string{ctrTx, ctrRx, ctrDenied, ctrSpoofed} {
 		nc.AddObj(&nftables.CounterObj{Table: t, Name: name})
 	}
-	if err := nc.AddSet(&nftables.Set{Table: t, Name: dnsSet, KeyType: nftables.TypeIPAddr, HasTimeout: true}, nil); err != nil {
+	// An ID of our own: nftables v0.3.0 numbers sets without one from an
+	// unguarded package variable, a data race when sandboxes are linked
+	// concurrently. It only names the set within this transaction.
+	if err := nc.AddSet(&nftables.Set{ID: 1, Table: t, Name: dnsSet, KeyType: nftables.TypeIPAddr, HasTimeout: true}, nil); err != nil {
 		return fmt.Errorf("egress: %w", err)
 	}
 	accept := nftables.ChainPolicyAccept
