@@ -10,12 +10,12 @@
 //
 // # Egress
 //
-// By default a namespace has no route out: no default route, no veth pair
-// to the host, no NAT. The guest can reach only HostAddr, and only processes
-// inside the namespace can reach the guest. Egress policy (a veth pair with
-// routes and NAT, or a userspace proxy listening on HostAddr) plugs in
-// through Options.Setup, which runs inside the new namespace after the tap
-// is up.
+// A namespace as Create makes it has no route out. AddUplink adds one: a
+// veth pair whose host side lives in the host namespace (the daemon's own,
+// or another bind-mounted one), and a default route through it.
+// internal/egress numbers uplinks from a pool and sets the rules that
+// decide what the guest reaches; Options.Setup runs anything else inside
+// the new namespace after the tap is up.
 //
 // # Lifecycle
 //
