@@ -343,6 +343,7 @@ func forkCmd(g *globals) *cobra.Command {
 	var timeout, idle time.Duration
 	var labels []string
 	var network string
+	var limits limitFlags
 	cmd := &cobra.Command{
 		Use:   "fork --tag TAG [-n N]",
 		Short: "Fork N sandboxes from a snapshot; returns when every agent answers (they keep running)",
@@ -360,6 +361,9 @@ func forkCmd(g *globals) *cobra.Command {
 			}
 			pol, err := policyFlag(network)
 			if err != nil {
+				return err
+			}
+			if err := limits.apply(pol); err != nil {
 				return err
 			}
 			c, err := g.client(cmd.Context())
@@ -398,6 +402,7 @@ func forkCmd(g *globals) *cobra.Command {
 	cmd.Flags().DurationVar(&idle, "idle-timeout", 0, "end a sandbox after this long without requests (0: never)")
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "metadata label key=value (repeatable)")
 	cmd.Flags().StringVar(&network, "network", "", "egress policy of the new sandboxes (default: the snapshot's, else the daemon's --network): "+policyHelp)
+	addLimitFlags(cmd.Flags(), &limits)
 	cmd.MarkFlagRequired("tag")
 	return cmd
 }

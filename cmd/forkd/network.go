@@ -11,6 +11,7 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/egress"
+	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/sandbox"
 )
 
@@ -60,9 +61,31 @@ func policyFlag(s string) (*apiv1.NetworkPolicy, error) {
 	return &apiv1.NetworkPolicy{Mode: string(p.Mode), Allow: p.Allow}, nil
 }
 
+// limitFlags are --max-connections and --rate-mbit, which go with a
+// --network policy.
+type limitFlags struct{ conns, mbit int }
+
+func addLimitFlags(f *pflag.FlagSet, l *limitFlags) {
+	f.IntVar(&l.conns, "max-connections", 0, "cap on the TCP connections a sandbox has open through its uplink at once (0: none)")
+	f.IntVar(&l.mbit, "rate-mbit", 0, "cap on a sandbox's traffic through its uplink, each way, in Mbit/s (0: none)")
+}
+
+// apply sets the caps on p; caps without a policy are an error.
+func (l limitFlags) apply(p *apiv1.NetworkPolicy) error {
+	if l.conns == 0 && l.mbit == 0 {
+		return nil
+	}
+	if p == nil {
+		return fmt.Errorf("--max-connections and --rate-mbit go with a --network policy (e.g. --network public): %w", errdefs.ErrInvalidArgument)
+	}
+	p.MaxConnections, p.RateMbit = l.conns, l.mbit
+	return nil
+}
+
 // sandboxNetworkCmd is `forkd sandbox network ID [POLICY]`.
 func sandboxNetworkCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var limits limitFlags
+	cmd := &cobra.Command{
 		Use:   "network ID [POLICY]",
 		Short: "Show a sandbox's egress policy and traffic, or change it (" + policyHelp + ")",
 		Example: "  forkd sandbox network sb-0123456789\n" +
@@ -80,6 +103,9 @@ func sandboxNetworkCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if err := limits.apply(p); err != nil {
+					return err
+				}
 				n, err = c.SetNetwork(cmd.Context(), args[0], *p)
 				if err != nil {
 					return err
@@ -94,13 +120,22 @@ func sandboxNetworkCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
+	addLimitFlags(cmd.Flags(), &limits)
+	return cmd
 }
 
 func policyString(p apiv1.NetworkPolicy) string {
+	s := p.Mode
 	if p.Mode == string(egress.ModeAllow) {
-		return "allow: " + strings.Join(p.Allow, ", ")
+		s = "allow: " + strings.Join(p.Allow, ", ")
 	}
-	return p.Mode
+	if p.MaxConnections > 0 {
+		s += fmt.Sprintf("; at most %d connections", p.MaxConnections)
+	}
+	if p.RateMbit > 0 {
+		s += fmt.Sprintf("; %d Mbit/s each way", p.RateMbit)
+	}
+	return s
 }
 
 func printNetwork(w io.Writer, n apiv1.SandboxNetwork) {

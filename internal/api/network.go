@@ -12,7 +12,7 @@ func policyOf(p *apiv1.NetworkPolicy) *egress.Policy {
 	if p == nil {
 		return nil
 	}
-	return &egress.Policy{Mode: egress.Mode(p.Mode), Allow: p.Allow}
+	return &egress.Policy{Mode: egress.Mode(p.Mode), Allow: p.Allow, MaxConnections: p.MaxConnections, RateMbit: p.RateMbit}
 }
 
 // getNetwork answers a sandbox's policy and traffic counters.

@@ -215,6 +215,10 @@ type Port struct {
 type NetworkPolicy struct {
 	Mode  string   `json:"mode"`
 	Allow []string `json:"allow,omitempty"`
+	// MaxConnections caps the TCP connections the sandbox has open through
+	// its uplink at once; RateMbit its traffic each way (0: no cap).
+	MaxConnections int `json:"max_connections,omitempty"`
+	RateMbit       int `json:"rate_mbit,omitempty"`
 }
 
 // SandboxNetwork is a sandbox's policy and traffic (PUT and GET

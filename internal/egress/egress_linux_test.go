@@ -296,3 +296,78 @@ func TestSpoofedSource(t *testing.T) {
 	}
 	sb.mustGet(t, webA) // the guest's own address still works
 }
+
+// TestLimits: a connection cap refuses one connection more (and lets one
+// in again once another closed); a rate cap makes a download take at
+// least as long as the rate allows (a lower bound: a loaded machine can
+// only be slower).
+func TestLimits(t *testing.T) {
+	w := newWorld(t)
+	sb := w.sandbox(t, Policy{Mode: ModePublic, MaxConnections: 3})
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	dial := func() (net.Conn, error) {
+		var c net.Conn
+		err := sb.guest.Do(func() (err error) {
+			c, err = (&net.Dialer{Timeout: 20 * time.Second}).Dial("tcp4", webA)
+			return err
+		})
+		return c, err
+	}
+	for i := range 3 {
+		c, err := dial()
+		if err != nil {
+			t.Fatalf("connection %d of 3: %v", i+1, err)
+		}
+		held = append(held, c)
+	}
+	if c, err := dial(); err == nil {
+		c.Close()
+		t.Error("a fourth connection went through a cap of 3")
+	} else if strings.Contains(err.Error(), "timeout") {
+		t.Errorf("the fourth connection timed out; want it refused at once: %v", err)
+	}
+	held[0].Close()
+	held = held[1:]
+	deadline := time.Now().Add(time.Minute)
+	for {
+		c, err := dial()
+		if err == nil {
+			held = append(held, c)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no connection within a minute of one closing: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// 8 Mbit/s is 1 MB/s; the kernel's bucket holds a second of it plus
+	// the burst (a tenth of a second): 4 MB take at least (4 - 1.1) s.
+	sb.setPolicy(t, Policy{Mode: ModePublic, RateMbit: 8})
+	start := time.Now()
+	var got int64
+	err := sb.guest.Do(func() error {
+		c, err := net.DialTimeout("tcp4", webA, 20*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Minute))
+		fmt.Fprintf(c, "GET /bytes/4000000 HTTP/1.0\r\nHost: x\r\n\r\n")
+		got, err = io.Copy(io.Discard, c)
+		return err
+	})
+	took := time.Since(start)
+	if err != nil || got < 4000000 {
+		t.Fatalf("download under a rate cap: %d bytes, %v", got, err)
+	}
+	if took < 2800*time.Millisecond {
+		t.Errorf("4 MB at 8 Mbit/s took %v, want at least 2.8 s", took)
+	}
+	t.Logf("4 MB at 8 Mbit/s took %v", took)
+}

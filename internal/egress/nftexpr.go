@@ -88,6 +88,17 @@ func ctEstablished() []expr.Any {
 	}
 }
 
+// ctNew matches the first packet of a TCP connection (a rejectTCP after
+// it refuses the connection at once).
+func ctNew() []expr.Any {
+	return cat(l4proto(unix.IPPROTO_TCP), []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitNEW), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+	})
+}
+
 // count adds to the named counter object.
 func count(name string) expr.Any { return &expr.Objref{Type: 1 /* NFT_OBJECT_COUNTER */, Name: name} }
 

@@ -41,6 +41,8 @@ const (
 const (
 	MaxAllowEntries = 256
 	maxDomainLen    = 253
+	maxConnections  = 1 << 20
+	maxRateMbit     = 100_000
 )
 
 // Policy is what a sandbox may reach. The zero Policy is unset (inherit).
@@ -52,18 +54,34 @@ type Policy struct {
 	// "203.0.113.9/udp"), and domain names ("example.com", or
 	// "*.example.com" for every name below it).
 	Allow []string `json:"allow,omitempty"`
+	// MaxConnections caps the connections the guest has open through its
+	// uplink at once (0: no cap); one more is refused.
+	MaxConnections int `json:"max_connections,omitempty"`
+	// RateMbit caps the guest's traffic through its uplink, each way, in
+	// megabits per second (0: no cap); what is over is dropped, which TCP
+	// reads as congestion.
+	RateMbit int `json:"rate_mbit,omitempty"`
 }
 
 // IsZero reports an unset policy.
-func (p Policy) IsZero() bool { return p.Mode == "" && len(p.Allow) == 0 }
+func (p Policy) IsZero() bool {
+	return p.Mode == "" && len(p.Allow) == 0 && p.MaxConnections == 0 && p.RateMbit == 0
+}
 
 // String is the policy as the CLI takes it: "none", "public", or
 // "allow:ENTRY,ENTRY".
 func (p Policy) String() string {
+	s := string(p.Mode)
 	if p.Mode == ModeAllow {
-		return "allow:" + strings.Join(p.Allow, ",")
+		s = "allow:" + strings.Join(p.Allow, ",")
 	}
-	return string(p.Mode)
+	if p.MaxConnections > 0 {
+		s += fmt.Sprintf(" (at most %d connections)", p.MaxConnections)
+	}
+	if p.RateMbit > 0 {
+		s += fmt.Sprintf(" (%d Mbit/s each way)", p.RateMbit)
+	}
+	return s
 }
 
 // ParseSpec reads a policy as the CLI and the config take it: "none",
@@ -112,9 +130,11 @@ func (r DomainRule) Matches(q string) bool {
 
 // Compiled is a validated policy in the form rules are built from.
 type Compiled struct {
-	Mode    Mode
-	Nets    []NetRule
-	Domains []DomainRule
+	Mode           Mode
+	Nets           []NetRule
+	Domains        []DomainRule
+	MaxConnections int
+	RateMbit       int
 }
 
 // AllowsName reports whether a DNS name may be resolved.
@@ -161,7 +181,13 @@ func (p Policy) Compile(o Options) (*Compiled, error) {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("network policy: "+format+": %w", append(a, errdefs.ErrInvalidArgument)...)
 	}
-	c := &Compiled{Mode: p.Mode}
+	c := &Compiled{Mode: p.Mode, MaxConnections: p.MaxConnections, RateMbit: p.RateMbit}
+	if p.MaxConnections < 0 || p.MaxConnections > maxConnections {
+		return nil, bad("max_connections %d: want 0 (no cap) to %d", p.MaxConnections, maxConnections)
+	}
+	if p.RateMbit < 0 || p.RateMbit > maxRateMbit {
+		return nil, bad("rate_mbit %d: want 0 (no cap) to %d", p.RateMbit, maxRateMbit)
+	}
 	switch p.Mode {
 	case ModeNone, ModePublic:
 		if len(p.Allow) > 0 {

@@ -20,6 +20,7 @@ const (
 
 	chainForward = "forward"
 	chainPolicy  = "policy"
+	chainLimits  = "limits"
 	dnsSet       = "dns"
 
 	// Counters, read by Stats.
@@ -102,6 +103,7 @@ func (r *Rules) Install(c *Compiled) error {
 	fwd := nc.AddChain(&nftables.Chain{Name: chainForward, Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &drop})
 	pol := nc.AddChain(&nftables.Chain{Name: chainPolicy, Table: t})
+	lim := nc.AddChain(&nftables.Chain{Name: chainLimits, Table: t})
 	in := nc.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	// Before conntrack and NAT, for the namespace itself (its resolver)
@@ -124,6 +126,7 @@ func (r *Rules) Install(c *Compiled) error {
 	// forward: what the guest sends out, and the answers.
 	add(fwd, cat(ifname(true, tap, false), []expr.Any{count(ctrTx)})...)
 	add(fwd, cat(ifname(false, tap, false), []expr.Any{count(ctrRx)})...)
+	add(fwd, jump(chainLimits)) // rate caps apply to established traffic too
 	add(fwd, cat(ctEstablished(), []expr.Any{verdict(expr.VerdictAccept)})...)
 	add(fwd, cat(ifname(true, tap, true), []expr.Any{verdict(expr.VerdictDrop)})...) // nothing opens a connection to the guest
 	add(fwd, jump(chainPolicy))
@@ -145,6 +148,7 @@ func (r *Rules) Install(c *Compiled) error {
 	add(post, cat(ifname(false, up, false), []expr.Any{&expr.Masq{}})...)
 
 	r.policyRules(nc, pol, c)
+	r.limitRules(nc, lim, c)
 	if err := nc.Flush(); err != nil {
 		return fmt.Errorf("egress: install rules in %s: %w", r.nsPath, err)
 	}
@@ -197,6 +201,32 @@ func (r *Rules) policyRules(nc *nftables.Conn, pol *nftables.Chain, c *Compiled)
 	}
 }
 
+// limitRules adds c's caps to the (empty) limits chain, which the forward
+// chain jumps to before it accepts established traffic: a rate cap per
+// direction (the kernel's bucket holds a second of the rate plus a burst
+// of a tenth of a second, at least 64 KiB), and a cap on the guest's TCP
+// connections, counted as each opens.
+func (r *Rules) limitRules(nc *nftables.Conn, lim *nftables.Chain, c *Compiled) {
+	add := func(ex ...expr.Any) { nc.AddRule(&nftables.Rule{Table: r.table, Chain: lim, Exprs: ex}) }
+	tap := r.l.Tap
+	if c.RateMbit > 0 {
+		rate := uint64(c.RateMbit) * 1_000_000 / 8
+		burst := uint32(max(rate/10, 64<<10))
+		for _, iif := range []bool{true, false} {
+			add(cat(ifname(iif, tap, false), []expr.Any{
+				&expr.Limit{Type: expr.LimitTypePktBytes, Rate: rate, Unit: expr.LimitTimeSecond, Burst: burst, Over: true},
+				count(ctrDenied), verdict(expr.VerdictDrop),
+			})...)
+		}
+	}
+	if c.MaxConnections > 0 {
+		add(cat(ifname(true, tap, false), ctNew(), []expr.Any{
+			&expr.Connlimit{Count: uint32(c.MaxConnections), Flags: 1 /* NFT_CONNLIMIT_F_INV: over */},
+			count(ctrDenied), rejectTCP(),
+		})...)
+	}
+}
+
 // SetPolicy replaces the policy of a namespace whose rules are installed,
 // in one transaction; addresses opened by earlier answers are forgotten.
 func (r *Rules) SetPolicy(c *Compiled) error {
@@ -209,6 +239,9 @@ func (r *Rules) SetPolicy(c *Compiled) error {
 	nc.FlushChain(pol)
 	nc.FlushSet(&nftables.Set{Table: r.table, Name: dnsSet})
 	r.policyRules(nc, pol, c)
+	lim := &nftables.Chain{Name: chainLimits, Table: r.table}
+	nc.FlushChain(lim)
+	r.limitRules(nc, lim, c)
 	if err := nc.Flush(); err != nil {
 		return fmt.Errorf("egress: set policy in %s: %w", r.nsPath, err)
 	}

@@ -100,7 +100,7 @@ func newSandboxNet(id string, ns *netns.NS) *sbNet {
 
 // samePolicy reports whether a and b allow the same (as written).
 func samePolicy(a, b egress.Policy) bool {
-	return a.Mode == b.Mode && slices.Equal(a.Allow, b.Allow)
+	return a.Mode == b.Mode && slices.Equal(a.Allow, b.Allow) && a.MaxConnections == b.MaxConnections && a.RateMbit == b.RateMbit
 }
 
 // Policy is the sandbox's current policy.
@@ -239,7 +239,7 @@ func (s *Sandbox) NetworkInfo(withStats bool) *apiv1.SandboxNetwork {
 		return nil
 	}
 	p := s.net.Policy()
-	out := &apiv1.SandboxNetwork{Policy: apiv1.NetworkPolicy{Mode: string(p.Mode), Allow: p.Allow}}
+	out := &apiv1.SandboxNetwork{Policy: apiv1.NetworkPolicy{Mode: string(p.Mode), Allow: p.Allow, MaxConnections: p.MaxConnections, RateMbit: p.RateMbit}}
 	if withStats {
 		if st, err := s.net.stats(); err == nil {
 			out.Stats = &apiv1.NetworkStats{

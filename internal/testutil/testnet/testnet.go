@@ -14,9 +14,11 @@ package testnet
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -145,17 +147,29 @@ func AddRoute(t testing.TB, ns *netns.NS, dst, gw string) {
 	}
 }
 
-// ServeHTTP answers "hello from ADDR" on addr inside ns.
+// ServeHTTP answers "hello from ADDR" on addr inside ns, and N zero bytes
+// for /bytes/N.
 func ServeHTTP(t testing.TB, ns *netns.NS, addr string) {
 	t.Helper()
 	var ln net.Listener
 	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp4", addr); return }); err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "hello from %s", addr) })}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n, err := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/bytes/")); err == nil && n <= 1<<30 {
+			w.Header().Set("Content-Length", strconv.Itoa(n))
+			io.CopyN(w, zeros{}, int64(n))
+			return
+		}
+		fmt.Fprintf(w, "hello from %s", addr)
+	})}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 }
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
 
 // ServeDNS answers A queries from zone inside ns on addr (UDP and TCP).
 func ServeDNS(t testing.TB, ns *netns.NS, addr string, zone map[string]string) {
