@@ -58,10 +58,16 @@ func (g *globals) startDaemon(ctx context.Context) error {
 	return g.awaitDaemon(ctx, cmd.Process.Pid, exited, "started daemon (pid %d)")
 }
 
-// awaitDaemon waits up to 20 s for daemon pid to answer on the socket.
-// exited, when not nil, closes when it exits (a child of this process);
-// otherwise the pid is polled. done is the message on success, with the
-// pid.
+// daemonStartWait bounds how long the CLI waits for a daemon it started,
+// or found starting, to answer. Generous: a daemon re-adopts every sandbox
+// it left running before it listens, which on a busy host with many of
+// them takes a while. A daemon that exits is noticed at once.
+var daemonStartWait = 2 * time.Minute
+
+// awaitDaemon waits up to daemonStartWait for daemon pid to answer on the
+// socket, and returns at once if it exits. exited, when not nil, closes
+// when it exits (a child of this process); otherwise the pid is polled.
+// done is the message on success, with the pid.
 func (g *globals) awaitDaemon(ctx context.Context, pid int, exited <-chan struct{}, done string) error {
 	c := client.New(g.socketPath())
 	gone := func() bool {
@@ -73,24 +79,55 @@ func (g *globals) awaitDaemon(ctx context.Context, pid int, exited <-chan struct
 				return false
 			}
 		}
-		return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+		return !daemonRunning(pid)
 	}
-	deadline := time.Now().Add(20 * time.Second)
+	exitedErr := func() error {
+		return fmt.Errorf("forkd daemon exited at start; its log %s says:\n%s: %w", g.logPath(), tailFile(g.logPath(), 1500), errdefs.ErrUnavailable)
+	}
+	wait := daemonStartWait
+	deadline := time.Now().Add(wait)
+	// A daemon that accepts but does not answer cannot hold a ping past
+	// the deadline.
+	pingCtx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
 	for time.Now().Before(deadline) {
 		if gone() {
-			return fmt.Errorf("forkd daemon exited at start; its log %s says:\n%s: %w", g.logPath(), tailFile(g.logPath(), 1500), errdefs.ErrUnavailable)
+			return exitedErr()
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
-		if c.Ping(ctx) == nil {
+		if c.Ping(pingCtx) == nil {
 			fmt.Fprintf(os.Stderr, "forkd: "+done+" (socket %s, log %s)\n", pid, g.socketPath(), g.logPath())
 			return nil
 		}
 	}
-	return fmt.Errorf("forkd daemon (pid %d) did not answer within 20s; see %s: %w", pid, g.logPath(), errdefs.ErrUnavailable)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if gone() {
+		return exitedErr()
+	}
+	msg := fmt.Sprintf("forkd daemon (pid %d) is running but did not answer on %s within %s (it may still be adopting its sandboxes; `forkd daemon status` tells when it answers)", pid, g.socketPath(), wait)
+	if tail := tailFile(g.logPath(), 1500); tail != "" {
+		return fmt.Errorf("%s; its log %s ends:\n%s: %w", msg, g.logPath(), tail, errdefs.ErrUnavailable)
+	}
+	return fmt.Errorf("%s; see its log %s: %w", msg, g.logPath(), errdefs.ErrUnavailable)
+}
+
+// daemonRunning: pid has not exited, as far as this process can tell. A
+// zombie (exited, its parent has not reaped it yet) answers kill(pid, 0)
+// but is not running; a process of another user answers EPERM, and one
+// whose /proc entry this process cannot read (hidepid) counts as running
+// until kill says it is gone.
+func daemonRunning(pid int) bool {
+	if errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+		return false
+	}
+	st, err := procfs.ReadStat(pid)
+	return err != nil || !st.Exited()
 }
 
 func tailFile(path string, n int64) string {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"strconv"
@@ -273,10 +274,10 @@ type drainState struct {
 }
 
 // pump turns one output pipe into events. Once the process has exited it
-// stops at EOF, at the first read that waits longer than ExecQuiet, or when
-// the drain period is over. Data already in the pipe when the process exits
-// is read however slow the host is: the quiet period starts at each read,
-// not at the exit.
+// stops at EOF, at the first read that waits longer than ExecQuiet and
+// finds the pipe empty, or when the drain period is over. Data already in
+// the pipe when the process exits is read however slow the host is: the
+// quiet period starts at each read, not at the exit.
 func (a *Agent) pump(wg *sync.WaitGroup, f *os.File, typ string, events chan<- agentapi.ExecEvent, st *drainState) {
 	defer wg.Done()
 	buf := make([]byte, execChunk)
@@ -288,6 +289,17 @@ func (a *Agent) pump(wg *sync.WaitGroup, f *os.File, typ string, events chan<- a
 			f.SetReadDeadline(time.Now().Add(a.cfg.ExecQuiet))
 		}
 		n, err := f.Read(buf)
+		if errors.Is(err, os.ErrDeadlineExceeded) && !st.over.Load() {
+			// A deadline (set only after the exit) does not mean the pipe
+			// is empty: Go checks it before it reads, and a timer can wake
+			// a read parked for data before the poller reports the data.
+			// Either happens when this goroutine is starved for longer
+			// than ExecQuiet (a loaded machine), and the process's last
+			// output, already in the pipe, would be lost. Take what the
+			// pipe holds now, without waiting: the deadline still ends a
+			// drain that a background child keeps open and quiet.
+			n, err = readReady(f, buf)
+		}
 		if n > 0 {
 			events <- agentapi.ExecEvent{Type: typ, Data: append([]byte(nil), buf[:n]...)}
 		}
@@ -295,6 +307,57 @@ func (a *Agent) pump(wg *sync.WaitGroup, f *os.File, typ string, events chan<- a
 			return // EOF, or quiet for ExecQuiet after the exit
 		}
 	}
+}
+
+// errPipeEmpty: readReady found nothing to read.
+var errPipeEmpty = errors.New("pipe empty")
+
+// readReady reads what the pipe f holds now, without waiting and whatever
+// f's read deadline: errPipeEmpty if it holds nothing but is still open
+// for writing, io.EOF if it holds nothing and all writers are gone. The
+// pipe's reader is pump alone, so what poll reports cannot be taken by
+// another reader before the read; the zero timeout means it cannot block,
+// even if the descriptor were in blocking mode.
+func readReady(f *os.File, buf []byte) (n int, err error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	cerr := rc.Control(func(fd uintptr) {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			var k int
+			k, err = unix.Poll(pfd, 0)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				return
+			}
+			if k == 0 || pfd[0].Revents&(unix.POLLIN|unix.POLLHUP|unix.POLLERR) == 0 {
+				err = errPipeEmpty
+				return
+			}
+			break
+		}
+		for {
+			n, err = unix.Read(int(fd), buf)
+			if err != unix.EINTR {
+				break
+			}
+		}
+	})
+	switch {
+	case cerr != nil:
+		return 0, cerr
+	case errors.Is(err, unix.EAGAIN):
+		return 0, errPipeEmpty
+	case err != nil:
+		return 0, err
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
 }
 
 // startError classifies a failure of fork/exec.
