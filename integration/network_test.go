@@ -232,7 +232,7 @@ func TestNetworkAcrossRestart(t *testing.T) {
 	if _, code := wget(keep, "http://"+testnet.WebB+"/"); code == 0 {
 		t.Error("after the restart the allow-list no longer holds")
 	}
-	if got := c.ok("sandbox", "network", keep); !strings.Contains(got, "allow: allowed.example.com") {
+	if got := c.ok("sandbox", "network", keep); !strings.Contains(got, "allow:allowed.example.com") {
 		t.Errorf("sandbox network after the restart:\n%s", got)
 	}
 	waitFor(t, 2*time.Minute, "the dead sandbox's uplink to go", func() bool {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -125,17 +124,7 @@ func sandboxNetworkCmd(g *globals) *cobra.Command {
 }
 
 func policyString(p apiv1.NetworkPolicy) string {
-	s := p.Mode
-	if p.Mode == string(egress.ModeAllow) {
-		s = "allow: " + strings.Join(p.Allow, ", ")
-	}
-	if p.MaxConnections > 0 {
-		s += fmt.Sprintf("; at most %d connections", p.MaxConnections)
-	}
-	if p.RateMbit > 0 {
-		s += fmt.Sprintf("; %d Mbit/s each way", p.RateMbit)
-	}
-	return s
+	return egress.Policy{Mode: egress.Mode(p.Mode), Allow: p.Allow, MaxConnections: p.MaxConnections, RateMbit: p.RateMbit}.String()
 }
 
 func printNetwork(w io.Writer, n apiv1.SandboxNetwork) {
