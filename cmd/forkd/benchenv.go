@@ -35,6 +35,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/forkd-dev/forkd/internal/egress"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/metrics"
 	"github.com/forkd-dev/forkd/internal/netns"
@@ -53,6 +54,8 @@ var (
 	// benchOldNetNSRe matches namespaces of bench runs from before the pid
 	// was in the name.
 	benchOldNetNSRe = regexp.MustCompile(`^fk[ab]-`)
+	// benchTableRe matches a bench engine's host table (egress.Host).
+	benchTableRe = regexp.MustCompile(`^forkd-fkb([0-9]+)$`)
 	// benchDataDirRe matches a bench run's dirs in DATA_DIR.
 	benchDataDirRe = regexp.MustCompile(`^\.bench-[a-z-]+-([0-9]+)$`)
 )
@@ -159,6 +162,21 @@ func reapBenchRuns(runDir, dataDir string, gone func(pid int) bool, oldStyle boo
 			continue
 		}
 		say("removed network namespace %s, left by a bench run that is gone", n)
+	}
+	// Host tables in this namespace (a run given --network-host-netns left
+	// its table there, with the namespace it was given).
+	tables, _ := egress.HostTables("")
+	for _, name := range tables {
+		m := benchTableRe.FindStringSubmatch(name)
+		if m == nil {
+			continue
+		}
+		if pid, _ := strconv.Atoi(m[1]); !gone(pid) {
+			continue
+		}
+		if err := egress.RemoveHostTable("", name); err == nil {
+			say("removed nftables table %s, left by a bench run that is gone", name)
+		}
 	}
 	entries, _ = os.ReadDir(dataDir)
 	for _, ent := range entries {

@@ -79,13 +79,38 @@ func (h *Host) Install() error {
 }
 
 // Remove deletes the engine's host table (none there is no error).
-func (h *Host) Remove() error {
-	nc, done, err := h.conn()
+func (h *Host) Remove() error { return RemoveHostTable(h.NS, h.Table) }
+
+// HostTables lists the names of the forkd tables in the host namespace at
+// hostNS ("" for the process's own), to find those of engines that are
+// gone.
+func HostTables(hostNS string) ([]string, error) {
+	nc, done, err := nftConn(hostNS)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	tables, err := nc.ListTablesOfFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, t := range tables {
+		if strings.HasPrefix(t.Name, "forkd") {
+			out = append(out, t.Name)
+		}
+	}
+	return out, nil
+}
+
+// RemoveHostTable deletes an engine's host table (none there is no error).
+func RemoveHostTable(hostNS, name string) error {
+	nc, done, err := nftConn(hostNS)
 	if err != nil {
 		return err
 	}
 	defer done()
-	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: h.Table}
+	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: name}
 	nc.AddTable(t)
 	nc.DelTable(t)
 	return nc.Flush()

@@ -199,3 +199,15 @@ func (n *Network) RemoveLeftovers(keep map[string]bool) (map[string]netip.Addr, 
 // Close stops the resolver; uplinks and rules stay for sandboxes that
 // outlive the process.
 func (n *Network) Close() { n.resolver.Close() }
+
+// RemoveHost deletes the host's rules, for an engine whose sandboxes all
+// ended with it (a bench, a daemon run with --stop-sandboxes).
+func (n *Network) RemoveHost() error {
+	n.hostMu.Lock()
+	defer n.hostMu.Unlock()
+	if !n.hostInstalled {
+		return nil
+	}
+	n.hostInstalled = false
+	return n.host.Remove()
+}

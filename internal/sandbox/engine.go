@@ -231,6 +231,13 @@ func (e *Engine) Close(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	e.net.Close()
+	if !e.cfg.KeepSandboxesOnClose {
+		// Every sandbox ended with the engine: nothing needs the host's
+		// rules any more.
+		if err := e.net.RemoveHost(); err != nil {
+			e.log.Warn("removing the host's sandbox network rules", "err", err)
+		}
+	}
 	return nil
 }
 
