@@ -25,7 +25,8 @@ func mcpCmd(g *globals) *cobra.Command {
 clients such as coding agents and desktop assistants:
 
   create_sandbox, fork_sandboxes, run_code, run_command, read_file, write_file,
-  list_files, branch_sandbox, list_sandboxes, kill_sandbox, list_snapshots
+  list_files, branch_sandbox, list_sandboxes, kill_sandbox, list_snapshots,
+  expose_port
 
 Each tool call is an API request to the daemon: the local one (its socket,
 started if none is running) or --host/FORKD_HOST with --token/FORKD_TOKEN.
@@ -49,7 +50,15 @@ its usual authentication.`,
 			} else {
 				logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 			}
-			s := forkdmcp.NewServer(c, forkdmcp.Options{Version: version, Logger: logger})
+			opts := forkdmcp.Options{Version: version, Logger: logger}
+			// expose_port's URLs: on the --host daemon, or through the
+			// socket this process uses.
+			if g.host != "" {
+				opts.BaseURL = g.host
+			} else {
+				opts.Socket = g.socketPath()
+			}
+			s := forkdmcp.NewServer(c, opts)
 			if err := s.Run(cmd.Context(), &mcp.StdioTransport{}); err != nil && cmd.Context().Err() == nil {
 				return fmt.Errorf("mcp: %w", err)
 			}

@@ -22,7 +22,7 @@ const tag = process.env.FORKD_TEST_TAG;
 const pyTag = process.env.FORKD_TEST_PY_TAG;
 
 const TOOLS = [
-  "branch_sandbox", "create_sandbox", "fork_sandboxes", "kill_sandbox", "list_files", "list_sandboxes",
+  "branch_sandbox", "create_sandbox", "expose_port", "fork_sandboxes", "kill_sandbox", "list_files", "list_sandboxes",
   "list_snapshots", "read_file", "run_code", "run_command", "write_file",
 ];
 

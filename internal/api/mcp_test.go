@@ -136,7 +136,7 @@ func TestMCPHTTPTokenAuthAndAudit(t *testing.T) {
 		t.Fatalf("connect with a token: %v", err)
 	}
 	tools, err := cs.ListTools(context.Background(), nil)
-	if err != nil || len(tools.Tools) != 11 {
+	if err != nil || len(tools.Tools) != 12 {
 		t.Fatalf("tools/list: %v, %d tools", err, len(tools.Tools))
 	}
 

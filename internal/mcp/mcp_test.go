@@ -188,7 +188,7 @@ func mustOK(t *testing.T, name string, res *mcp.CallToolResult) {
 }
 
 var allTools = []string{
-	"branch_sandbox", "create_sandbox", "fork_sandboxes", "kill_sandbox", "list_files", "list_sandboxes",
+	"branch_sandbox", "create_sandbox", "expose_port", "fork_sandboxes", "kill_sandbox", "list_files", "list_sandboxes",
 	"list_snapshots", "read_file", "run_code", "run_command", "write_file",
 }
 

@@ -53,6 +53,7 @@ type Backend interface {
 	Mkdir(ctx context.Context, id string, req apiv1.MkdirRequest) (apiv1.FileInfo, error)
 	Branch(ctx context.Context, id string, req apiv1.BranchRequest) (apiv1.BranchResponse, error)
 	Snapshots(ctx context.Context) ([]apiv1.Snapshot, error)
+	Port(ctx context.Context, id string, port int) (apiv1.Port, error)
 }
 
 var _ Backend = (*client.Client)(nil)
@@ -63,6 +64,14 @@ type Options struct {
 	Version string
 	// Logger receives the SDK's logs (nil: none).
 	Logger *slog.Logger
+	// BaseURL is the URL clients reach the daemon's API at
+	// (https://HOST:PORT), from which expose_port makes absolute URLs;
+	// empty when unknown (the tools then give the port's path on the API).
+	BaseURL string
+	// Socket is the daemon's Unix socket when the backend talks through
+	// it and BaseURL is empty: expose_port's URL is then
+	// http://forkd/PATH, reachable through that socket only.
+	Socket string
 }
 
 // instructions is what clients may show the model about the server as a
@@ -72,7 +81,9 @@ Typical flow: list_snapshots to see the tags you can fork (those with python=tru
 create_sandbox with a tag (or fork_sandboxes for several identical copies); then run_command, run_code,
 write_file, read_file and list_files with the sandbox id; branch_sandbox saves a running sandbox as a new
 tag to fork from later; kill_sandbox when you are done (sandboxes also end at their timeout).
-Sandboxes have no network access.`
+What a sandbox may reach on the network is its policy: the network argument of create_sandbox and fork_sandboxes
+(none, public, or allow with a list of networks and domain names), else the snapshot's, else the daemon's default.
+To reach a server running in a sandbox (a web app on a port), use expose_port.`
 
 // NewServer returns an MCP server whose tools act through b.
 func NewServer(b Backend, opts Options) *mcp.Server {
@@ -84,7 +95,7 @@ func NewServer(b Backend, opts Options) *mcp.Server {
 		Instructions: instructions,
 		Logger:       opts.Logger,
 	})
-	addTools(s, &tools{b: b})
+	addTools(s, &tools{b: b, opts: opts})
 	return s
 }
 

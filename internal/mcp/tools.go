@@ -35,7 +35,10 @@ const (
 )
 
 // tools holds the tool handlers.
-type tools struct{ b Backend }
+type tools struct {
+	b    Backend
+	opts Options
+}
 
 // ---- shared argument and result types ----
 
@@ -50,12 +53,14 @@ type SandboxInfo struct {
 	IdleTimeoutSeconds int64             `json:"idle_timeout_s,omitempty" jsonschema:"the sandbox ends after this many seconds without a request"`
 	Metadata           map[string]string `json:"metadata,omitempty" jsonschema:"labels given at creation"`
 	DeadReason         string            `json:"dead_reason,omitempty" jsonschema:"why a dead sandbox's VM exited"`
+	Network            *NetworkInfo      `json:"network,omitempty" jsonschema:"what the sandbox may reach on the network"`
 }
 
 func sandboxInfo(s apiv1.Sandbox) SandboxInfo {
 	out := SandboxInfo{
 		ID: s.ID, Tag: s.Tag, State: s.State, Created: s.Created.UTC().Format(time.RFC3339),
 		ReadyMillis: s.ReadyMillis, IdleTimeoutSeconds: s.IdleTimeoutSeconds, Metadata: s.Metadata, DeadReason: s.DeadReason,
+		Network: networkInfo(s),
 	}
 	if s.ExpiresAt != nil && !s.ExpiresAt.IsZero() {
 		out.ExpiresAt = s.ExpiresAt.UTC().Format(time.RFC3339)
@@ -113,6 +118,7 @@ type CreateInput struct {
 	TimeoutSeconds     *int64            `json:"timeout_seconds,omitempty" jsonschema:"lifetime in seconds: the sandbox is killed this long after creation (0: no limit, kill it yourself with kill_sandbox)"`
 	IdleTimeoutSeconds int64             `json:"idle_timeout_seconds,omitempty" jsonschema:"kill the sandbox after this many seconds without any request (0: no idle limit)"`
 	Metadata           map[string]string `json:"metadata,omitempty" jsonschema:"labels to attach (string keys and values); list_sandboxes can filter on them"`
+	Network            *NetworkInput     `json:"network,omitempty" jsonschema:"what the sandbox may reach: {mode: none|public|allow, allow: [...]}; absent: the snapshot's policy, else the daemon's default"`
 }
 
 // ForkInput is fork_sandboxes' arguments.
@@ -122,6 +128,7 @@ type ForkInput struct {
 	TimeoutSeconds     *int64            `json:"timeout_seconds,omitempty" jsonschema:"lifetime of each sandbox in seconds (0: no limit)"`
 	IdleTimeoutSeconds int64             `json:"idle_timeout_seconds,omitempty" jsonschema:"kill a sandbox after this many seconds without any request (0: no idle limit)"`
 	Metadata           map[string]string `json:"metadata,omitempty" jsonschema:"labels to attach to every sandbox"`
+	Network            *NetworkInput     `json:"network,omitempty" jsonschema:"what every sandbox may reach: {mode: none|public|allow, allow: [...]}; absent: the snapshot's policy, else the daemon's default"`
 }
 
 // ForkOutput lists new sandboxes.
@@ -147,15 +154,19 @@ func checkTimeouts(timeout *int64, idle int64) error {
 	return nil
 }
 
-func (t *tools) fork(ctx context.Context, tag string, n int, timeout *int64, idle int64, md map[string]string) (apiv1.ForkResponse, error) {
+func (t *tools) fork(ctx context.Context, tag string, n int, timeout *int64, idle int64, md map[string]string, network *NetworkInput) (apiv1.ForkResponse, error) {
 	if strings.TrimSpace(tag) == "" {
 		return apiv1.ForkResponse{}, invalid("tag is empty: give a snapshot tag (list_snapshots shows them)")
 	}
 	if err := checkTimeouts(timeout, idle); err != nil {
 		return apiv1.ForkResponse{}, err
 	}
+	policy, err := networkPolicy(network)
+	if err != nil {
+		return apiv1.ForkResponse{}, err
+	}
 	return t.b.Fork(ctx, apiv1.ForkRequest{
-		Tag: tag, Count: n, TimeoutSeconds: lifetime(timeout), IdleTimeoutSeconds: idle, Metadata: md,
+		Tag: tag, Count: n, TimeoutSeconds: lifetime(timeout), IdleTimeoutSeconds: idle, Metadata: md, Network: policy,
 	})
 }
 
@@ -169,11 +180,14 @@ func describeLifetime(s SandboxInfo) string {
 	if s.IdleTimeoutSeconds > 0 {
 		parts = append(parts, fmt.Sprintf("ends after %d s idle", s.IdleTimeoutSeconds))
 	}
+	if n := describeNetwork(s.Network); n != "" {
+		parts = append(parts, n)
+	}
 	return strings.Join(parts, ", ")
 }
 
 func (t *tools) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, SandboxInfo, error) {
-	resp, err := t.fork(ctx, in.Tag, 1, in.TimeoutSeconds, in.IdleTimeoutSeconds, in.Metadata)
+	resp, err := t.fork(ctx, in.Tag, 1, in.TimeoutSeconds, in.IdleTimeoutSeconds, in.Metadata, in.Network)
 	if err != nil {
 		return nil, SandboxInfo{}, toolError(err)
 	}
@@ -191,7 +205,7 @@ func (t *tools) forkSandboxes(ctx context.Context, _ *mcp.CallToolRequest, in Fo
 	if in.N < 1 {
 		return nil, ForkOutput{}, invalid("n %d: want at least 1", in.N)
 	}
-	resp, err := t.fork(ctx, in.Tag, in.N, in.TimeoutSeconds, in.IdleTimeoutSeconds, in.Metadata)
+	resp, err := t.fork(ctx, in.Tag, in.N, in.TimeoutSeconds, in.IdleTimeoutSeconds, in.Metadata, in.Network)
 	if err != nil {
 		return nil, ForkOutput{}, toolError(err)
 	}
@@ -891,6 +905,7 @@ func addTools(s *mcp.Server, t *tools) {
 		nonEmpty(p, "tag")
 		bounds(p["timeout_seconds"], 0, 0, defaultLifetimeSeconds)
 		bounds(p["idle_timeout_seconds"], 0, 0, 0)
+		networkSchema(p["network"])
 	}
 	mcp.AddTool(s, &mcp.Tool{
 		Name:  "create_sandbox",
@@ -1008,4 +1023,5 @@ func addTools(s *mcp.Server, t *tools) {
 		InputSchema: schema[struct{}](nil),
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 	}, t.listSnapshots)
+	addNetworkTools(s, t)
 }

@@ -31,7 +31,7 @@ from typing import (
 
 from ._http import DEFAULT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRIES, Endpoint, Transport, _BLOCK
 from .errors import ForkdError, InvalidArgument, NotFound, StreamInterrupted, Timeout, error_from_problem
-from .models import SandboxInfo, SnapshotInfo, VersionInfo
+from .models import NetworkPolicyLike, SandboxInfo, SnapshotInfo, VersionInfo, _network_body
 
 if TYPE_CHECKING:  # pragma: no cover
     from .sandbox import Sandbox
@@ -244,6 +244,7 @@ class Snapshots:
         warm: Optional[str] = None,
         memory_mib: Optional[int] = None,
         vcpus: Optional[int] = None,
+        network: Optional[NetworkPolicyLike] = None,
         on_progress: Optional[Callable[[str], None]] = None,
         timeout: Optional[float] = None,
     ) -> SnapshotInfo:
@@ -255,6 +256,10 @@ class Snapshots:
             recipe_toml: A recipe file's contents (instead of ``recipe``).
             warm: Python warm-up code replacing the recipe's.
             memory_mib, vcpus: Override the recipe's.
+            network: The network policy the snapshot's sandboxes get unless
+                their fork names one (a :class:`~forkd.NetworkPolicy`,
+                ``"none"``, ``"public"``, ``"allow:ENTRY,..."``, a dict
+                ``{"mode": ..., "allow": [...]}``; None: the daemon's default).
             on_progress: Called with each progress message as it happens.
             timeout: Seconds to wait without any progress line (None: no limit;
                 building an image can take minutes).
@@ -265,6 +270,7 @@ class Snapshots:
         """
         if (recipe is None) == (recipe_toml is None):
             raise InvalidArgument("give exactly one of recipe and recipe_toml")
+        net = _network_body(network)
         body: Dict[str, Any] = {"tag": tag}
         if recipe is not None:
             body["recipe"] = recipe
@@ -276,6 +282,8 @@ class Snapshots:
             body["memory_mib"] = int(memory_mib)
         if vcpus:
             body["vcpus"] = int(vcpus)
+        if net is not None:
+            body["network"] = net
         what = "create snapshot %s" % tag
         resp = self._c._transport.request("POST", "/v1/snapshots", json_body=body, timeout=timeout, what=what)
         final: Optional[Dict[str, Any]] = None
@@ -531,6 +539,7 @@ class Sandboxes:
         timeout: Optional[float] = None,
         idle_timeout: Optional[float] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        network: Optional[NetworkPolicyLike] = None,
         request_timeout: Any = DEFAULT,
     ) -> List["Sandbox"]:
         """Fork ``n`` sandboxes from a snapshot; returns when every one
@@ -542,12 +551,18 @@ class Sandboxes:
             idle_timeout: Kill a sandbox after this many seconds without a
                 request (None: no limit).
             metadata: Labels for every sandbox; ``list(labels=...)`` filters on them.
+            network: What the sandboxes may reach: a
+                :class:`~forkd.NetworkPolicy`, ``"none"``, ``"public"``,
+                ``"allow:ENTRY,..."``, a dict ``{"mode": ..., "allow": [...]}``
+                or a list of allow entries. None: the snapshot's policy, else
+                the daemon's default.
             request_timeout: Seconds to wait for the daemon's answer.
         """
         from .sandbox import Sandbox
 
         if not isinstance(n, int) or n < 1:
             raise InvalidArgument("n must be an int >= 1, not %r" % (n,))
+        net = _network_body(network)
         body: Dict[str, Any] = {"tag": tag, "count": n}
         if timeout:
             body["timeout_s"] = max(1, int(round(timeout)))
@@ -555,6 +570,8 @@ class Sandboxes:
             body["idle_timeout_s"] = max(1, int(round(idle_timeout)))
         if metadata:
             body["metadata"] = {str(k): str(v) for k, v in metadata.items()}
+        if net is not None:
+            body["network"] = net
         data = self._c._json("POST", "/v1/sandboxes", body=body, timeout=request_timeout, what="fork %d from %s" % (n, tag))
         return [Sandbox._from_info(self._c, SandboxInfo.from_json(d)) for d in (data.get("sandboxes") or [])]
 

@@ -11,9 +11,16 @@ import datetime as _dt
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+
+from .errors import InvalidArgument
 
 __all__ = [
+    "NetworkPolicy",
+    "NetworkPolicyLike",
+    "NetworkStats",
+    "SandboxNetwork",
+    "PortInfo",
     "SandboxInfo",
     "SnapshotInfo",
     "ParentRef",
@@ -61,6 +68,222 @@ def _str_map(v: Any) -> Dict[str, str]:
     return {str(k): str(x) for k, x in (v or {}).items()}
 
 
+_NETWORK_MODES = ("none", "public", "allow")
+
+
+@dataclass
+class NetworkPolicy:
+    """What a sandbox may reach on the network (its egress policy).
+
+    ``mode`` is ``"none"`` (nothing), ``"public"`` (the internet, but never
+    the daemon's host, other sandboxes, or private, CGNAT, loopback,
+    link-local and multicast ranges) or ``"allow"``: only what ``allow``
+    lists, networks (``"198.51.100.0/24"``, ``"203.0.113.7:443/tcp"``, port
+    ranges as ``"203.0.113.7:8000-8099"``) and domain names
+    (``"example.com"``, ``"*.example.com"`` for every name below it)::
+
+        NetworkPolicy.none()
+        NetworkPolicy.public()
+        NetworkPolicy.allow_only(["198.51.100.0/24", "*.example.com"])
+
+    Wherever the SDK takes a policy it also takes its short forms (see
+    :meth:`parse`): ``"none"``, ``"public"``, ``"allow:ENTRY,ENTRY"`` (the
+    CLI's form), a dict ``{"mode": ..., "allow": [...]}``, a list of allow
+    entries, or a bool (E2B's ``allow_internet_access``: True is public,
+    False none).
+    """
+
+    mode: str
+    allow: List[str] = field(default_factory=list)
+    #: Caps the TCP connections open through the sandbox's uplink at once (0: none).
+    max_connections: int = 0
+    #: Caps its traffic each way, in Mbit/s (0: none).
+    rate_mbit: int = 0
+
+    @classmethod
+    def none(cls) -> "NetworkPolicy":
+        """No network at all."""
+        return cls("none")
+
+    @classmethod
+    def public(cls) -> "NetworkPolicy":
+        """The internet (never the host, other sandboxes or reserved ranges)."""
+        return cls("public")
+
+    @classmethod
+    def allow_only(cls, entries: Iterable[str]) -> "NetworkPolicy":
+        """Only the networks and domain names in ``entries``."""
+        return cls("allow", list(entries))
+
+    @classmethod
+    def parse(cls, value: "NetworkPolicyLike") -> "NetworkPolicy":
+        """A policy from any of the forms the SDK accepts (see the class
+        docstring). Raises :class:`~forkd.InvalidArgument` for anything
+        else; the daemon checks the entries themselves."""
+        if isinstance(value, NetworkPolicy):
+            p = cls(value.mode, list(value.allow or []), value.max_connections, value.rate_mbit)
+        elif isinstance(value, bool):
+            p = cls("public" if value else "none")
+        elif isinstance(value, str):
+            s = value.strip()
+            if s.startswith("allow:"):
+                p = cls("allow", [e.strip() for e in s[len("allow:"):].split(",") if e.strip()])
+            elif s in ("none", "public", "allow"):
+                p = cls(s)
+            else:
+                raise InvalidArgument(
+                    "network policy %r: want 'none', 'public' or 'allow:ENTRY,ENTRY' "
+                    "(a CIDR, ADDR[:PORT[-PORT]][/tcp|/udp], or a domain such as *.example.com)" % (value,)
+                )
+        elif isinstance(value, Mapping):
+            extra = set(value) - {"mode", "allow", "max_connections", "rate_mbit"}
+            if extra:
+                raise InvalidArgument(
+                    "network policy %r: unknown keys %s (want mode, allow, max_connections, rate_mbit)" % (dict(value), sorted(extra))
+                )
+            allow = value.get("allow") or []
+            if isinstance(allow, str):
+                raise InvalidArgument("network policy allow %r: want a list of entries, not a string" % (allow,))
+            mode = value.get("mode")
+            if mode is None and allow:
+                mode = "allow"
+            p = cls(mode if isinstance(mode, str) else "", [str(e) for e in allow])
+            for key in ("max_connections", "rate_mbit"):
+                n = value.get(key, 0) or 0
+                if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                    raise InvalidArgument("network policy %s %r: want a whole number >= 0 (0: no cap)" % (key, n))
+                setattr(p, key, n)
+        elif isinstance(value, (list, tuple)):
+            p = cls("allow", [str(e) for e in value])
+        else:
+            raise InvalidArgument(
+                "network policy %r: want a NetworkPolicy, 'none', 'public', 'allow:ENTRY,...', "
+                "a dict {'mode': ..., 'allow': [...]}, a list of allow entries or a bool" % (value,)
+            )
+        if p.mode not in _NETWORK_MODES:
+            raise InvalidArgument("network mode %r: want 'none', 'public' or 'allow'" % (p.mode,))
+        if p.allow and p.mode != "allow":
+            raise InvalidArgument(
+                "network mode %r takes no allow list (got %r): use mode 'allow' to list what the sandbox may reach"
+                % (p.mode, p.allow)
+            )
+        if any(not isinstance(e, str) or not e.strip() for e in p.allow):
+            raise InvalidArgument("network allow list %r: every entry must be a non-empty string" % (p.allow,))
+        return p
+
+    def to_json(self) -> Dict[str, Any]:
+        """The wire form: ``{"mode": ..., "allow": [...]}`` (allow only when set)."""
+        out: Dict[str, Any] = {"mode": self.mode}
+        if self.allow:
+            out["allow"] = list(self.allow)
+        if self.max_connections:
+            out["max_connections"] = self.max_connections
+        if self.rate_mbit:
+            out["rate_mbit"] = self.rate_mbit
+        return out
+
+    @classmethod
+    def from_json(cls, d: Optional[Mapping[str, Any]]) -> "NetworkPolicy":
+        d = d or {}
+        return cls(
+            d.get("mode") or "",
+            [str(e) for e in (d.get("allow") or [])],
+            int(d.get("max_connections") or 0),
+            int(d.get("rate_mbit") or 0),
+        )
+
+    def __str__(self) -> str:
+        """The CLI's form: ``none``, ``public`` or ``allow:ENTRY,ENTRY``."""
+        if self.mode == "allow":
+            return "allow:" + ",".join(self.allow)
+        return self.mode
+
+
+NetworkPolicyLike = Union[NetworkPolicy, str, bool, Mapping[str, Any], Sequence[str]]
+"""What a ``network=`` argument takes (see :meth:`NetworkPolicy.parse`)."""
+
+
+def _network_body(value: Optional[NetworkPolicyLike]) -> Optional[Dict[str, Any]]:
+    """The request's ``network`` object, or None to inherit."""
+    if value is None:
+        return None
+    return NetworkPolicy.parse(value).to_json()
+
+
+@dataclass
+class NetworkStats:
+    """What crossed a sandbox's network link since it was set up (all
+    zero until a policy other than none first linked it)."""
+
+    tx_bytes: int = 0
+    rx_bytes: int = 0
+    tx_packets: int = 0
+    rx_packets: int = 0
+    denied_packets: int = 0
+    """Packets the policy refused."""
+    spoofed_packets: int = 0
+    """Packets dropped for a source address that was not the sandbox's."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "NetworkStats":
+        return cls(
+            tx_bytes=int(d.get("tx_bytes") or 0),
+            rx_bytes=int(d.get("rx_bytes") or 0),
+            tx_packets=int(d.get("tx_packets") or 0),
+            rx_packets=int(d.get("rx_packets") or 0),
+            denied_packets=int(d.get("denied_packets") or 0),
+            spoofed_packets=int(d.get("spoofed_packets") or 0),
+        )
+
+
+@dataclass
+class SandboxNetwork:
+    """A sandbox's network (``sandbox.get_network()``): its policy and,
+    when the daemon reports them, its traffic counters."""
+
+    policy: NetworkPolicy
+    stats: Optional[NetworkStats] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Optional[Mapping[str, Any]]) -> "SandboxNetwork":
+        d = d or {}
+        st = d.get("stats")
+        return cls(
+            policy=NetworkPolicy.from_json(d.get("policy")),
+            stats=NetworkStats.from_json(st) if st else None,
+            raw=dict(d),
+        )
+
+    @property
+    def mode(self) -> str:
+        """The policy's mode: ``none``, ``public`` or ``allow``."""
+        return self.policy.mode
+
+    @property
+    def allow(self) -> List[str]:
+        """The policy's allow list (mode ``allow``)."""
+        return self.policy.allow
+
+
+@dataclass
+class PortInfo:
+    """Where a TCP port inside a sandbox is served by the daemon
+    (``sandbox.get_port(port)``)."""
+
+    port: int
+    path: str
+    """The proxy path on the daemon's API: ``/v1/sandboxes/ID/ports/PORT/``."""
+    host: Optional[str] = None
+    """``PORT-ID.DOMAIN`` when the daemon routes a domain to sandbox ports
+    (``forkd serve --port-domain``), else None."""
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "PortInfo":
+        return cls(port=int(d.get("port") or 0), path=d.get("path", ""), host=d.get("host") or None, raw=dict(d))
+
+
 @dataclass
 class SandboxInfo:
     """A sandbox as the daemon describes it (``GET /v1/sandboxes/{id}``)."""
@@ -82,6 +305,9 @@ class SandboxInfo:
     idle_timeout_s: Optional[int] = None
     last_activity: Optional[_dt.datetime] = None
     console_tail: Optional[str] = None
+    network: Optional[SandboxNetwork] = None
+    """Its network policy (and traffic, for one sandbox), when the daemon
+    reports it."""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -102,6 +328,7 @@ class SandboxInfo:
             idle_timeout_s=d.get("idle_timeout_s"),
             last_activity=parse_time(d.get("last_activity")),
             console_tail=d.get("console_tail"),
+            network=SandboxNetwork.from_json(d["network"]) if d.get("network") else None,
             raw=dict(d),
         )
 

@@ -42,7 +42,18 @@ from .errors import (
     error_class,
     error_from_problem,
 )
-from .models import CommandResult, Execution, FileInfo, Logs, ProcessInfo, SandboxInfo
+from .models import (
+    CommandResult,
+    Execution,
+    FileInfo,
+    Logs,
+    NetworkPolicy,
+    NetworkPolicyLike,
+    PortInfo,
+    ProcessInfo,
+    SandboxInfo,
+    SandboxNetwork,
+)
 
 
 __all__ = ["Sandbox", "Commands", "CommandHandle", "Files", "FileStream"]
@@ -120,6 +131,7 @@ class Sandbox:
         timeout: Optional[float] = None,
         idle_timeout: Optional[float] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        network: Optional[NetworkPolicyLike] = None,
         client: Optional[Client] = None,
         host: Optional[str] = None,
         token: Optional[str] = None,
@@ -135,13 +147,22 @@ class Sandbox:
                 (None: it lives until killed).
             idle_timeout: Kill it after this many seconds without a request.
             metadata: Labels (str -> str); ``Sandbox.list(labels=...)`` filters on them.
+            network: What the sandbox may reach: a :class:`NetworkPolicy`,
+                ``"none"``, ``"public"``, ``"allow:ENTRY,ENTRY"``, a dict
+                ``{"mode": "allow", "allow": ["198.51.100.0/24", "*.example.com"]}``,
+                a list of allow entries, or a bool (E2B's
+                ``allow_internet_access``). None: the snapshot's policy, else
+                the daemon's default. Change it later with :meth:`set_network`.
 
         Raises:
             NotFound: no snapshot ``tag``. RateLimited: a daemon limit was
-            reached. Unavailable: no daemon answers.
+            reached. Unavailable: no daemon answers. InvalidArgument: a
+            malformed network policy.
         """
         c = _client(client, host, token, ca_cert, socket, request_timeout)
-        return c.sandboxes.fork(tag, 1, timeout=timeout, idle_timeout=idle_timeout, metadata=metadata)[0]
+        return c.sandboxes.fork(
+            tag, 1, timeout=timeout, idle_timeout=idle_timeout, metadata=metadata, network=network
+        )[0]
 
     @classmethod
     def fork(
@@ -152,6 +173,7 @@ class Sandbox:
         timeout: Optional[float] = None,
         idle_timeout: Optional[float] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        network: Optional[NetworkPolicyLike] = None,
         client: Optional[Client] = None,
         host: Optional[str] = None,
         token: Optional[str] = None,
@@ -162,7 +184,7 @@ class Sandbox:
         """Fork ``n`` sandboxes from ``tag`` in one request (all or nothing);
         returns when every one answers. Options as for :meth:`create`."""
         c = _client(client, host, token, ca_cert, socket, request_timeout)
-        return c.sandboxes.fork(tag, n, timeout=timeout, idle_timeout=idle_timeout, metadata=metadata)
+        return c.sandboxes.fork(tag, n, timeout=timeout, idle_timeout=idle_timeout, metadata=metadata, network=network)
 
     @classmethod
     def connect(
@@ -243,6 +265,81 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return "Sandbox(%r)" % self.id
+
+    # -- network and ports ---------------------------------------------------
+
+    def get_network(self) -> SandboxNetwork:
+        """The sandbox's network policy and traffic counters
+        (``.policy.mode``, ``.policy.allow``, ``.stats.tx_bytes``, ...).
+        Raises NotFound."""
+        data = self.client._json("GET", self._path + "/network", what="get network of %s" % self.id)
+        return SandboxNetwork.from_json(data)
+
+    @property
+    def network(self) -> SandboxNetwork:
+        """The sandbox's network, fetched now: same as :meth:`get_network`."""
+        return self.get_network()
+
+    def set_network(self, policy: NetworkPolicyLike) -> SandboxNetwork:
+        """Change what the running sandbox may reach, at once (its rules
+        change in one step; addresses opened by earlier DNS answers close).
+
+        Args:
+            policy: A :class:`NetworkPolicy`, ``"none"``, ``"public"``,
+                ``"allow:ENTRY,ENTRY"``, a dict ``{"mode": ..., "allow": [...]}``,
+                a list of allow entries or a bool.
+
+        Returns:
+            The sandbox's network as it now is.
+
+        Raises:
+            InvalidArgument: a malformed policy, or one the daemon refuses
+            (a reserved range it does not permit). Conflict: the sandbox is
+            not running. NotFound: no such sandbox.
+        """
+        body = NetworkPolicy.parse(policy).to_json()
+        data = self.client._json("PUT", self._path + "/network", body=body, what="set network of %s" % self.id)
+        return SandboxNetwork.from_json(data)
+
+    def get_port(self, port: int) -> PortInfo:
+        """Where the daemon serves TCP ``port`` of this sandbox: the proxy
+        ``path`` on its API and, when it routes a domain to sandbox ports,
+        the ``host``. Nothing checks that a server listens there yet; it
+        must listen on 0.0.0.0 (or the guest's address), not 127.0.0.1.
+
+        Raises:
+            InvalidArgument: not a port (1-65535). NotFound: no such sandbox.
+        """
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise InvalidArgument("port %r: want an int from 1 to 65535" % (port,))
+        data = self.client._json("GET", "%s/ports/%d" % (self._path, port), what="get port %d of %s" % (port, self.id))
+        return PortInfo.from_json(data)
+
+    def get_host(self, port: int) -> str:
+        """Where to reach a server listening on ``port`` inside the sandbox
+        (E2B's ``get_host``); HTTP and WebSocket requests there are proxied
+        to it.
+
+        Returns the host ``PORT-ID.DOMAIN`` (no scheme) when the daemon
+        routes a domain to sandbox ports (``forkd serve --port-domain``),
+        like E2B. Otherwise the full URL of the port's proxy path on this
+        client's daemon, ``BASE/v1/sandboxes/ID/ports/PORT/``, to which the
+        app's own path is appended.
+
+        Requests to either go through the daemon's API: a TCP daemon wants
+        this client's token (``Authorization: Bearer TOKEN``; the daemon
+        removes it before the app sees the request). For a client on the
+        daemon's **Unix socket** the URL is ``http://forkd/v1/...``, which
+        is reachable only through that socket (for example
+        ``curl --unix-socket /run/forkd/forkd.sock URL``), not from a
+        browser; use ``forkd port-forward`` for a local TCP port.
+        """
+        info = self.get_port(port)
+        if info.host:
+            return info.host
+        ep = self.client._endpoint
+        base = "http://forkd" if ep.kind == "unix" else ep.url
+        return base + info.path
 
     # -- code ------------------------------------------------------------------
 

@@ -12,12 +12,14 @@ import {
 import { ForkdError, InvalidArgumentError, NotFoundError, SnapshotFailedError, StreamCutError, TimeoutError, errorFromProblem, type Problem } from "./errors.js";
 import {
   imageFromWire,
+  networkToWire,
   sandboxFromWire,
   snapshotFromWire,
   versionFromWire,
   type DoctorCheck,
   type HealthInfo,
   type ImageInfo,
+  type NetworkPolicyInput,
   type SandboxInfo,
   type SandboxState,
   type SnapshotInfo,
@@ -41,6 +43,11 @@ export interface CreateSnapshotOptions extends CallOptions {
   memoryMib?: number;
   /** vCPUs (default: the recipe's). */
   vcpus?: number;
+  /**
+   * The network policy the snapshot's sandboxes get unless their fork names
+   * one (default: the daemon's). See {@link NetworkPolicyInput}.
+   */
+  network?: NetworkPolicyInput;
   /** Called with each progress line as the daemon builds and warms. */
   onProgress?: (message: string) => void;
 }
@@ -98,6 +105,13 @@ export interface ForkOptions extends CallOptions {
   idleTimeoutS?: number;
   /** Labels for the sandboxes; list() filters on them. */
   metadata?: Record<string, string>;
+  /**
+   * What the sandboxes may reach: "none", "public", "allow:ENTRY,ENTRY",
+   * `{ mode: "allow", allow: ["198.51.100.0/24", "*.example.com"] }`, ...
+   * (see {@link NetworkPolicyInput}). Default: the snapshot's policy, else
+   * the daemon's. Change it later with `sandbox.setNetwork()`.
+   */
+  network?: NetworkPolicyInput;
 }
 
 export interface ForkResult {
@@ -137,6 +151,7 @@ export class Snapshots {
    */
   async create(opts: CreateSnapshotOptions): Promise<SnapshotInfo> {
     const req: Record<string, unknown> = { tag: opts.tag };
+    if (opts.network !== undefined) req.network = networkToWire(opts.network);
     if (opts.recipe !== undefined) req.recipe = opts.recipe;
     if (opts.recipeToml !== undefined) req.recipe_toml = opts.recipeToml;
     if (opts.warm !== undefined) req.warm = opts.warm;
@@ -349,6 +364,7 @@ export class Sandboxes {
     if (opts.timeoutS) req.timeout_s = Math.ceil(opts.timeoutS);
     if (opts.idleTimeoutS) req.idle_timeout_s = Math.ceil(opts.idleTimeoutS);
     if (opts.metadata && Object.keys(opts.metadata).length) req.metadata = opts.metadata;
+    if (opts.network !== undefined) req.network = networkToWire(opts.network);
     const out = await this.t.json<{ sandboxes: Record<string, unknown>[]; total_ms: number }>({
       method: "POST",
       path: "/v1/sandboxes",

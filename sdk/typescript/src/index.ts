@@ -31,6 +31,12 @@ export type { ConnectionOptions } from "./connection.js";
 export type {
   SandboxInfo,
   SandboxState,
+  SandboxNetwork,
+  NetworkMode,
+  NetworkPolicy,
+  NetworkPolicyInput,
+  NetworkStats,
+  PortInfo,
   SnapshotInfo,
   SnapshotState,
   SnapshotFile,

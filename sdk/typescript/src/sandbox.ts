@@ -3,10 +3,21 @@ import { Client, type CallOptions, type ForkOptions, type ListSandboxesOptions, 
 import { runCode, type Execution, type RunCodeOptions } from "./code.js";
 import { Commands } from "./commands.js";
 import { resolveConnection, type ConnectionOptions } from "./connection.js";
-import { NotFoundError } from "./errors.js";
 import { Files } from "./files.js";
 import type { SandboxContext } from "./internal.js";
-import { sandboxFromWire, snapshotFromWire, type SandboxInfo, type SnapshotInfo } from "./types.js";
+import { InvalidArgumentError, NotFoundError } from "./errors.js";
+import {
+  networkFromWire,
+  networkToWire,
+  portFromWire,
+  sandboxFromWire,
+  snapshotFromWire,
+  type NetworkPolicyInput,
+  type PortInfo,
+  type SandboxInfo,
+  type SandboxNetwork,
+  type SnapshotInfo,
+} from "./types.js";
 
 export interface ConnectOptions extends ConnectionOptions {
   /** A client to use instead of one built from the connection options. */
@@ -67,6 +78,7 @@ function forkOptions(opts: SandboxOptions): ForkOptions {
   if (opts.timeoutS !== undefined) out.timeoutS = opts.timeoutS;
   if (opts.idleTimeoutS !== undefined) out.idleTimeoutS = opts.idleTimeoutS;
   if (opts.metadata !== undefined) out.metadata = opts.metadata;
+  if (opts.network !== undefined) out.network = opts.network;
   if (opts.signal !== undefined) out.signal = opts.signal;
   return out;
 }
@@ -186,6 +198,82 @@ export class Sandbox {
       if (err instanceof NotFoundError) return false;
       throw err;
     }
+  }
+
+  /** The sandbox's network policy and traffic counters. */
+  async getNetwork(opts: CallOptions = {}): Promise<SandboxNetwork> {
+    const w = await this.client.transport.json<Record<string, unknown> | null>({
+      method: "GET",
+      path: `/v1/sandboxes/${encodeURIComponent(this.id)}/network`,
+      signal: opts.signal,
+      what: `get network of sandbox ${this.id}`,
+    });
+    return networkFromWire(w);
+  }
+
+  /**
+   * Changes what the running sandbox may reach, at once (its rules change in
+   * one step; addresses opened by earlier DNS answers close). Resolves with
+   * the network as it now is. A malformed policy, or one the daemon refuses
+   * (a reserved range it does not permit), rejects with InvalidArgumentError;
+   * a sandbox that is not running with ConflictError.
+   */
+  async setNetwork(policy: NetworkPolicyInput, opts: CallOptions = {}): Promise<SandboxNetwork> {
+    const body = networkToWire(policy);
+    const w = await this.client.transport.json<Record<string, unknown> | null>({
+      method: "PUT",
+      path: `/v1/sandboxes/${encodeURIComponent(this.id)}/network`,
+      json: body,
+      signal: opts.signal,
+      what: `set network of sandbox ${this.id}`,
+    });
+    return networkFromWire(w);
+  }
+
+  /**
+   * Where the daemon serves TCP `port` of this sandbox: the proxy `path` on
+   * its API and, when it routes a domain to sandbox ports, the `host`.
+   * Nothing checks that a server listens yet; it must listen on 0.0.0.0, not
+   * 127.0.0.1.
+   */
+  async getPort(port: number, opts: CallOptions = {}): Promise<PortInfo> {
+    if (!Number.isInteger(port) || port < 1 || port > 65535) {
+      throw new InvalidArgumentError(`port ${String(port)}: want an integer from 1 to 65535`, { code: "invalid_argument" });
+    }
+    const w = await this.client.transport.json<Record<string, unknown>>({
+      method: "GET",
+      path: `/v1/sandboxes/${encodeURIComponent(this.id)}/ports/${port}`,
+      signal: opts.signal,
+      what: `get port ${port} of sandbox ${this.id}`,
+    });
+    return portFromWire(w);
+  }
+
+  /**
+   * Where to reach a server listening on `port` inside the sandbox (E2B's
+   * getHost, but asynchronous: it asks the daemon); HTTP and WebSocket
+   * requests there are proxied to it.
+   *
+   * Resolves with the host `PORT-ID.DOMAIN` (no scheme) when the daemon
+   * routes a domain to sandbox ports (`forkd serve --port-domain`), like
+   * E2B. Otherwise with the full URL of the port's proxy path on this
+   * client's daemon, `BASE/v1/sandboxes/ID/ports/PORT/`, to which the app's
+   * own path is appended.
+   *
+   * Requests to either go through the daemon's API: a TCP daemon wants this
+   * client's token (`Authorization: Bearer TOKEN`; the daemon removes it
+   * before the app sees the request). For a client on the daemon's Unix
+   * socket the URL is `http://forkd/v1/...`, reachable only through that
+   * socket (e.g. `curl --unix-socket /run/forkd/forkd.sock URL`, or node's
+   * `http.request({ socketPath })`), not from a browser; `forkd port-forward`
+   * gives a local TCP port instead.
+   */
+  async getHost(port: number, opts: CallOptions = {}): Promise<string> {
+    const info = await this.getPort(port, opts);
+    if (info.host) return info.host;
+    const conn = this.client.transport.conn;
+    const base = conn.socket !== undefined ? "http://forkd" : conn.url!;
+    return base + info.path;
   }
 
   /**
