@@ -205,6 +205,9 @@ func TestNetworkAcrossRestart(t *testing.T) {
 	keep := strings.TrimSpace(c.ok("fork", "--tag", tag, "-q", "--network", "allow:allowed.example.com"))
 	var lost apiv1.Sandbox
 	lostID := strings.TrimSpace(c.ok("fork", "--tag", tag, "-q"))
+	// It will be dead after the restart, and a dead sandbox stays listed
+	// (in the data dir's state, which the tests share) until killed.
+	t.Cleanup(func() { c.run("--no-autostart", "kill", lostID) })
 	json.Unmarshal([]byte(c.ok("sandbox", "info", lostID, "--json")), &lost)
 	wget := func(id, url string) (string, int) {
 		out, _, code := c.run("--no-autostart", "exec", id, "--", "wget", "-q", "-O", "-", url)
