@@ -40,7 +40,14 @@ func TestPorts(t *testing.T) {
 	}
 	served := make(chan error, 1)
 	go func() { served <- serve.Wait() }()
-	t.Cleanup(func() { serve.Process.Kill(); <-served })
+	t.Cleanup(func() {
+		// Sandboxes first, while this daemon answers: the data dir's state
+		// is shared, and a sandbox left running would be adopted by the
+		// next test's daemon (newCLI's kill --all runs after this).
+		c.run("--no-autostart", "kill", "--all")
+		serve.Process.Kill()
+		<-served
+	})
 	waitFor(t, 2*time.Minute, "the daemon to answer:\n"+serveLog.String(), func() bool {
 		_, _, code := c.run("--no-autostart", "ls")
 		return code == 0
