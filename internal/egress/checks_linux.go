@@ -9,7 +9,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
-	vnetns "github.com/vishvananda/netns"
+
+	"github.com/forkd-dev/forkd/internal/netns"
 )
 
 // Check is one prerequisite of sandbox networking, as forkd doctor shows it.
@@ -63,7 +64,7 @@ func HostChecks(hostNS string, pool string) []Check {
 			"sysctl -w net.ipv4.ip_forward=1 (and in /etc/sysctl.d/ to keep it); /proc/sys is read-only here: "+orElse(werr, ""))
 	}
 
-	h, err := netlinkIn(hostNS)
+	h, err := netns.RouteHandle(hostNS)
 	var routes []netlink.Route
 	if err == nil {
 		routes, err = h.RouteList(nil, netlink.FAMILY_V4)
@@ -101,18 +102,4 @@ func orElse(err error, ok string) string {
 		return err.Error()
 	}
 	return ok
-}
-
-// netlinkIn is a netlink handle in the namespace at path ("" for the
-// process's own).
-func netlinkIn(path string) (*netlink.Handle, error) {
-	if path == "" {
-		return netlink.NewHandle()
-	}
-	ns, err := vnetns.GetFromPath(path)
-	if err != nil {
-		return nil, err
-	}
-	defer ns.Close()
-	return netlink.NewHandleAt(ns)
 }

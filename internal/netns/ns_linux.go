@@ -60,37 +60,44 @@ func DoPath(path string, fn func() error) error {
 	return <-errc
 }
 
-// mountDirMu serialises making MountDir a shared mount point.
-var mountDirMu sync.Mutex
+// mountDir guards making MountDir a shared mount point, done once per
+// process (every namespace created after shares it).
+var mountDir struct {
+	sync.Mutex
+	ready bool
+}
 
 // prepareMountDir makes MountDir a shared mount point, as iproute2 does, so
 // that namespace mounts propagate into mount namespaces created later.
 func prepareMountDir() error {
-	mountDirMu.Lock()
-	defer mountDirMu.Unlock()
+	mountDir.Lock()
+	defer mountDir.Unlock()
+	if mountDir.ready {
+		return nil
+	}
 	if err := os.MkdirAll(MountDir, 0o755); err != nil {
 		return err
 	}
 	err := unix.Mount("", MountDir, "none", unix.MS_SHARED|unix.MS_REC, "")
-	if err == nil {
-		return nil
+	if errors.Is(err, unix.EINVAL) {
+		// Not a mount point yet: bind it onto itself first.
+		if err := unix.Mount(MountDir, MountDir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s: %w", MountDir, err)
+		}
+		err = unix.Mount("", MountDir, "none", unix.MS_SHARED|unix.MS_REC, "")
 	}
-	if !errors.Is(err, unix.EINVAL) {
+	if err != nil {
 		return fmt.Errorf("make %s shared: %w", MountDir, err)
 	}
-	// Not a mount point yet: bind it onto itself first.
-	if err := unix.Mount(MountDir, MountDir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("bind %s: %w", MountDir, err)
-	}
-	if err := unix.Mount("", MountDir, "none", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("make %s shared: %w", MountDir, err)
-	}
+	mountDir.ready = true
 	return nil
 }
 
-// createNamed makes a new network namespace and bind-mounts it at
-// MountDir/name, leaving every thread of this process where it was.
-func createNamed(name string) error {
+// createNamed makes a new network namespace, bind-mounts it at
+// MountDir/name and runs inside (if not nil) in it, all on one thread
+// that then switches back, leaving every thread of this process where it
+// was.
+func createNamed(name string, inside func() error) error {
 	if err := prepareMountDir(); err != nil {
 		return fmt.Errorf("netns %s: %w", name, err)
 	}
@@ -118,18 +125,21 @@ func createNamed(name string) error {
 			errc <- fmt.Errorf("unshare: %w", err)
 			return
 		}
-		merr := unix.Mount(threadNS, path, "none", unix.MS_BIND, "")
-		if merr != nil {
-			merr = fmt.Errorf("bind mount: %w", merr)
+		ferr := unix.Mount(threadNS, path, "none", unix.MS_BIND, "")
+		if ferr != nil {
+			ferr = fmt.Errorf("bind mount: %w", ferr)
+		} else if inside != nil {
+			ferr = inside()
 		}
 		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
-			errc <- errors.Join(merr, fmt.Errorf("restore thread namespace: %w", err))
+			errc <- errors.Join(ferr, fmt.Errorf("restore thread namespace: %w", err))
 			return // still locked: the thread exits
 		}
 		runtime.UnlockOSThread()
-		errc <- merr
+		errc <- ferr
 	}()
 	if err := <-errc; err != nil {
+		unmountNamed(path)
 		os.Remove(path)
 		return fmt.Errorf("netns %s: %w", name, err)
 	}

@@ -51,47 +51,33 @@ func createTap(name string, uid, gid int) error {
 }
 
 // configureLinks brings lo up and gives the tap its MAC and HostAddr/30, in
-// the calling thread's namespace.
+// the calling thread's namespace, over one netlink socket.
 func configureLinks(tap string) error {
-	lo, err := netlink.LinkByName("lo")
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("netlink: %w", err)
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
 	if err != nil {
 		return fmt.Errorf("lo: %w", err)
 	}
-	if err := netlink.LinkSetUp(lo); err != nil {
+	if err := h.LinkSetUp(lo); err != nil {
 		return fmt.Errorf("lo up: %w", err)
 	}
-	link, err := netlink.LinkByName(tap)
+	link, err := h.LinkByName(tap)
 	if err != nil {
 		return fmt.Errorf("%s: %w", tap, err)
 	}
 	mac, _ := net.ParseMAC(TapMAC)
-	if err := netlink.LinkSetHardwareAddr(link, mac); err != nil {
+	if err := h.LinkSetHardwareAddr(link, mac); err != nil {
 		return fmt.Errorf("%s mac: %w", tap, err)
 	}
-	if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: HostIPNet()}); err != nil {
+	if err := h.AddrAdd(link, &netlink.Addr{IPNet: HostIPNet()}); err != nil {
 		return fmt.Errorf("%s address: %w", tap, err)
 	}
-	if err := netlink.LinkSetUp(link); err != nil {
+	if err := h.LinkSetUp(link); err != nil {
 		return fmt.Errorf("%s up: %w", tap, err)
 	}
 	return nil
-}
-
-// deleteTuntaps deletes every tun/tap device in the calling thread's
-// namespace (forkd puts only its own there).
-func deleteTuntaps() error {
-	links, err := netlink.LinkList()
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, l := range links {
-		if l.Type() != "tuntap" {
-			continue
-		}
-		if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
-			errs = append(errs, fmt.Errorf("delete %s: %w", l.Attrs().Name, err))
-		}
-	}
-	return errors.Join(errs...)
 }

@@ -25,18 +25,20 @@ type Uplink struct {
 	NSAddr   netip.Prefix
 }
 
-// hostHandle is a netlink handle on the host namespace: the process's own
-// when hostNS is "", else the namespace bind-mounted at hostNS.
-func hostHandle(hostNS string) (*netlink.Handle, error) {
-	if hostNS == "" {
-		return netlink.NewHandle()
+// RouteHandle is a route netlink handle in a namespace: the process's own
+// when path is "", else the namespace bind-mounted at path. (A handle
+// opens a socket per family it is given, all three by default, each by a
+// switch into the namespace and back.)
+func RouteHandle(path string) (*netlink.Handle, error) {
+	if path == "" {
+		return netlink.NewHandle(unix.NETLINK_ROUTE)
 	}
-	h, err := vnetns.GetFromPath(hostNS)
+	h, err := vnetns.GetFromPath(path)
 	if err != nil {
-		return nil, fmt.Errorf("host namespace %s: %w", hostNS, err)
+		return nil, fmt.Errorf("namespace %s: %w", path, err)
 	}
 	defer h.Close()
-	return netlink.NewHandleAt(h)
+	return netlink.NewHandleAt(h, unix.NETLINK_ROUTE)
 }
 
 // AddUplink creates u between the host namespace (hostNS; "" for the
@@ -46,7 +48,7 @@ func (ns *NS) AddUplink(hostNS string, u Uplink) (err error) {
 	if len(u.HostName) >= unix.IFNAMSIZ || u.HostName == "" {
 		return fmt.Errorf("netns %s: uplink name %q: want 1-15 bytes", ns.name, u.HostName)
 	}
-	host, err := hostHandle(hostNS)
+	host, err := RouteHandle(hostNS)
 	if err != nil {
 		return fmt.Errorf("netns %s: uplink: %w", ns.name, err)
 	}
@@ -56,7 +58,7 @@ func (ns *NS) AddUplink(hostNS string, u Uplink) (err error) {
 		return fmt.Errorf("netns %s: %w", ns.name, err)
 	}
 	defer target.Close()
-	inner, err := netlink.NewHandleAt(target)
+	inner, err := netlink.NewHandleAt(target, unix.NETLINK_ROUTE)
 	if err != nil {
 		return fmt.Errorf("netns %s: %w", ns.name, err)
 	}
@@ -104,7 +106,7 @@ func ipnet(p netip.Prefix) *net.IPNet {
 // RemoveUplink deletes the host side of an uplink (and so its peer);
 // one that is gone already is no error.
 func RemoveUplink(hostNS, hostName string) error {
-	host, err := hostHandle(hostNS)
+	host, err := RouteHandle(hostNS)
 	if err != nil {
 		return err
 	}
@@ -128,7 +130,7 @@ func RemoveUplink(hostNS, hostName string) error {
 // daemon can claim the addresses of the sandboxes it adopts and remove the
 // rest.
 func HostUplinks(hostNS, prefix string) (map[string]netip.Addr, error) {
-	host, err := hostHandle(hostNS)
+	host, err := RouteHandle(hostNS)
 	if err != nil {
 		return nil, err
 	}
