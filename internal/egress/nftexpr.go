@@ -1,9 +1,12 @@
 package egress
 
 import (
+	"cmp"
 	"encoding/binary"
 	"net/netip"
+	"slices"
 
+	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
@@ -120,6 +123,37 @@ func dnat4(addr netip.Addr, port uint16) []expr.Any {
 		&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(port)},
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true},
 	}
+}
+
+// intervals are the elements of an IPv4 interval set holding ps: each
+// run of overlapping or adjacent prefixes becomes one start element and
+// an end element just past it (none for a run that reaches
+// 255.255.255.255), as the kernel's interval sets want them.
+func intervals(ps []netip.Prefix) []nftables.SetElement {
+	type run struct{ lo, hi uint32 } // inclusive
+	runs := make([]run, 0, len(ps))
+	for _, p := range ps {
+		p = p.Masked()
+		lo := binary.BigEndian.Uint32(p.Addr().AsSlice())
+		runs = append(runs, run{lo, lo | (^uint32(0) >> p.Bits())})
+	}
+	slices.SortFunc(runs, func(a, b run) int { return cmp.Compare(a.lo, b.lo) })
+	var merged []run
+	for _, r := range runs {
+		if n := len(merged); n > 0 && (merged[n-1].hi == ^uint32(0) || r.lo <= merged[n-1].hi+1) {
+			merged[n-1].hi = max(merged[n-1].hi, r.hi)
+			continue
+		}
+		merged = append(merged, r)
+	}
+	var out []nftables.SetElement
+	for _, r := range merged {
+		out = append(out, nftables.SetElement{Key: binary.BigEndian.AppendUint32(nil, r.lo)})
+		if r.hi != ^uint32(0) {
+			out = append(out, nftables.SetElement{Key: binary.BigEndian.AppendUint32(nil, r.hi+1), IntervalEnd: true})
+		}
+	}
+	return out
 }
 
 func cat(parts ...[]expr.Any) []expr.Any {

@@ -22,6 +22,7 @@ const (
 	chainPolicy  = "policy"
 	chainLimits  = "limits"
 	dnsSet       = "dns"
+	blockedSet   = "blocked"
 
 	// Counters, read by Stats.
 	ctrTx      = "tx"
@@ -98,6 +99,17 @@ func (r *Rules) Install(c *Compiled) error {
 	if err := nc.AddSet(&nftables.Set{ID: 1, Table: t, Name: dnsSet, KeyType: nftables.TypeIPAddr, HasTimeout: true}, nil); err != nil {
 		return fmt.Errorf("egress: %w", err)
 	}
+	// What no policy opens, one lookup instead of a rule per range: a
+	// dozen rules fewer to commit for each sandbox, and to walk for each
+	// packet a guest sends.
+	blocked := []netip.Prefix{r.l.Pool}
+	if !r.o.AllowReserved {
+		blocked = append(blocked, Reserved...)
+	}
+	if err := nc.AddSet(&nftables.Set{ID: 2, Table: t, Name: blockedSet, KeyType: nftables.TypeIPAddr, Interval: true, Constant: true},
+		intervals(blocked)); err != nil {
+		return fmt.Errorf("egress: %w", err)
+	}
 	accept := nftables.ChainPolicyAccept
 	drop := nftables.ChainPolicyDrop
 	fwd := nc.AddChain(&nftables.Chain{Name: chainForward, Table: t, Type: nftables.ChainTypeFilter,
@@ -165,12 +177,7 @@ func (r *Rules) policyRules(nc *nftables.Conn, pol *nftables.Chain, c *Compiled)
 	if c.Mode == ModeNone {
 		return
 	}
-	add(cat(ipaddr(false, r.l.Pool, false), ret)...)
-	if !r.o.AllowReserved {
-		for _, p := range Reserved {
-			add(cat(ipaddr(false, p, false), ret)...)
-		}
-	}
+	add(cat(daddrIn(blockedSet), ret)...)
 	if c.Mode == ModePublic {
 		add(acc...)
 		return
