@@ -89,7 +89,7 @@ func classForStatus(status int) string {
 }
 
 func problemFrom(op string, resp *http.Response) error {
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxProblemBody))
 	var p agentapi.Problem
 	if json.Unmarshal(b, &p) != nil || p.Code == "" {
 		p = agentapi.Problem{
@@ -148,9 +148,9 @@ func (c *Client) do(ctx context.Context, op, method, path string, q url.Values, 
 	return resp, nil
 }
 
-// call sends in (JSON, if not nil) and decodes the response into out (if
-// not nil).
-func (c *Client) call(ctx context.Context, op, method, path string, q url.Values, in, out any) error {
+// call sends in (JSON, if not nil) and decodes the response, at most limit
+// bytes, into out (if not nil; a reply to drop is read up to maxReply).
+func (c *Client) call(ctx context.Context, op, method, path string, q url.Values, limit int64, in, out any) error {
 	var body io.Reader
 	hdr := http.Header{}
 	if in != nil {
@@ -167,11 +167,10 @@ func (c *Client) call(ctx context.Context, op, method, path string, q url.Values
 	}
 	defer resp.Body.Close()
 	if out == nil {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		return nil
+		return c.readError(ctx, op, discardLimited(resp.Body, maxReply, op))
 	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return c.transportError(ctx, op, fmt.Errorf("decoding the response: %w", err))
+	if err := decodeLimited(resp.Body, limit, op, out); err != nil {
+		return c.readError(ctx, op, fmt.Errorf("decoding the response: %w", err))
 	}
 	return nil
 }
@@ -179,14 +178,14 @@ func (c *Client) call(ctx context.Context, op, method, path string, q url.Values
 // Info describes the agent and its VM.
 func (c *Client) Info(ctx context.Context) (agentapi.Info, error) {
 	var info agentapi.Info
-	err := c.call(ctx, "info", http.MethodGet, agentapi.PathInfo, nil, nil, &info)
+	err := c.call(ctx, "info", http.MethodGet, agentapi.PathInfo, nil, maxReply, nil, &info)
 	return info, err
 }
 
 // SetIdentity re-applies an identity without a new session.
 func (c *Client) SetIdentity(ctx context.Context, id agentapi.Identity) (agentapi.Info, error) {
 	var info agentapi.Info
-	err := c.call(ctx, "set identity", http.MethodPost, agentapi.PathIdentity, nil, id, &info)
+	err := c.call(ctx, "set identity", http.MethodPost, agentapi.PathIdentity, nil, maxReply, id, &info)
 	return info, err
 }
 
@@ -234,14 +233,14 @@ func (c *Client) ExecStarted(ctx context.Context, req agentapi.ExecRequest, stdi
 		pid, _ := strconv.Atoi(resp.Header.Get(agentapi.PidHeader))
 		started(max(pid, 0))
 	}
-	dec := json.NewDecoder(resp.Body)
+	dec := newEventDecoder(resp.Body, maxExecEvent, "exec")
 	for {
 		var ev agentapi.ExecEvent
 		if err := dec.Decode(&ev); err != nil {
 			if err == io.EOF {
 				err = errors.New("the stream ended without an exit event")
 			}
-			return agentapi.ExecEvent{}, c.transportError(ctx, "exec", err)
+			return agentapi.ExecEvent{}, c.readError(ctx, "exec", err)
 		}
 		var w io.Writer
 		switch ev.Type {
@@ -265,7 +264,7 @@ func (c *Client) ExecStarted(ctx context.Context, req agentapi.ExecRequest, stdi
 // Processes lists the running execs.
 func (c *Client) Processes(ctx context.Context) ([]agentapi.ProcessInfo, error) {
 	var out []agentapi.ProcessInfo
-	err := c.call(ctx, "list processes", http.MethodGet, agentapi.PathProcesses, nil, nil, &out)
+	err := c.call(ctx, "list processes", http.MethodGet, agentapi.PathProcesses, nil, maxReply, nil, &out)
 	return out, err
 }
 
@@ -300,7 +299,7 @@ func (c *Client) WriteStdin(ctx context.Context, pid int, r io.Reader, closeStdi
 // exec with guest pid pid. errdefs.ErrNotFound: no such running exec.
 func (c *Client) Signal(ctx context.Context, pid int, sig string) error {
 	op := "signal process " + strconv.Itoa(pid)
-	return c.call(ctx, op, http.MethodPost, agentapi.ProcessSignalPath(pid), nil, agentapi.SignalRequest{Signal: sig}, nil)
+	return c.call(ctx, op, http.MethodPost, agentapi.ProcessSignalPath(pid), nil, 0, agentapi.SignalRequest{Signal: sig}, nil)
 }
 
 // ReadFile streams the guest file at path to w and returns its size.
@@ -343,8 +342,8 @@ func (c *Client) WriteFile(ctx context.Context, path string, mode fs.FileMode, r
 	}
 	defer resp.Body.Close()
 	var fi agentapi.FileInfo
-	if err := json.NewDecoder(resp.Body).Decode(&fi); err != nil {
-		return fi, c.transportError(ctx, op, err)
+	if err := decodeLimited(resp.Body, maxReply, op, &fi); err != nil {
+		return fi, c.readError(ctx, op, err)
 	}
 	return fi, nil
 }
@@ -352,21 +351,21 @@ func (c *Client) WriteFile(ctx context.Context, path string, mode fs.FileMode, r
 // ListFiles lists a guest directory.
 func (c *Client) ListFiles(ctx context.Context, path string) ([]agentapi.FileInfo, error) {
 	var out []agentapi.FileInfo
-	err := c.call(ctx, "list "+path, http.MethodGet, agentapi.PathFilesList, url.Values{"path": {path}}, nil, &out)
+	err := c.call(ctx, "list "+path, http.MethodGet, agentapi.PathFilesList, url.Values{"path": {path}}, maxListReply, nil, &out)
 	return out, err
 }
 
 // Stat describes a guest path (a symlink itself, not its target).
 func (c *Client) Stat(ctx context.Context, path string) (agentapi.FileInfo, error) {
 	var fi agentapi.FileInfo
-	err := c.call(ctx, "stat "+path, http.MethodGet, agentapi.PathFilesStat, url.Values{"path": {path}}, nil, &fi)
+	err := c.call(ctx, "stat "+path, http.MethodGet, agentapi.PathFilesStat, url.Values{"path": {path}}, maxReply, nil, &fi)
 	return fi, err
 }
 
 // Mkdir creates a guest directory.
 func (c *Client) Mkdir(ctx context.Context, req agentapi.MkdirRequest) (agentapi.FileInfo, error) {
 	var fi agentapi.FileInfo
-	err := c.call(ctx, "mkdir "+req.Path, http.MethodPost, agentapi.PathFilesMkdir, nil, req, &fi)
+	err := c.call(ctx, "mkdir "+req.Path, http.MethodPost, agentapi.PathFilesMkdir, nil, maxReply, req, &fi)
 	return fi, err
 }
 
@@ -376,7 +375,7 @@ func (c *Client) Remove(ctx context.Context, path string, recursive bool) error 
 	if recursive {
 		q.Set("recursive", "1")
 	}
-	return c.call(ctx, "remove "+path, http.MethodDelete, agentapi.PathFiles, q, nil, nil)
+	return c.call(ctx, "remove "+path, http.MethodDelete, agentapi.PathFiles, q, 0, nil, nil)
 }
 
 // StartPython starts the persistent Python session and runs req.Warm in it.
@@ -384,7 +383,7 @@ func (c *Client) Remove(ctx context.Context, path string, recursive bool) error 
 // Warm.Error, not as an error.
 func (c *Client) StartPython(ctx context.Context, req agentapi.PythonStartRequest) (agentapi.PythonStartResponse, error) {
 	var resp agentapi.PythonStartResponse
-	err := c.call(ctx, "start python", http.MethodPost, agentapi.PathPythonStart, nil, req, &resp)
+	err := c.call(ctx, "start python", http.MethodPost, agentapi.PathPythonStart, nil, maxRunCodeReply, req, &resp)
 	return resp, err
 }
 
@@ -393,7 +392,7 @@ func (c *Client) StartPython(ctx context.Context, req agentapi.PythonStartReques
 // code could not run (no session: errdefs.ErrFailedPrecondition).
 func (c *Client) RunCode(ctx context.Context, req agentapi.RunCodeRequest) (agentapi.RunCodeResult, error) {
 	var res agentapi.RunCodeResult
-	err := c.call(ctx, "run code", http.MethodPost, agentapi.PathRunCode, nil, req, &res)
+	err := c.call(ctx, "run code", http.MethodPost, agentapi.PathRunCode, nil, maxRunCodeReply, req, &res)
 	return res, err
 }
 
@@ -422,14 +421,16 @@ func (c *Client) RunCodeStream(ctx context.Context, req agentapi.RunCodeRequest,
 	// Closing the body early (a writer failed, ctx ended) ends the
 	// request: the agent interrupts the code.
 	defer resp.Body.Close()
-	dec := json.NewDecoder(resp.Body)
+	// An event carries at most a chunk of output, or the result (a value,
+	// figures): limited as a whole RunCode result is.
+	dec := newEventDecoder(resp.Body, maxRunCodeReply, op)
 	for {
 		var ev agentapi.RunCodeEvent
 		if err := dec.Decode(&ev); err != nil {
 			if err == io.EOF {
 				err = errors.New("the stream ended without a result event")
 			}
-			return agentapi.RunCodeResult{}, c.transportError(ctx, op, err)
+			return agentapi.RunCodeResult{}, c.readError(ctx, op, err)
 		}
 		var w io.Writer
 		switch ev.Type {
@@ -466,7 +467,7 @@ func (c *Client) RunCodeStream(ctx context.Context, req agentapi.RunCodeRequest,
 // event races the new session. The caller closes the Session (and with it
 // the connection) after the snapshot; no further requests can succeed.
 func (c *Client) Quiesce(ctx context.Context) error {
-	err := c.call(ctx, "quiesce", http.MethodPost, agentapi.PathQuiesce, nil, nil, nil)
+	err := c.call(ctx, "quiesce", http.MethodPost, agentapi.PathQuiesce, nil, 0, nil, nil)
 	if err == nil && c.sess != nil {
 		// The agent refuses requests on streams of this session now; drop
 		// the idle ones so a stray later call fails fast (GoAway) rather
@@ -479,5 +480,5 @@ func (c *Client) Quiesce(ctx context.Context) error {
 // Shutdown asks the agent to power the VM off. It returns once the agent
 // has acknowledged; the VMM process exits shortly after.
 func (c *Client) Shutdown(ctx context.Context) error {
-	return c.call(ctx, "shutdown", http.MethodPost, agentapi.PathShutdown, nil, nil, nil)
+	return c.call(ctx, "shutdown", http.MethodPost, agentapi.PathShutdown, nil, 0, nil, nil)
 }

@@ -58,12 +58,27 @@ func Dial(ctx context.Context, conn net.Conn, hello agentapi.Hello) (*Session, a
 	if v := ready.Info.ProtocolVersion; v != agentapi.Version {
 		return nil, ready, fmt.Errorf("agent speaks protocol version %d, host %d: %w", v, agentapi.Version, errdefs.ErrFailedPrecondition)
 	}
-	mux, err := yamux.Client(&prefixConn{Conn: conn, rest: rest}, yamuxConfig(func(f string, a ...any) {
+	refusing := make(chan struct{})
+	mux, err := yamux.Client(&prefixConn{Conn: conn, rest: rest, start: refusing}, yamuxConfig(newLogLimiter(func(f string, a ...any) {
 		log.Printf("agentconn: "+f, a...)
-	}))
+	}).printf))
 	if err != nil {
 		return nil, ready, fmt.Errorf("agentconn: yamux: %w", err)
 	}
+	// The host never accepts a stream: the agent serves, the host only
+	// opens. yamux would still queue up to AcceptBacklog (256) streams the
+	// guest opens, each holding the 256 KiB its window lets the guest send
+	// (a hostile guest pinned 128 MiB of daemon heap that way). After a
+	// GoAway, yamux resets every stream the guest opens before allocating
+	// it and drops the data sent on it; the host's own streams are
+	// unaffected (a GoAway only stops the side that receives it). yamux
+	// reads nothing until the GoAway is in effect (prefixConn.start),
+	// so streams opened in the same write as READY are refused too. The
+	// frame goes out in the background: Dial does not wait for the port.
+	go func() {
+		_ = mux.GoAway() // fails only when the session is gone
+		close(refusing)
+	}()
 	s := &Session{mux: mux, ready: ready}
 	s.transport = &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -78,10 +93,17 @@ func Dial(ctx context.Context, conn net.Conn, hello agentapi.Hello) (*Session, a
 		MaxIdleConnsPerHost: 64, // concurrent requests reuse streams
 		IdleConnTimeout:     90 * time.Second,
 		ForceAttemptHTTP2:   false,
+		// The agent's response headers are a few short lines; net/http
+		// would otherwise buffer up to 10 MiB of them per stream.
+		MaxResponseHeaderBytes: maxResponseHeader,
 	}
 	s.client = &http.Client{Transport: s.transport}
 	return s, ready, nil
 }
+
+// maxResponseHeader bounds the status line and headers of an agent
+// response (see Dial): a guest that sends more fails that request.
+const maxResponseHeader = 64 << 10
 
 // resyncAfter is how long Dial waits for READY before it resynchronizes the
 // stream (see handshake). A restored agent answers in tens of milliseconds;
@@ -251,13 +273,16 @@ func (s *Session) Close() error {
 	return err
 }
 
-// prefixConn returns bytes read past the READY line before reading conn.
+// prefixConn returns bytes read past the READY line before reading conn,
+// and nothing at all before start is closed.
 type prefixConn struct {
 	net.Conn
-	rest []byte
+	rest  []byte
+	start <-chan struct{}
 }
 
 func (c *prefixConn) Read(p []byte) (int, error) {
+	<-c.start
 	if len(c.rest) > 0 {
 		n := copy(p, c.rest)
 		c.rest = c.rest[n:]

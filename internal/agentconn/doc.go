@@ -39,4 +39,13 @@
 //
 // The host side (Dial) runs yamux directly over its net.Conn (a Unix socket
 // to QEMU's chardev), since a host connection serves one session only.
+//
+// The guest runs untrusted code as root and its agent can be replaced, so
+// the host bounds what it takes from it. The host is the yamux client and
+// only opens streams: it sends a GoAway right after the handshake, and
+// yamux then resets every stream the guest opens, dropping its data
+// (unaccepted streams would each hold up to 256 KiB of host memory). Each
+// host-opened stream buffers at most streamWindow, a handshake line is at
+// most maxHandshakeLine, and response headers at most maxResponseHeader;
+// package agentclient bounds the response bodies.
 package agentconn

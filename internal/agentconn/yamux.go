@@ -3,6 +3,7 @@ package agentconn
 import (
 	"io"
 	"log"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -54,3 +55,46 @@ func trimNL(p []byte) string {
 }
 
 var _ io.Writer = logWriter(nil)
+
+// Host-side yamux logging: the guest makes yamux log (a frame on a stream
+// it was refused, a bad header), one line per frame, so a hostile guest
+// could fill the daemon's log. A session logs at most logBurst lines per
+// logInterval and then says how many it dropped.
+const (
+	logBurst    = 10
+	logInterval = time.Minute
+)
+
+// logLimiter passes at most burst lines per interval on to logf.
+type logLimiter struct {
+	logf     func(string, ...any)
+	burst    int
+	interval time.Duration
+	now      func() time.Time
+
+	mu      sync.Mutex
+	start   time.Time
+	n       int
+	dropped int
+}
+
+func newLogLimiter(logf func(string, ...any)) *logLimiter {
+	return &logLimiter{logf: logf, burst: logBurst, interval: logInterval, now: time.Now}
+}
+
+func (l *logLimiter) printf(f string, a ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now := l.now(); now.Sub(l.start) >= l.interval {
+		if l.dropped > 0 {
+			l.logf("yamux: %d more messages in the last %v dropped (a guest sending bad frames?)", l.dropped, l.interval)
+		}
+		l.start, l.n, l.dropped = now, 0, 0
+	}
+	if l.n >= l.burst {
+		l.dropped++
+		return
+	}
+	l.n++
+	l.logf(f, a...)
+}
