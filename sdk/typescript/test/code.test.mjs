@@ -57,8 +57,14 @@ describe("runCode", needsPython, () => {
     assert.equal(ex.error, undefined, ex.error?.value);
     assert.equal(ex.stdout, "one\n");
     assert.equal(ex.stderr, "two\n");
-    assert.deepEqual(ex.logs.stdout, ["one\n"]);
-    assert.deepEqual(seen, [["out", "one\n"], ["err", "two\n"]]);
+    // Chunks are as the guest wrote them, not lines: print() writes the
+    // text and its newline separately, which a loaded host may send as
+    // two events. What counts is the text per stream, and its order.
+    assert.equal(ex.logs.stdout.join(""), "one\n");
+    const text = (k) => seen.filter(([s]) => s === k).map(([, t]) => t).join("");
+    assert.equal(text("out"), "one\n");
+    assert.equal(text("err"), "two\n");
+    assert.ok(seen.findIndex(([s]) => s === "err") > seen.findLastIndex(([s]) => s === "out"), JSON.stringify(seen));
     assert.equal(ex.text, "'done'");
   });
 
