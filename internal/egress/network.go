@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/netns"
@@ -16,6 +17,7 @@ import (
 // resolver. Link and Unlink set up and remove one sandbox's part.
 type Network struct {
 	pool     *Pool
+	drain    *drain
 	host     *Host
 	resolver *Resolver
 	layout   Layout
@@ -51,7 +53,7 @@ func NewNetwork(cfg NetworkConfig) (*Network, error) {
 		cfg.Log = slog.Default()
 	}
 	return &Network{
-		pool: pool, opts: cfg.Options, log: cfg.Log,
+		pool: pool, drain: newDrain(pool, cfg.HostNS, cfg.Log), opts: cfg.Options, log: cfg.Log,
 		host:     &Host{NS: cfg.HostNS, Table: cfg.Table, Pool: pool},
 		resolver: &Resolver{Upstream: cfg.DNSUpstream, HostNS: cfg.HostNS, AllowReserved: cfg.AllowReserved, Log: cfg.Log},
 		layout: Layout{
@@ -107,14 +109,18 @@ func (n *Network) Link(id string, ns *netns.NS, c *Compiled) (_ *Attachment, err
 	if err := n.ensureHost(); err != nil {
 		return nil, err
 	}
-	l, err := n.pool.Allocate()
+	l, err := n.allocate()
 	if err != nil {
 		return nil, err
 	}
 	a := &Attachment{ID: id, NS: ns, Link: l, Rules: NewRules(ns.Path(), n.layout, n.opts)}
 	defer func() {
 		if err != nil {
-			n.Unlink(a)
+			// The namespace may stay (a policy change that failed):
+			// its uplink goes now, not with it.
+			n.resolver.Detach(id)
+			netns.RemoveUplink(n.host.NS, HostLinkName(id))
+			n.pool.Release(l)
 		}
 	}()
 	if err := ns.AddUplink(n.host.NS, netns.Uplink{
@@ -163,14 +169,34 @@ func (n *Network) SetPolicy(a *Attachment, c *Compiled) error {
 	return nil
 }
 
-// Unlink removes a sandbox's part (its namespace stays); the uplink's
-// address returns to the pool.
+// allocate takes a link from the pool; an exhausted pool first waits for
+// the links of ended sandboxes to drain (see drain).
+func (n *Network) allocate() (Link, error) {
+	deadline := time.Now().Add(allocateWait)
+	for {
+		l, err := n.pool.Allocate()
+		if err == nil || !errdefs.IsUnavailable(err) {
+			return l, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 || !n.drain.wait(left) {
+			return Link{}, err
+		}
+	}
+}
+
+// Unlink ends a sandbox's part: its resolver stops at once; its uplink
+// goes with its namespace, which the caller removes next, and the
+// uplink's address returns to the pool once the kernel has deleted it
+// (see drain).
 func (n *Network) Unlink(a *Attachment) error {
 	n.resolver.Detach(a.ID)
-	err := netns.RemoveUplink(n.host.NS, HostLinkName(a.ID))
-	n.pool.Release(a.Link)
-	return err
+	n.drain.add(HostLinkName(a.ID), a.Link)
+	return nil
 }
+
+// Draining is the number of ended sandboxes' uplinks not yet gone.
+func (n *Network) Draining() int { return n.drain.pending() }
 
 // RemoveLeftovers deletes the host-side uplinks in the pool whose
 // sandbox is not in keep (ids), and returns the others' addresses by
@@ -198,7 +224,10 @@ func (n *Network) RemoveLeftovers(keep map[string]bool) (map[string]netip.Addr, 
 
 // Close stops the resolver; uplinks and rules stay for sandboxes that
 // outlive the process.
-func (n *Network) Close() { n.resolver.Close() }
+func (n *Network) Close() {
+	n.drain.stop()
+	n.resolver.Close()
+}
 
 // RemoveHost deletes the host's rules, for an engine whose sandboxes all
 // ended with it (a bench, a daemon run with --stop-sandboxes).
