@@ -14,6 +14,7 @@ package qmp
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,6 +30,13 @@ import (
 
 // ErrClosed is returned by calls on a client whose connection has ended.
 var ErrClosed = errors.New("qmp: connection closed")
+
+// MaxLineBytes bounds one message (one line) from QEMU. The largest reply
+// QEMU has, query-qmp-schema, is about 200 KiB in QEMU 7.2, and the replies
+// forkd asks for (query-status, query-migrate, HMP "info ramblock") are a
+// few KiB: a longer line comes from a QEMU that misbehaves, or that a guest
+// has taken over, and must not make the daemon buffer it without bound.
+const MaxLineBytes = 1 << 20
 
 // Error is an error reply from QEMU.
 type Error struct {
@@ -160,7 +168,7 @@ func newClient(ctx context.Context, conn *net.UnixConn) (*Client, error) {
 	r := bufio.NewReaderSize(conn, 64<<10)
 	// The greeting is read synchronously, bounded by ctx.
 	stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Unix(1, 0)) })
-	line, err := r.ReadBytes('\n')
+	line, err := readLine(r)
 	if !stop() {
 		return nil, fmt.Errorf("qmp: greeting: %w", context.Cause(ctx))
 	}
@@ -184,8 +192,8 @@ func newClient(ctx context.Context, conn *net.UnixConn) (*Client, error) {
 // Version is the QEMU version announced in the greeting.
 func (c *Client) Version() Version { return c.version }
 
-// Done is closed when the connection has ended (Close, QEMU exited, or a
-// command was cut off part-way).
+// Done is closed when the connection has ended (Close, QEMU exited, a
+// command was cut off part-way, or QEMU sent a line over MaxLineBytes).
 func (c *Client) Done() <-chan struct{} { return c.done }
 
 // Close ends the session. Pending calls fail with ErrClosed.
@@ -369,13 +377,19 @@ func (c *Client) readLoop(r *bufio.Reader) {
 	var err error
 	for {
 		var line []byte
-		line, err = r.ReadBytes('\n')
+		line, err = readLine(r)
 		if len(line) > 0 {
 			c.dispatch(line)
 		}
 		if err != nil {
 			break
 		}
+	}
+	var tooLong *lineTooLongError
+	if errors.As(err, &tooLong) {
+		// The rest of the line would follow as the next message: nothing
+		// on this connection can be trusted any more.
+		c.abandon(err)
 	}
 	c.mu.Lock()
 	c.readErr = err
@@ -436,6 +450,36 @@ func (c *Client) dispatch(line []byte) {
 	if ch, ok := c.pending[id]; ok {
 		delete(c.pending, id)
 		ch <- rep
+	}
+}
+
+// lineTooLongError is a message from QEMU longer than MaxLineBytes.
+type lineTooLongError struct{ start []byte }
+
+func (e *lineTooLongError) Error() string {
+	return fmt.Sprintf("QEMU sent a message longer than %d bytes (qmp.MaxLineBytes), starting %q: QEMU misbehaves, or a guest has taken it over; the connection was closed",
+		MaxLineBytes, e.start)
+}
+
+// readLine reads one line of at most MaxLineBytes, newline included. A
+// longer one is a *lineTooLongError, found without buffering more than
+// MaxLineBytes and one buffer of r.
+func readLine(r *bufio.Reader) ([]byte, error) {
+	var line []byte
+	for {
+		frag, err := r.ReadSlice('\n')
+		if len(line)+len(frag) > MaxLineBytes {
+			start := line
+			if len(start) == 0 {
+				start = frag
+			}
+			return nil, &lineTooLongError{start: bytes.Clone(truncate(start, 80))}
+		}
+		// frag is only valid until the next read: copy it.
+		line = append(line, frag...)
+		if err != bufio.ErrBufferFull {
+			return line, err
+		}
 	}
 }
 

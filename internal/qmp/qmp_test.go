@@ -32,6 +32,10 @@ type fakeQEMU struct {
 	received chan string
 	// resume lets a fake that got "stall" read on.
 	resume chan struct{}
+	// flood is what "flood" writes floodN times, with no newline: a line
+	// without end, from a buffer the test allocates before it measures.
+	flood  []byte
+	floodN int
 }
 
 func newFake(t *testing.T, path string) *fakeQEMU {
@@ -155,6 +159,15 @@ func (f *fakeQEMU) handle(line []byte, fds *[]int) {
 	case "fail":
 		out = map[string]any{"error": map[string]any{"class": "DeviceNotFound", "desc": "no such thing"}, "id": cmd.ID}
 	case "never":
+		return
+	case "flood":
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for range f.floodN {
+			if _, err := f.conn.Write(f.flood); err != nil {
+				return // the client hung up
+			}
+		}
 		return
 	case "stall":
 		// Stops reading, as a QEMU that hangs, until resume is closed.
@@ -386,6 +399,14 @@ func TestConnectionLoss(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("pending call not failed")
 	}
+	requireClosed(t, c, sub, "")
+	sub.Cancel() // after close: no panic
+}
+
+// requireClosed checks a client that lost its connection: Done closed,
+// subscriptions ended, later calls ErrClosed (saying why, if why is set).
+func requireClosed(t *testing.T, c *Client, sub *Subscription, why string) {
+	t.Helper()
 	select {
 	case <-c.Done():
 	case <-time.After(time.Minute):
@@ -394,10 +415,9 @@ func TestConnectionLoss(t *testing.T) {
 	if _, ok := <-sub.C(); ok {
 		t.Error("subscription channel still open")
 	}
-	if err := c.Execute(context.Background(), "echo", 1, nil); !errors.Is(err, ErrClosed) {
-		t.Errorf("after close: %v", err)
+	if err := c.Execute(context.Background(), "echo", 1, nil); !errors.Is(err, ErrClosed) || !strings.Contains(err.Error(), why) {
+		t.Errorf("call after close: %v, want ErrClosed saying %q", err, why)
 	}
-	sub.Cancel() // after close: no panic
 }
 
 func TestDeadlinePassedBeforeWrite(t *testing.T) {
