@@ -726,6 +726,10 @@ func readBlocks(procMem *os.File, blocks []hmpRAMBlock, addr map[string]uint64) 
 		if !ok {
 			continue
 		}
+		if b.Used > maxOtherRAMBytes {
+			// QEMU's own word (info ramblock): not to be trusted with an allocation.
+			return nil, fmt.Errorf("RAM block %s of %d bytes: more than %d", b.Name, b.Used, maxOtherRAMBytes)
+		}
 		data := make([]byte, (b.Used+pageSize-1)&^(pageSize-1))
 		if _, err := procMem.ReadAt(data, int64(a)); err != nil {
 			return nil, fmt.Errorf("read RAM block %s: %w", b.Name, err)
@@ -735,11 +739,15 @@ func readBlocks(procMem *os.File, blocks []hmpRAMBlock, addr map[string]uint64) 
 	return out, nil
 }
 
-// readAllAt reads a file from its start.
+// readAllAt reads a file from its start: the device state QEMU saved,
+// at most maxDeviceStateBytes.
 func readAllAt(f *os.File) ([]byte, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return nil, err
+	}
+	if st.Size() > maxDeviceStateBytes {
+		return nil, streamErr("device state of %d bytes, more than %d", st.Size(), maxDeviceStateBytes)
 	}
 	data := make([]byte, st.Size())
 	if _, err := f.ReadAt(data, 0); err != nil {

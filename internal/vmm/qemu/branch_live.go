@@ -224,7 +224,9 @@ func (b *brancher) live(ctx context.Context) (err error) {
 	if err := hook("stream"); err != nil {
 		return err
 	}
-	r, err := splitStream(bufio.NewReaderSize(io.NewSectionReader(spool, 0, 1<<62), 1<<20), memOut, stateOut, memBlockName)
+	// The spool is QEMU's writing: splitStream checks it against the
+	// machine's memory size.
+	r, err := splitStream(bufio.NewReaderSize(io.NewSectionReader(spool, 0, 1<<62), 1<<20), memOut, stateOut, memBlockName, int64(m.cfg.MemoryMiB)<<20)
 	if err != nil {
 		return fmt.Errorf("qemu %s: live branch: convert the stream: %w", m.cfg.ID, err)
 	}

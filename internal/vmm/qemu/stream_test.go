@@ -71,7 +71,7 @@ func TestSplitStream(t *testing.T) {
 	}
 	defer mem.Close()
 	var state bytes.Buffer
-	st, err := splitStream(bytes.NewReader(stream), mem, &state, "mem")
+	st, err := splitStream(bytes.NewReader(stream), mem, &state, "mem", memPages*pageSize)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,11 @@ func TestSplitStreamErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer mem.Close()
-		_, err = splitStream(bytes.NewReader(s), mem, &bytes.Buffer{}, block)
+		memSize := int64(16 * pageSize)
+		if name == "outside" {
+			memSize = pageSize
+		}
+		_, err = splitStream(bytes.NewReader(s), mem, &bytes.Buffer{}, block, memSize)
 		return err
 	}
 	// Truncated anywhere before the device state.
