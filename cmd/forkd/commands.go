@@ -13,6 +13,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/snapshot"
+	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
 func table(header string) *tabwriter.Writer {
@@ -446,7 +447,7 @@ func lsCmd(g *globals) *cobra.Command {
 				if s.DeadReason != "" {
 					// One line per sandbox: the whole reason (an exit
 					// status and a QEMU error, say) is in `sandbox info`.
-					st += ": " + firstLine(s.DeadReason)
+					st += ": " + firstLine(vmm.EscapeConsole(s.DeadReason))
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f ms\t%d\t%s\n", s.ID, s.Tag, st, s.ReadyMillis, s.PID, s.Created.Local().Format(time.TimeOnly))
 			}

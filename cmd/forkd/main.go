@@ -21,6 +21,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/client"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
 // version is set with -ldflags "-X main.version=...".
@@ -147,7 +148,9 @@ func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code)
 // problem+json does, so a script reads stderr the way it reads the API.
 func printError(w io.Writer, err error, asJSON bool) {
 	if !asJSON {
-		fmt.Fprintln(w, "forkd:", err)
+		// Errors can quote a guest's console (a VM that died, an agent
+		// that never answered).
+		fmt.Fprintln(w, "forkd:", vmm.EscapeConsole(err.Error()))
 		return
 	}
 	json.NewEncoder(w).Encode(problemOf(err))

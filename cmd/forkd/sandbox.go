@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
 // sandboxCmd groups the commands about one sandbox, as `forkd snapshot`
@@ -44,7 +45,8 @@ func sandboxCmd(g *globals) *cobra.Command {
 }
 
 // printSandbox writes every field of s, multi-line ones (a dead reason, the
-// console tail) indented under their label.
+// console tail) indented under their label. Those two quote the guest's
+// console: escaped, whatever daemon (or record of an older one) sent them.
 func printSandbox(w io.Writer, s apiv1.Sandbox) {
 	field := func(name, value string) {
 		fmt.Fprintf(w, "%-14s%s\n", name+":", indentRest(value, 14))
@@ -53,7 +55,7 @@ func printSandbox(w io.Writer, s apiv1.Sandbox) {
 	field("tag", s.Tag)
 	field("state", s.State)
 	if s.DeadReason != "" {
-		field("dead reason", s.DeadReason)
+		field("dead reason", vmm.EscapeConsole(s.DeadReason))
 	}
 	field("created", s.Created.Local().Format(time.DateTime))
 	how := "a VMM started for it"
@@ -104,7 +106,7 @@ func printSandbox(w io.Writer, s apiv1.Sandbox) {
 	}
 	if s.ConsoleTail != "" {
 		fmt.Fprintln(w, "console tail:")
-		for _, l := range strings.Split(strings.TrimRight(s.ConsoleTail, "\n"), "\n") {
+		for _, l := range strings.Split(strings.TrimRight(vmm.EscapeConsole(s.ConsoleTail), "\n"), "\n") {
 			fmt.Fprintln(w, "  "+l)
 		}
 	}

@@ -302,7 +302,9 @@ func (e *Engine) registerDead(rec state.SandboxRecord) {
 	s := &Sandbox{
 		ID: rec.ID, Tag: rec.Tag, SnapshotID: rec.SnapshotID, Created: rec.Created,
 		ReadyMillis: rec.ReadyMillis, Pooled: rec.Pooled, GuestIP: rec.GuestIP, pid: rec.Process.PID,
-		netns: rec.NetNS, state: apiv1.StateDead, deadReason: rec.DeadReason, consoleTail: rec.ConsoleTail,
+		netns: rec.NetNS, state: apiv1.StateDead,
+		// Recorded by an older daemon maybe, which did not escape them.
+		deadReason: vmm.EscapeConsole(rec.DeadReason), consoleTail: vmm.EscapeConsole(rec.ConsoleTail),
 		labels: rec.Labels, exited: make(chan struct{}),
 	}
 	close(s.exited)

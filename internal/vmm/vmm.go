@@ -86,7 +86,9 @@ type MachineConfig struct {
 	// VMGenID is a fresh 128-bit UUID per child where the VMM supports a
 	// vmgenid device; it tells the guest kernel it was cloned.
 	VMGenID string
-	// ConsoleLog receives the guest serial console (appended).
+	// ConsoleLog receives the guest serial console (appended). A guest
+	// can print without end: the driver keeps it capped (QEMU: the latest
+	// 1 MiB at most, in ConsoleLog and ConsoleLog.1).
 	ConsoleLog string
 	// TrackDirtyPages asks the VMM to track the pages the guest writes, for
 	// a later diff snapshot. Firecracker needs it at boot and restore
@@ -216,7 +218,8 @@ type Machine interface {
 	Done() <-chan struct{}
 	// ExitError is why the process exited (nil for a requested stop).
 	ExitError() error
-	// ConsoleTail returns up to n bytes from the end of the guest console.
+	// ConsoleTail returns up to n bytes from the end of the guest console,
+	// escaped for a terminal (EscapeConsole): the guest wrote it.
 	ConsoleTail(n int) string
 }
 

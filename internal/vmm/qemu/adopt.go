@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -21,14 +22,14 @@ import (
 )
 
 // Adoption: a QEMU started by this driver does not depend on the daemon
-// that started it. It runs in its own process group, its stdout and stderr
-// are a file (qemu.log), not pipes to the daemon, it ignores SIGPIPE (QEMU
-// does so itself) so the daemon's half of QMP and the agent socket going
-// away only ends those sessions, and it gets no parent-death signal unless
-// Config.KillOnParentDeath asks for one. QEMU's QMP and agent sockets are
-// servers (server=on): once the old daemon's connections are gone, they
-// accept a new client. A later daemon can therefore take the process over
-// with Adopt.
+// that started it. It runs in its own process group, it ignores SIGPIPE
+// (QEMU does so itself) so the daemon's half of QMP, of the agent and
+// console sockets and of its stdout and stderr pipe going away only ends
+// those sessions (its later output is lost, see consolelog.go), and it
+// gets no parent-death signal unless Config.KillOnParentDeath asks for
+// one. QEMU's QMP, agent and console sockets are servers (server=on): once
+// the old daemon's connections are gone, they accept a new client. A later
+// daemon can therefore take the process over with Adopt.
 
 // adoptTimeout bounds Adopt when the caller's context has no deadline.
 const adoptTimeout = 10 * time.Second
@@ -100,12 +101,28 @@ func (d *Driver) Adopt(ctx context.Context, spec vmm.AdoptSpec) (vmm.Machine, er
 	}
 	m.state = stateRunning
 	m.attach(c)
+	m.followConsole(reconnectConsole(cfg, d))
 	go m.reap()
 	if status != "running" {
 		d.log.Warn("adopted vmm was paused (its daemon died during a snapshot); resumed it", "id", cfg.ID, "status", status)
 	}
 	d.log.Info("vmm adopted", "id", cfg.ID, "pid", want.PID, "took", time.Since(began))
 	return m, nil
+}
+
+// reconnectConsole connects to an adopted QEMU's console socket, which it
+// serves to one client at a time (consolelog.go); nil if it has none.
+func reconnectConsole(cfg vmm.MachineConfig, d *Driver) net.Conn {
+	conn, err := net.DialTimeout("unix", filepath.Join(cfg.RunDir, consoleSocket), adoptTimeout)
+	switch {
+	case errors.Is(err, syscall.ENOENT):
+		// Started by an older forkd, whose QEMU writes console.log itself.
+		return nil
+	case err != nil:
+		d.log.Warn("adopted vmm: its console is not kept from now on", "id", cfg.ID, "err", err)
+		return nil
+	}
+	return conn
 }
 
 // takeOverQMP connects to an adopted QEMU's QMP socket (it accepts a new

@@ -256,6 +256,11 @@ func TestAdopt(t *testing.T) {
 		if r, err := a.Call("hello adopter", 10*time.Second); err != nil || r != "echo: hello adopter" {
 			t.Errorf("echo: %q %v", r, err)
 		}
+		// The adopter follows the console again: ticks the guest prints
+		// from now on reach it.
+		seen := lastTick(m.ConsoleTail(4096))
+		waitFor(t, callTimeout, func() bool { return lastTick(m.ConsoleTail(4096)) > seen },
+			"a tick after %d in the adopted VM's console", seen)
 		if _, err := m.Restore(ctx); !errdefs.IsFailedPrecondition(err) {
 			t.Errorf("Restore of an adopted running VM: %v", err)
 		}
@@ -273,7 +278,7 @@ func TestAdopt(t *testing.T) {
 		if m.PID() != 0 {
 			t.Errorf("PID %d after exit", m.PID())
 		}
-		for _, name := range []string{qmpSocket, agentSocket, pidFile} {
+		for _, name := range []string{qmpSocket, agentSocket, consoleSocket, pidFile} {
 			if _, err := os.Stat(filepath.Join(a1.RunDir, name)); !os.IsNotExist(err) {
 				t.Errorf("%s left after Kill: %v", name, err)
 			}
@@ -326,9 +331,24 @@ func TestAdopt(t *testing.T) {
 	})
 }
 
+// lastTick is the number of the last "tick N" line of a console, -1 if
+// none.
+func lastTick(console string) int {
+	last := -1
+	for _, l := range strings.Split(console, "\n") {
+		if v, ok := strings.CutPrefix(l, "tick "); ok {
+			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+				last = n
+			}
+		}
+	}
+	return last
+}
+
 // survivedParent checks that an orphaned VM still runs, on its own: a
-// child of someone else than the killed helper, with no pipe to it (stdin
-// /dev/null, stdout and stderr qemu.log) and ignoring SIGPIPE.
+// child of someone else than the killed helper, stdin /dev/null, and
+// ignoring SIGPIPE, so that writes to its stdout and stderr, a pipe whose
+// reader (the helper) is gone, do not kill it.
 func survivedParent(s vmm.AdoptSpec, helper int) error {
 	pid := s.Process.PID
 	st, err := procfs.ReadStat(pid)
@@ -338,11 +358,11 @@ func survivedParent(s vmm.AdoptSpec, helper int) error {
 	if st.StartTime != s.Process.StartTime || st.State == 'Z' {
 		return fmt.Errorf("pid %d: start %d state %c, want a running %d", pid, st.StartTime, st.State, s.Process.StartTime)
 	}
-	want := map[int]string{0: os.DevNull, 1: filepath.Join(s.RunDir, stderrFile), 2: filepath.Join(s.RunDir, stderrFile)}
-	for fd, path := range want {
+	want := map[int]string{0: os.DevNull, 1: "pipe:", 2: "pipe:"}
+	for fd, prefix := range want {
 		got, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", pid, fd))
-		if err != nil || got != path {
-			return fmt.Errorf("pid %d fd %d is %q (%v), want %s", pid, fd, got, err, path)
+		if err != nil || !strings.HasPrefix(got, prefix) {
+			return fmt.Errorf("pid %d fd %d is %q (%v), want %s", pid, fd, got, err, prefix)
 		}
 	}
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))

@@ -11,11 +11,12 @@ import (
 
 // Names of the run files inside MachineConfig.RunDir.
 const (
-	qmpSocket   = "qmp.sock"
-	agentSocket = "agent.sock"
-	consoleFile = "console.log"
-	stderrFile  = "qemu.log"
-	pidFile     = "qemu.pid"
+	qmpSocket     = "qmp.sock"
+	agentSocket   = "agent.sock"
+	consoleSocket = "console.sock" // the serial console's (consolelog.go)
+	consoleFile   = "console.log"
+	stderrFile    = "qemu.log"
+	pidFile       = "qemu.pid"
 )
 
 // maxSocketPath is the longest unix socket path (sun_path holds 108 bytes
@@ -106,7 +107,9 @@ func (l *launch) args() []string {
 			"-device", "virtio-blk-device,drive=d0")
 	}
 	a = append(a,
-		"-chardev", "file,id=con,path="+optEscape(c.ConsoleLog)+",append=on",
+		// The listening socket QEMU inherits, bound by start: see
+		// consolelog.go for why QEMU does not write the console itself.
+		"-chardev", "socket,id=con,fd="+strconv.Itoa(consoleFD)+",server=on,wait=off",
 		"-serial", "chardev:con",
 		"-device", "virtio-serial-device",
 		"-chardev", "socket,id=agent,path="+optEscape(run(agentSocket))+",server=on,wait=off",

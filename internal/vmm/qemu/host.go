@@ -2,7 +2,6 @@ package qemu
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -156,27 +155,4 @@ func resolveAccel(a vmm.Accel) (vmm.Accel, error) {
 		return a, nil
 	}
 	return "", fmt.Errorf("accel %q: %w", a, errdefs.ErrInvalidArgument)
-}
-
-// tail returns up to n bytes from the end of a file ("" if unreadable).
-func tail(path string, n int) string {
-	if n <= 0 || path == "" {
-		return ""
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return ""
-	}
-	off := st.Size() - int64(n)
-	if off < 0 {
-		off = 0
-	}
-	buf := make([]byte, st.Size()-off)
-	k, _ := f.ReadAt(buf, off)
-	return string(bytes.ToValidUTF8(buf[:k], []byte("?")))
 }

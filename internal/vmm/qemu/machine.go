@@ -60,6 +60,10 @@ type Machine struct {
 	// directory away, then deletes it; the clone maps the file still).
 	memID *fileID
 
+	console     *cappedLog    // the guest console, cfg.ConsoleLog (consolelog.go)
+	stderr      *cappedLog    // QEMU's stdout and stderr, qemu.log
+	consoleDone chan struct{} // closed when the copy into console has ended
+
 	done    chan struct{}   // closed once the process is reaped
 	exitCtx context.Context // cancelled when the process has exited
 	exited  context.CancelFunc
@@ -102,7 +106,12 @@ func (c child) kill() error {
 }
 
 func newMachine(d *Driver, cfg vmm.MachineConfig, proc process, incoming bool) *Machine {
-	m := &Machine{d: d, cfg: cfg, proc: proc, incoming: incoming, done: make(chan struct{})}
+	m := &Machine{
+		d: d, cfg: cfg, proc: proc, incoming: incoming, done: make(chan struct{}),
+		console:     newCappedLog(cfg.ConsoleLog, consoleLogBytes),
+		stderr:      newCappedLog(filepath.Join(cfg.RunDir, stderrFile), stderrLogBytes),
+		consoleDone: make(chan struct{}),
+	}
 	m.exitCtx, m.exited = context.WithCancel(context.Background())
 	return m
 }
@@ -145,8 +154,9 @@ func (m *Machine) ExitError() error {
 	return m.exitErr
 }
 
-// ConsoleTail returns up to n bytes from the end of the guest console.
-func (m *Machine) ConsoleTail(n int) string { return tail(m.cfg.ConsoleLog, n) }
+// ConsoleTail returns up to n bytes from the end of the guest console,
+// escaped for a terminal (vmm.EscapeConsole): the guest wrote it.
+func (m *Machine) ConsoleTail(n int) string { return vmm.EscapeConsole(m.console.Tail(n)) }
 
 func (m *Machine) setState(s state) {
 	m.mu.Lock()
@@ -172,7 +182,8 @@ func (m *Machine) transition(op string, next state, from ...state) error {
 // reap waits for the process, records why it ended and cleans up the run
 // directory's sockets.
 func (m *Machine) reap() {
-	werr := m.proc.wait()
+	werr := m.proc.wait() // a started one's output is drained then
+	m.stderr.Close()
 	if m.uid != 0 && m.d.uids != nil {
 		// The process is gone: nothing runs as that uid any more.
 		m.d.uids.release(m.uid)
@@ -190,8 +201,14 @@ func (m *Machine) reap() {
 		}
 		c.Close()
 	}
-	for _, name := range []string{qmpSocket, agentSocket, pidFile, memIDFile} {
+	for _, name := range []string{qmpSocket, agentSocket, consoleSocket, pidFile, memIDFile} {
 		os.Remove(filepath.Join(m.cfg.RunDir, name))
+	}
+	// The console's last lines, for the exit error and ConsoleTail
+	// after Done.
+	select {
+	case <-m.consoleDone:
+	case <-time.After(stderrDrainTimeout):
 	}
 	m.mu.Lock()
 	m.state = stateExited
@@ -223,7 +240,8 @@ func (m *Machine) describeExit(werr error) error {
 		}
 	}
 	class := errdefs.ErrUnavailable
-	if s := strings.TrimSpace(tail(filepath.Join(m.cfg.RunDir, stderrFile), detailBytes)); s != "" {
+	// QEMU's output may quote the guest (or be a taken-over QEMU's).
+	if s := strings.TrimSpace(vmm.EscapeConsole(m.stderr.Tail(detailBytes))); s != "" {
 		fmt.Fprintf(&b, "\nqemu stderr:\n%s", s)
 		if hint := m.hugePoolHint(s); hint != "" {
 			fmt.Fprintf(&b, "\n%s", hint)
@@ -250,6 +268,18 @@ func (m *Machine) hugePoolHint(stderr string) string {
 	}
 	return fmt.Sprintf("the memory dir is on hugetlbfs and its huge page pool has too few free pages: each sandbox reserves its guest memory (%d MiB = %d pages of %d KiB) when it starts; raise /proc/sys/vm/nr_hugepages (HugePages_Free in /proc/meminfo says what is left), or use fewer pooled VMMs (--pool)",
 		m.cfg.MemoryMiB, int64(m.cfg.MemoryMiB)<<20/huge, huge>>10)
+}
+
+// awaitExitDetail is exitDetail once the reaper has described the exit,
+// for a caller that saw the process exit (exitCtx): the reaper drains
+// QEMU's output and console first, each wait bounded (see reap), and the
+// description quotes them.
+func (m *Machine) awaitExitDetail() error {
+	select {
+	case <-m.done:
+	case <-time.After(time.Minute):
+	}
+	return m.exitDetail()
 }
 
 // exitDetail is the exit error, or a description of a requested exit.
@@ -298,7 +328,7 @@ func (m *Machine) DialAgent(ctx context.Context) (net.Conn, error) {
 			return c, nil
 		}
 		if context.Cause(ctx) == errExited {
-			return nil, fmt.Errorf("qemu %s: dial agent: %w", m.cfg.ID, m.exitDetail())
+			return nil, fmt.Errorf("qemu %s: dial agent: %w", m.cfg.ID, m.awaitExitDetail())
 		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("qemu %s: dial agent: %w", m.cfg.ID, context.Cause(ctx))

@@ -96,7 +96,7 @@ func TestArgsTemplate(t *testing.T) {
 	check("-append", "console=ttyS0 panic=-1 reboot=t quiet tsc_early_khz=2596124 tsc=reliable no_timer_check forkd.x=1")
 	check("-drive", "file=/img/root,,fs.ext4,format=raw,if=none,id=d0,readonly=on")
 	check("-device", "virtio-blk-device,drive=d0")
-	check("-chardev", "file,id=con,path=/run/forkd/abc/console.log,append=on")
+	check("-chardev", "socket,id=con,fd=3,server=on,wait=off")
 	check("-chardev", "socket,id=agent,path=/run/forkd/abc/agent.sock,server=on,wait=off")
 	check("-device", "virtserialport,chardev=agent,name=agent")
 	check("-qmp", "unix:/run/forkd/abc/qmp.sock,server=on,wait=off")

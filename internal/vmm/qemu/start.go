@@ -73,7 +73,7 @@ func validate(c *vmm.MachineConfig, incoming bool) error {
 	if c.ConsoleLog == "" {
 		c.ConsoleLog = filepath.Join(c.RunDir, consoleFile)
 	}
-	if n := len(filepath.Join(c.RunDir, agentSocket)); n > maxSocketPath {
+	if n := len(filepath.Join(c.RunDir, consoleSocket)); n > maxSocketPath { // the longest name
 		return bad("run directory %q too long for unix sockets (%d > %d bytes)", c.RunDir, n, maxSocketPath)
 	}
 	if c.Network != nil && c.Network.TapName == "" {
@@ -145,7 +145,7 @@ func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile str
 	if err := os.MkdirAll(cfg.RunDir, 0o700); err != nil {
 		return nil, fmt.Errorf("qemu %s: %w", cfg.ID, err)
 	}
-	for _, name := range []string{qmpSocket, agentSocket, pidFile, memIDFile} {
+	for _, name := range []string{qmpSocket, agentSocket, consoleSocket, pidFile, memIDFile} {
 		os.Remove(filepath.Join(cfg.RunDir, name))
 	}
 	if cfg.MemoryFile != "" && !incoming {
@@ -160,11 +160,17 @@ func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile str
 			return nil, fmt.Errorf("qemu %s: memory file: %w", cfg.ID, err)
 		}
 	}
-	stderr, err := os.OpenFile(filepath.Join(cfg.RunDir, stderrFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	conLn, conConn, err := listenConsole(filepath.Join(cfg.RunDir, consoleSocket))
 	if err != nil {
-		return nil, fmt.Errorf("qemu %s: %w", cfg.ID, err)
+		return nil, fmt.Errorf("qemu %s: console socket: %w", cfg.ID, err)
 	}
-	defer stderr.Close()
+	undo.Push(func(context.Context) error { return os.Remove(filepath.Join(cfg.RunDir, consoleSocket)) })
+	defer conLn.Close() // QEMU has its own copy once started
+	defer func() {
+		if conConn != nil {
+			conConn.Close() // not handed to followConsole
+		}
+	}()
 
 	l := &launch{cfg: cfg, accel: accel, cpu: d.cfg.CPU, incoming: incoming, runAs: d.cfg.RunAs}
 	var uid int
@@ -187,8 +193,15 @@ func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile str
 	}
 
 	cmd := exec.Command(d.binary, l.args()...)
-	cmd.Stdout = stderr
-	cmd.Stderr = stderr
+	m := newMachine(d, cfg, child{cmd}, incoming)
+	// One pipe for both (the same Writer), copied into the capped
+	// qemu.log; Wait returns once it is drained, so an exit error has
+	// QEMU's last words. WaitDelay bounds that if something else held
+	// the pipe open.
+	cmd.Stdout = m.stderr
+	cmd.Stderr = m.stderr
+	cmd.WaitDelay = stderrDrainTimeout
+	cmd.ExtraFiles = []*os.File{conLn} // consoleFD
 	cmd.Dir = cfg.RunDir
 	// Own process group: a Ctrl-C at the daemon's terminal is not the
 	// VMMs' business.
@@ -196,7 +209,6 @@ func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile str
 	if d.cfg.KillOnParentDeath {
 		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	}
-	m := newMachine(d, cfg, child{cmd}, incoming)
 	m.uid = uid
 	if incoming && cfg.MemoryFile != "" {
 		m.memID = recordMemID(cfg)
@@ -208,6 +220,8 @@ func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile str
 		return nil, fmt.Errorf("qemu %s: start %s: %w", cfg.ID, d.binary, err)
 	}
 	spawned := time.Now()
+	m.followConsole(conConn)
+	conConn = nil
 	m.pid = cmd.Process.Pid // before the reaper runs, which zeroes it
 	if cfg.Nice != 0 {
 		// Right after the fork, before QEMU creates its threads (which
@@ -306,6 +320,9 @@ func (m *Machine) passFile(ctx context.Context, path string, flag int) error {
 
 // failure describes a failed step, with QEMU's own words if it exited.
 func (m *Machine) failure(step string, err error) error {
+	if m.exitCtx.Err() != nil {
+		return fmt.Errorf("qemu %s: %s: %w", m.cfg.ID, step, m.awaitExitDetail())
+	}
 	select {
 	case <-m.done:
 		return fmt.Errorf("qemu %s: %s: %w", m.cfg.ID, step, m.exitDetail())

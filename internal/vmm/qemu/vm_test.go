@@ -418,7 +418,7 @@ func TestClones(t *testing.T) {
 	if err := c3.ExitError(); err != nil {
 		t.Errorf("ExitError after Stop = %v", err)
 	}
-	for _, name := range []string{qmpSocket, agentSocket, pidFile} {
+	for _, name := range []string{qmpSocket, agentSocket, consoleSocket, pidFile} {
 		if _, err := os.Stat(filepath.Join(c3.Config().RunDir, name)); !os.IsNotExist(err) {
 			t.Errorf("%s left after Stop: %v", name, err)
 		}
