@@ -205,8 +205,8 @@ func runBenchAPI(ctx context.Context, g *globals, o benchAPIOpts) error {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 
 	// The daemon's stack: engine with a state store and metrics,
-	// api.Server with metrics and an audit log, http.Server on a Unix
-	// socket with PeerContext.
+	// api.Server with metrics and an audit log, the daemon's HTTP server
+	// (api.NewHTTPServer) on a Unix socket.
 	m := metrics.New(version)
 	env, err := newBenchEnv(g, "api", m)
 	if err != nil {
@@ -242,7 +242,7 @@ func runBenchAPI(ctx context.Context, g *globals, o benchAPIOpts) error {
 		return fmt.Errorf("listen on %s: %w", sock, err)
 	}
 	ln := &countingListener{Listener: uln}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ConnContext: api.PeerContext}
+	hs := api.NewHTTPServer(srv.Handler(), api.DefaultMaxConnections)
 	go hs.Serve(ln)
 	defer hs.Close() // runs before the engine closes: in-flight requests end first
 

@@ -93,6 +93,7 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 	if err != nil {
 		return nil, ctor, err
 	}
+	warnIfEmulated(d.log, drv, vmm.Accel(g.accel))
 	agent, err := agentBinary()
 	if err != nil {
 		return nil, ctor, err
@@ -121,6 +122,8 @@ func serveCmd(g *globals) *cobra.Command {
 	var netnsPrefix, configPath, logLevel, portDomain string
 	var listen, tlsCert, tlsKey, tokenFile string
 	var insecure bool
+	var maxConns int
+	var maxConnsEnvErr error
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the daemon in the foreground (owns every VMM; API on a Unix socket)",
@@ -136,6 +139,12 @@ func serveCmd(g *globals) *cobra.Command {
 			}
 			if err := applyConfig(cmd, configPath, explicit); err != nil {
 				return err
+			}
+			if maxConnsEnvErr != nil {
+				return fmt.Errorf("FORKD_MAX_CONNECTIONS=%q: %v: %w", os.Getenv("FORKD_MAX_CONNECTIONS"), maxConnsEnvErr, errdefs.ErrInvalidArgument)
+			}
+			if maxConns < 0 {
+				return fmt.Errorf("--max-connections %d: want 0 (no limit) or more: %w", maxConns, errdefs.ErrInvalidArgument)
 			}
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
@@ -227,7 +236,7 @@ func serveCmd(g *globals) *cobra.Command {
 				return fmt.Errorf("listen on %s: %w", sock, err)
 			}
 			os.Chmod(sock, 0o600)
-			hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ConnContext: api.PeerContext}
+			hs := api.NewHTTPServer(srv.Handler(), maxConns)
 			errc := make(chan error, 2)
 			go func() { errc <- hs.Serve(ln) }()
 			if tln != nil {
@@ -271,6 +280,13 @@ func serveCmd(g *globals) *cobra.Command {
 	f.StringVar(&tlsKey, "tls-key", "", "PEM private key for --listen")
 	f.StringVar(&tokenFile, "token-file", "", "hashed API token store (default DATA_DIR/"+auth.StoreFile+"); the first token's plaintext goes to DATA_DIR/"+auth.FirstTokenFile)
 	f.BoolVar(&insecure, "insecure-no-tls-or-auth-i-know", false, "allow --listen on a non-loopback address without TLS (tokens stay required)")
+	f.IntVar(&maxConns, "max-connections", api.DefaultMaxConnections,
+		"most API connections served at once on each listener (the Unix socket, --listen), so a flood of them cannot exhaust the daemon; more wait to be accepted. Tunnels and WebSockets to sandbox ports stop counting once upgraded. 0: no limit (env FORKD_MAX_CONNECTIONS)")
+	if v := os.Getenv("FORKD_MAX_CONNECTIONS"); v != "" {
+		// The default, as envOr gives the string flags theirs: the
+		// config file and the command line still win.
+		maxConnsEnvErr = f.Lookup("max-connections").Value.Set(v)
+	}
 	f.BoolVar(&g.stopSandboxes, "stop-sandboxes", false, "stop every sandbox when the daemon stops (default: they keep running and the next daemon re-adopts them)")
 	addLiveBranchFlags(f, g)
 	addNetworkFlags(f, &g.network)
@@ -347,4 +363,19 @@ func engineState(e *sandbox.Engine) metrics.State {
 		}
 	}
 	return st
+}
+
+// warnIfEmulated says at start-up, plainly, that guests run under TCG
+// when they do: software emulation is no security boundary (QEMU's
+// security policy counts only guests under KVM as isolated).
+func warnIfEmulated(log *slog.Logger, drv vmm.Driver, accel vmm.Accel) {
+	resolver, ok := drv.(interface {
+		Accel(vmm.Accel) (vmm.Accel, error)
+	})
+	if !ok {
+		return
+	}
+	if a, err := resolver.Accel(accel); err == nil && a == vmm.AccelTCG {
+		log.Warn("guests run under TCG software emulation (no usable /dev/kvm): slow, and not a security boundary; use KVM to run untrusted code (docs/SECURITY.md)")
+	}
 }

@@ -8,6 +8,8 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"os"
+	"time"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
 )
@@ -51,11 +53,18 @@ func decodeStrict(r io.Reader, v any) error {
 }
 
 // isReadError reports an error of the body's reader rather than of the
-// JSON in it (a body over http.MaxBytesReader's limit).
+// JSON in it (a body over http.MaxBytesReader's limit, or not sent within
+// jsonBodyTimeout).
 func isReadError(err error) bool {
 	var mbe *http.MaxBytesError
-	return errors.As(err, &mbe)
+	return errors.As(err, &mbe) || errors.Is(err, os.ErrDeadlineExceeded)
 }
+
+// jsonBodyTimeout bounds reading a JSON body (at most MaxJSONBody): the
+// server has no timeout for whole bodies, which would cut off uploads
+// and exec's stdin, so a client that sends a small body slowly would
+// otherwise hold its connection and handler for as long as it likes.
+var jsonBodyTimeout = time.Minute
 
 // decode reads a strict JSON body: the JSON content type (else 415; a
 // missing Content-Type too, so a client that forgot it learns it here),
@@ -72,7 +81,21 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 		return withStatus(http.StatusUnsupportedMediaType,
 			fmt.Errorf("content type %q: this route takes a JSON body; send Content-Type: %s: %w", ct, jsonMediaType, errdefs.ErrInvalidArgument))
 	}
+	// The deadline must end with the read: once the body is read the
+	// server watches the connection for the client going away, and a
+	// deadline passing then would cancel the request (a fork, a build,
+	// run_code's stream). Writers that cannot (in-process ones) need none.
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Now().Add(jsonBodyTimeout))
 	err := decodeStrict(http.MaxBytesReader(w, r.Body, MaxJSONBody), v)
+	rc.SetReadDeadline(time.Time{})
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		// The rest of the body is not coming: the server must not wait
+		// to read it before it answers, as it does to reuse a connection.
+		w.Header().Set("Connection", "close")
+		return withStatus(http.StatusRequestTimeout,
+			fmt.Errorf("request body not sent within %s, the limit for JSON bodies: %w", jsonBodyTimeout, errdefs.ErrInvalidArgument))
+	}
 	if isReadError(err) {
 		return withStatus(http.StatusRequestEntityTooLarge,
 			fmt.Errorf("request body over %d bytes, the limit for JSON bodies (files go through PUT .../files, which streams): %w", MaxJSONBody, errdefs.ErrInvalidArgument))

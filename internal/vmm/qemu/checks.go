@@ -11,9 +11,15 @@ import (
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
+// TCGWarning is what doctor and the daemon's start-up log say when guests
+// run under TCG: QEMU's security policy counts only guests under a
+// hardware accelerator (KVM) as isolated, so TCG must not run untrusted
+// code (docs/SECURITY.md).
+const TCGWarning = "TCG software emulation will be used: slow, and not a security boundary (QEMU supports only KVM guests as isolated); use KVM for untrusted code"
+
 // Checks probes the host for what this driver needs, for `forkd doctor`.
 // Every failed check carries a Fix. A host without KVM passes with a note:
-// TCG works, only slower.
+// TCG works, slower, and is no security boundary (TCGWarning).
 func Checks(ctx context.Context, opts vmm.Options) []vmm.Check {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -48,7 +54,7 @@ func Checks(ctx context.Context, opts vmm.Options) []vmm.Check {
 		Fix:    "enable hardware virtualization (VT-x/AMD-V, or nested virtualization for a VM) and give forkd read-write access to /dev/kvm",
 	}
 	if !kvm {
-		c.Detail += "; TCG software emulation will be used (slow)"
+		c.Detail += "; " + TCGWarning
 	}
 	checks = append(checks, c)
 

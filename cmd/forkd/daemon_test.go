@@ -1,0 +1,83 @@
+package main
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/forkd-dev/forkd/internal/api"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/vmm"
+)
+
+// --max-connections: default, environment, config file and flag, in that
+// order of precedence; a bad value stops the daemon before it starts.
+func TestServeMaxConnections(t *testing.T) {
+	conf := func(src string) string {
+		p := filepath.Join(t.TempDir(), "forkd.toml")
+		os.WriteFile(p, []byte(src), 0o644)
+		return p
+	}
+	value := func(args []string, config string) string {
+		t.Helper()
+		serve := serveWithRoot(&globals{})
+		if err := serve.Flags().Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		if err := applyConfig(serve, config, true); err != nil {
+			t.Fatal(err)
+		}
+		return serve.Flags().Lookup("max-connections").Value.String()
+	}
+	if got := value(nil, conf("")); got != strconv.Itoa(api.DefaultMaxConnections) {
+		t.Errorf("default %s", got)
+	}
+	t.Setenv("FORKD_MAX_CONNECTIONS", "7")
+	if got := value(nil, conf("")); got != "7" {
+		t.Errorf("from the environment: %s", got)
+	}
+	if got := value(nil, conf("max_connections = 9")); got != "9" {
+		t.Errorf("config file over the environment: %s", got)
+	}
+	if got := value([]string{"--max-connections", "11"}, conf("max_connections = 9")); got != "11" {
+		t.Errorf("flag over the config file: %s", got)
+	}
+
+	refused := func(args []string, says string) {
+		t.Helper()
+		serve := serveWithRoot(&globals{})
+		if err := serve.Flags().Parse(append(args, "--config", conf(""))); err != nil {
+			t.Fatal(err)
+		}
+		err := serve.RunE(serve, nil)
+		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), says) {
+			t.Errorf("%v: %v, want invalid argument saying %q", args, err, says)
+		}
+	}
+	refused([]string{"--max-connections", "-1"}, "--max-connections -1")
+	t.Setenv("FORKD_MAX_CONNECTIONS", "lots")
+	refused(nil, `FORKD_MAX_CONNECTIONS="lots"`)
+}
+
+// accelDriver is a driver that only resolves accelerators.
+type accelDriver struct {
+	vmm.Driver
+	accel vmm.Accel
+}
+
+func (d accelDriver) Accel(vmm.Accel) (vmm.Accel, error) { return d.accel, nil }
+
+// The daemon says at start-up that TCG is no security boundary, and says
+// nothing of it under KVM.
+func TestWarnIfEmulated(t *testing.T) {
+	for accel, want := range map[vmm.Accel]bool{vmm.AccelTCG: true, vmm.AccelKVM: false} {
+		var b strings.Builder
+		warnIfEmulated(slog.New(slog.NewTextHandler(&b, nil)), accelDriver{accel: accel}, vmm.AccelAuto)
+		if got := strings.Contains(b.String(), "not a security boundary"); got != want {
+			t.Errorf("%s: warned %v, want %v: %q", accel, got, want, b.String())
+		}
+	}
+}
