@@ -106,11 +106,15 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 	if err != nil {
 		return nil, ctor, err
 	}
+	maxGuestMiB, err := guestMemoryLimit(g.guestMemShare)
+	if err != nil {
+		return nil, ctor, err
+	}
 	e, err := sandbox.New(sandbox.Config{
 		MemoryDir: memDir,
 		DataDir:   g.dataDir, RunDir: d.runDir, Driver: drv, Accel: vmm.Accel(g.accel),
 		RecipeDirs: recipeDirs(g.dataDir), AgentBinary: agent, PoolSize: g.poolSize,
-		NetNSPrefix: d.netnsPrefix, Logger: d.log, MaxForkCount: g.maxFork, MaxSandboxes: g.maxSandboxes,
+		NetNSPrefix: d.netnsPrefix, Logger: d.log, MaxForkCount: g.maxFork, MaxSandboxes: g.maxSandboxes, MaxGuestMemoryMiB: maxGuestMiB,
 		MaxConcurrentBuilds: g.maxBuilds, Metrics: d.metrics, OnEvent: d.onEvent,
 		State: d.state, KeepSandboxesOnClose: d.state != nil && !g.stopSandboxes,
 		Network: netCfg,
@@ -274,6 +278,8 @@ func serveCmd(g *globals) *cobra.Command {
 	f.StringVar(&netnsPrefix, "netns-prefix", envOr("FORKD_NETNS_PREFIX", "forkd-"), "prefix of the network namespaces this daemon creates (and cleans up at start)")
 	f.IntVar(&g.maxFork, "max-fork", 100, "most sandboxes one fork request may create")
 	f.IntVar(&g.maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: no limit)")
+	f.Float64Var(&g.guestMemShare, "guest-memory-share", defaultGuestMemShare,
+		"most guest memory committed to sandboxes running, starting and pooled, as a multiple of the host's RAM; a fork past it is refused (429) with the numbers. Above 1 because clones share their parent's memory copy-on-write and few touch all of theirs. 0: no limit")
 	f.IntVar(&g.maxBuilds, "max-builds", 2, "most image builds and snapshot creations at once")
 	f.StringVar(&listen, "listen", "", "also serve the API on TCP HOST:PORT (bearer tokens always; TLS required off loopback)")
 	f.StringVar(&tlsCert, "tls-cert", "", "PEM certificate (chain) for --listen")
@@ -378,4 +384,28 @@ func warnIfEmulated(log *slog.Logger, drv vmm.Driver, accel vmm.Accel) {
 	if a, err := resolver.Accel(accel); err == nil && a == vmm.AccelTCG {
 		log.Warn("guests run under TCG software emulation (no usable /dev/kvm): slow, and not a security boundary; use KVM to run untrusted code (docs/SECURITY.md)")
 	}
+}
+
+// defaultGuestMemShare lets the guest memory committed reach 1.5 times
+// the host's RAM: a clone maps its snapshot's memory copy-on-write and
+// rarely writes all of it (a child of the minimal snapshot is 18 % of a
+// cold VM, docs/BENCHMARKS.md), but a default without any bound would let
+// a fan-out commit many times the host and end in its OOM killer.
+const defaultGuestMemShare = 1.5
+
+// guestMemoryLimit turns --guest-memory-share into MiB of this host's
+// RAM (0: no limit).
+func guestMemoryLimit(share float64) (int64, error) {
+	if share < 0 || share > 100 {
+		return 0, fmt.Errorf("--guest-memory-share %g: want 0 (no limit) to 100 times the host's RAM: %w", share, errdefs.ErrInvalidArgument)
+	}
+	if share == 0 {
+		return 0, nil
+	}
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		return 0, fmt.Errorf("host memory: %w", err)
+	}
+	ram := uint64(si.Totalram) * uint64(si.Unit)
+	return int64(float64(ram>>20) * share), nil
 }

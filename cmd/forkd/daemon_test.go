@@ -81,3 +81,23 @@ func TestWarnIfEmulated(t *testing.T) {
 		}
 	}
 }
+
+// --guest-memory-share: a multiple of this host's RAM, 0 for no limit;
+// out of range stops the daemon.
+func TestGuestMemoryLimit(t *testing.T) {
+	if miB, err := guestMemoryLimit(0); miB != 0 || err != nil {
+		t.Errorf("share 0: %d, %v", miB, err)
+	}
+	one, err := guestMemoryLimit(1)
+	if err != nil || one < 64 {
+		t.Fatalf("share 1: %d MiB, %v", one, err)
+	}
+	if def, _ := guestMemoryLimit(defaultGuestMemShare); def < one {
+		t.Errorf("the default share gives %d MiB, less than the host's %d", def, one)
+	}
+	for _, bad := range []float64{-1, 101} {
+		if _, err := guestMemoryLimit(bad); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("share %g: %v", bad, err)
+		}
+	}
+}

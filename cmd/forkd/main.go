@@ -42,7 +42,10 @@ type globals struct {
 	poolSize     int
 	maxFork      int
 	maxSandboxes int
-	maxBuilds    int
+	// guestMemShare bounds the guest memory committed to sandboxes, as
+	// a multiple of the host's RAM (0: no bound).
+	guestMemShare float64
+	maxBuilds     int
 	// stopSandboxes: serve stops sandboxes on exit instead of leaving them
 	// for the next daemon.
 	stopSandboxes bool

@@ -47,6 +47,9 @@ type Config struct {
 	MaxForkCount int
 	// MaxSandboxes bounds running sandboxes (0: unlimited).
 	MaxSandboxes int
+	// MaxGuestMemoryMiB bounds the guest memory committed to sandboxes
+	// running, starting and pooled (0: unlimited); see admission.go.
+	MaxGuestMemoryMiB int64
 	// SpawnConcurrency bounds children restored at once (0: 2 x CPUs).
 	SpawnConcurrency int
 	// MaxConcurrentBuilds bounds image builds and snapshot creations running
@@ -98,9 +101,10 @@ type Engine struct {
 	pools     map[string]*pool            // by snapshot ID
 	pending   map[string]*PendingSnapshot // background branches, by tag
 	closed    bool
-	// starting counts the MaxSandboxes slots reserved by forks in flight
-	// (reserveSlots).
-	starting int
+	// starting counts the MaxSandboxes slots reserved by forks in flight,
+	// startingMiB the guest memory they reserved (reserveSlots).
+	starting    int
+	startingMiB int64
 	// tainted holds, by snapshot ID, why a snapshot whose files changed
 	// after commit is refused (checkIntact).
 	tainted map[string]string

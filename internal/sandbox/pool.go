@@ -23,7 +23,10 @@ type pool struct {
 	mu      sync.Mutex
 	items   []*prepared
 	filling bool
-	closed  bool
+	// preparing is set while the refill prepares a VMM: its guest
+	// memory counts against MaxGuestMemoryMiB (admission.go).
+	preparing bool
+	closed    bool
 }
 
 func (e *Engine) poolFor(snap *snapshot.Snapshot) *pool {
@@ -73,6 +76,16 @@ func (p *pool) ready() int {
 	return len(p.items)
 }
 
+// counts is the number of VMMs waiting, and being prepared (0 or 1).
+func (p *pool) counts() (waiting, preparing int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.preparing {
+		preparing = 1
+	}
+	return len(p.items), preparing
+}
+
 // refill tops the pool up to its size in the background.
 func (p *pool) refill() {
 	p.mu.Lock()
@@ -92,16 +105,27 @@ func (p *pool) refill() {
 				p.mu.Unlock()
 				return
 			}
+			p.preparing = true
 			p.mu.Unlock()
+			if !p.e.poolRoom(p) {
+				// Forks get their VMMs started on their path instead;
+				// the next fork's refill tries again.
+				p.e.log.Debug("pool not refilled: the guest memory limit is reached", "tag", p.snap.Tag)
+				p.mu.Lock()
+				p.preparing, p.filling = false, false
+				p.mu.Unlock()
+				return
+			}
 			pv, err := p.e.prepare(context.Background(), p.snap, poolNice)
 			if err != nil {
 				p.e.log.Warn("pool refill failed", "tag", p.snap.Tag, "err", err)
 				p.mu.Lock()
-				p.filling = false
+				p.preparing, p.filling = false, false
 				p.mu.Unlock()
 				return
 			}
 			p.mu.Lock()
+			p.preparing = false
 			if p.closed {
 				p.mu.Unlock()
 				pv.discard(context.Background())

@@ -165,7 +165,8 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) ([]*Sandbox, er
 	if snap.VMM.Kind != e.cfg.Driver.Name() {
 		return nil, fmt.Errorf("snapshot %q was made by VMM %q, this daemon runs %q: %w", tag, snap.VMM.Kind, e.cfg.Driver.Name(), errdefs.ErrFailedPrecondition)
 	}
-	releaseSlots, err := e.reserveSlots(n)
+	p := e.poolFor(snap)
+	releaseSlots, err := e.reserveSlots(n, p)
 	if err != nil {
 		return nil, err
 	}
@@ -173,7 +174,6 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) ([]*Sandbox, er
 	if opts.RequestID == "" {
 		opts.RequestID = "fork-" + snapshot.NewID()
 	}
-	p := e.poolFor(snap)
 	defer p.refill()
 
 	results := make([]*Sandbox, n)
@@ -254,43 +254,6 @@ func (e *Engine) commitFork(requestID string, sbs []*Sandbox) error {
 // testHookCommitFork, set by tests, runs in commitFork just before the
 // children's records are written.
 var testHookCommitFork func(sbs []*Sandbox)
-
-// reserveSlots takes n of the MaxSandboxes slots for a fork, or refuses
-// it at once. Running sandboxes hold a slot each (dead and stopped ones
-// do not); forks in flight hold what they reserved until they answer, so
-// two concurrent forks can never pass the limit together. release gives
-// the reservation back; by then the fork's children, if it succeeded,
-// count as running (a moment of double counting errs on the safe side).
-func (e *Engine) reserveSlots(n int) (release func(), err error) {
-	max := e.cfg.MaxSandboxes
-	if max <= 0 {
-		return func() {}, nil
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	running := 0
-	for _, s := range e.sandboxes {
-		s.mu.Lock()
-		// A pending child is covered by its fork's reservation.
-		if s.state == apiv1.StateRunning && s.pendingFork == "" {
-			running++
-		}
-		s.mu.Unlock()
-	}
-	if running+e.starting+n > max {
-		return nil, fmt.Errorf("%d running + %d starting, limit %d: %d more would pass it (forkd serve --max-sandboxes); kill sandboxes you no longer need (`forkd kill`), or retry once forks in flight have answered: %w",
-			running, e.starting, max, n, errdefs.ErrResourceExhausted)
-	}
-	e.starting += n
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			e.mu.Lock()
-			e.starting -= n
-			e.mu.Unlock()
-		})
-	}, nil
-}
 
 // spawnOne turns a prepared VMM (pooled, or started now) into a running
 // sandbox: restore, then the agent handshake carrying the child's identity.

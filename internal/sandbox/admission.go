@@ -1,0 +1,104 @@
+package sandbox
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+)
+
+// Admission: a fork is refused at once (ResourceExhausted, a 429) when
+// its children would pass --max-sandboxes, or when the guest memory they
+// commit would pass MaxGuestMemoryMiB. Committed memory is each guest's
+// full size, whatever it has touched yet: a clone maps its parent's
+// memory copy-on-write and can come to write all of it. It counts the
+// sandboxes running, the forks in flight, and the VMMs pooled or being
+// pooled (a pool does not refill past the limit).
+
+// reserveSlots takes the slots and guest memory of n children forked
+// through pool p, or refuses the fork. Running sandboxes hold what they
+// use (dead and stopped ones hold nothing); forks in flight hold what
+// they reserved until they answer, so two concurrent forks can never pass
+// a limit together. The pooled VMMs a fork takes count as the fork's
+// (until it takes them, as the pool's too). release gives the reservation
+// back; by then the fork's children, if it succeeded, count as running
+// (a moment of double counting errs on the safe side).
+func (e *Engine) reserveSlots(n int, p *pool) (release func(), err error) {
+	maxN, maxMiB := e.cfg.MaxSandboxes, e.cfg.MaxGuestMemoryMiB
+	if maxN <= 0 && maxMiB <= 0 {
+		return func() {}, nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	running, runningMiB := e.runningLocked()
+	if maxN > 0 && running+e.starting+n > maxN {
+		return nil, fmt.Errorf("%d running + %d starting, limit %d: %d more would pass it (forkd serve --max-sandboxes); kill sandboxes you no longer need (`forkd kill`), or retry once forks in flight have answered: %w",
+			running, e.starting, maxN, n, errdefs.ErrResourceExhausted)
+	}
+	needMiB := int64(n) * int64(p.snap.MemoryMiB)
+	if maxMiB > 0 {
+		pooledMiB := e.pooledMiBLocked()
+		// The pooled VMMs this fork will take are counted once: as
+		// its own, not as the pool's.
+		waiting, _ := p.counts()
+		pooledMiB -= int64(min(n, waiting)) * int64(p.snap.MemoryMiB)
+		if total := runningMiB + e.startingMiB + pooledMiB + needMiB; total > maxMiB {
+			return nil, fmt.Errorf("guest memory: %d MiB running + %d MiB starting + %d MiB pooled, limit %d MiB: %d more children of %q (%d MiB each) would pass it (forkd serve --guest-memory-share); kill sandboxes you no longer need (`forkd kill`): %w",
+				runningMiB, e.startingMiB, pooledMiB, maxMiB, n, p.snap.Tag, p.snap.MemoryMiB, errdefs.ErrResourceExhausted)
+		}
+	}
+	e.starting += n
+	e.startingMiB += needMiB
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			e.mu.Lock()
+			e.starting -= n
+			e.startingMiB -= needMiB
+			e.mu.Unlock()
+		})
+	}, nil
+}
+
+// runningLocked counts the running sandboxes and their guest memory
+// (those of a fork still in flight are covered by its reservation);
+// e.mu is held.
+func (e *Engine) runningLocked() (n int, miB int64) {
+	for _, s := range e.sandboxes {
+		s.mu.Lock()
+		if s.state == apiv1.StateRunning && s.pendingFork == "" {
+			n++
+			if s.base != nil {
+				miB += int64(s.base.MemoryMiB)
+			}
+		}
+		s.mu.Unlock()
+	}
+	return n, miB
+}
+
+// pooledMiBLocked is the guest memory of the VMMs pooled or being
+// prepared for a pool; e.mu is held.
+func (e *Engine) pooledMiBLocked() int64 {
+	var miB int64
+	for _, p := range e.pools {
+		waiting, filling := p.counts()
+		miB += int64(waiting+filling) * int64(p.snap.MemoryMiB)
+	}
+	return miB
+}
+
+// poolRoom reports whether one more VMM of p's snapshot fits under
+// MaxGuestMemoryMiB, for a refill about to prepare it.
+func (e *Engine) poolRoom(p *pool) bool {
+	maxMiB := e.cfg.MaxGuestMemoryMiB
+	if maxMiB <= 0 {
+		return true
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, runningMiB := e.runningLocked()
+	// The VMM about to be prepared is counted by its pool already.
+	return runningMiB+e.startingMiB+e.pooledMiBLocked() <= maxMiB
+}
