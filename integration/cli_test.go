@@ -229,14 +229,18 @@ func TestCLI(t *testing.T) {
 			t.Fatalf("no steady state before the fork: %d sandboxes, %d pooled, %d VMM processes", len(sbs), snap.Pooled, c.vmmProcesses())
 		}
 	}
-	fork := c.cmd("fork", "--tag", tag, "-n", "4")
+	// Ten children: the pool holds two, so eight VMMs start cold, a
+	// few at a time, and the fork stays in flight for a few rounds of
+	// VMM starts after the first is seen (with four it could finish
+	// between the test's look and its kill on a loaded host).
+	fork := c.cmd("fork", "--tag", tag, "-n", "10")
 	if err := fork.Start(); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- fork.Wait() }()
 	// The fork is in flight once the daemon has taken pooled VMMs for it
-	// or started new ones (4 children need more than the pool holds).
+	// or started new ones.
 	for {
 		select {
 		case err := <-exited:
