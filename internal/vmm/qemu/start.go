@@ -319,15 +319,51 @@ func (m *Machine) passFile(ctx context.Context, path string, flag int) error {
 }
 
 // failure describes a failed step, with QEMU's own words if it exited.
+//
+// The reaper describes an exit only after draining QEMU's output and
+// console (bounded, see reap), which takes a moment on a loaded host; a
+// step that failed because QEMU is dying (a QMP connection reset) waits
+// for that description rather than return its own error without QEMU's
+// words (e.g. the hint for a full huge page pool).
 func (m *Machine) failure(step string, err error) error {
 	if m.exitCtx.Err() != nil {
 		return fmt.Errorf("qemu %s: %s: %w", m.cfg.ID, step, m.awaitExitDetail())
 	}
-	select {
-	case <-m.done:
-		return fmt.Errorf("qemu %s: %s: %w", m.cfg.ID, step, m.exitDetail())
-	case <-time.After(50 * time.Millisecond):
-		// Still running (or exiting right now; the detail is a bonus).
+	// A failure of the caller's context is no sign of an exit: a short
+	// look only. Anything else most likely is one.
+	look := exitLook
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		look = 50 * time.Millisecond
 	}
-	return fmt.Errorf("qemu %s: %s: %w", m.cfg.ID, step, err)
+	deadline := time.Now().Add(look)
+	for {
+		select {
+		case <-m.done:
+			return fmt.Errorf("qemu %s: %s: %w", m.cfg.ID, step, m.exitDetail())
+		case <-time.After(10 * time.Millisecond):
+		}
+		if m.processEnded() {
+			return fmt.Errorf("qemu %s: %s: %w", m.cfg.ID, step, m.awaitExitDetail())
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("qemu %s: %s: %w", m.cfg.ID, step, err)
+		}
+	}
+}
+
+// exitLook is how long a failed step looks for QEMU exiting before it
+// reports its own error (QEMU still running).
+const exitLook = 2 * time.Second
+
+// processEnded reports whether QEMU's process has ended: reaped, or a
+// zombie the reaper has not collected yet.
+func (m *Machine) processEnded() bool {
+	m.mu.Lock()
+	pid := m.pid
+	m.mu.Unlock()
+	if pid == 0 {
+		return true
+	}
+	st, err := procfs.ReadStat(pid)
+	return err != nil || st.Exited()
 }
