@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -89,16 +90,20 @@ func (c *cli) sandboxes() []apiv1.Sandbox {
 
 // vmmProcesses counts VMM processes whose command line names this daemon's
 // run dir.
-func (c *cli) vmmProcesses() int {
-	n := 0
+func (c *cli) vmmProcesses() int { return len(c.vmmPIDs()) }
+
+// vmmPIDs are the pids of the VMM processes of the test's daemon.
+func (c *cli) vmmPIDs() map[int]bool {
+	pids := map[int]bool{}
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
 		data, _ := os.ReadFile(p)
 		if bytes.Contains(data, []byte("qemu")) && bytes.Contains(data, []byte(c.runDir+"/vms/")) {
-			n++
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			pids[pid] = true
 		}
 	}
-	return n
+	return pids
 }
 
 // TestCLI drives the daemon through the CLI the way a user does, starting
@@ -229,33 +234,35 @@ func TestCLI(t *testing.T) {
 			t.Fatalf("no steady state before the fork: %d sandboxes, %d pooled, %d VMM processes", len(sbs), snap.Pooled, c.vmmProcesses())
 		}
 	}
-	// Ten children: the pool holds two, so eight VMMs start cold, a
-	// few at a time, and the fork stays in flight for a few rounds of
-	// VMM starts after the first is seen (with four it could finish
-	// between the test's look and its kill on a loaded host).
+	// Ten children: the pool holds two, so VMMs start for the other
+	// eight. Each is stopped (SIGSTOP) as soon as it appears: the fork
+	// then cannot finish before the CLI is killed, however fast or
+	// loaded the host (a fork of four once finished between the test
+	// seeing it in flight and its kill). The daemon's teardown kills
+	// stopped VMMs like any other.
+	before := c.vmmPIDs()
 	fork := c.cmd("fork", "--tag", tag, "-n", "10")
 	if err := fork.Start(); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- fork.Wait() }()
-	// The fork is in flight once the daemon has taken pooled VMMs for it
-	// or started new ones.
-	for {
+	held := map[int]bool{}
+	for len(held) == 0 {
 		select {
 		case err := <-exited:
-			t.Fatalf("the fork ended (%v) before a VMM was seen taken or started for it; nothing was killed mid-fork", err)
-		case <-time.After(20 * time.Millisecond):
+			t.Fatalf("the fork ended (%v) before a VMM was started for it; nothing was killed mid-fork", err)
+		case <-time.After(10 * time.Millisecond):
 		}
-		if c.vmmProcesses() > vmms0 {
-			break
-		}
-		json.Unmarshal([]byte(c.ok("snapshot", "info", tag, "--json")), &snap)
-		if snap.Pooled < pooled0 {
-			break
+		for pid := range c.vmmPIDs() {
+			if !before[pid] && !held[pid] {
+				syscall.Kill(pid, syscall.SIGSTOP)
+				held[pid] = true
+			}
 		}
 	}
-	t.Logf("fork in flight: %d VMM processes (%d before), %d pooled (%d before); killing the CLI", c.vmmProcesses(), vmms0, snap.Pooled, pooled0)
+	json.Unmarshal([]byte(c.ok("snapshot", "info", tag, "--json")), &snap)
+	t.Logf("fork in flight: %d VMM processes (%d before, %d held stopped), %d pooled (%d before); killing the CLI", c.vmmProcesses(), vmms0, len(held), snap.Pooled, pooled0)
 	fork.Process.Signal(syscall.SIGKILL)
 	if err := <-exited; err == nil {
 		t.Fatal("the fork completed before it was killed; nothing was killed mid-fork")
