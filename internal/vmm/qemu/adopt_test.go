@@ -311,6 +311,11 @@ func TestAdopt(t *testing.T) {
 		if r, err := a.Call("get", 20*time.Second); err != nil || r != "state=a2" {
 			t.Fatalf("get: %q %v\n%s", r, err, m.ConsoleTail(1000))
 		}
+		// The console reaches the adopter: a tick printed since, before
+		// the kill, so that the exit error can quote it.
+		seen := lastTick(m.ConsoleTail(4096))
+		waitFor(t, callTimeout, func() bool { return lastTick(m.ConsoleTail(4096)) > seen },
+			"no console output reached the adopter of a paused VM")
 		if err := syscall.Kill(a2.Process.PID, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
