@@ -157,40 +157,7 @@ func takeOverQMP(ctx context.Context, cfg vmm.MachineConfig) (_ *qmp.Client, sta
 	default:
 		return nil, "", fmt.Errorf("the guest is %q, not running", st.Status)
 	}
-	if err := cancelOrphanMigration(ctx, c); err != nil {
-		return nil, "", err
-	}
 	return c, st.Status, nil
-}
-
-// cancelOrphanMigration ends a migration the previous daemon left running
-// (a live branch's background snapshot when it died): its stream went to
-// that daemon, nothing will commit it, and while it runs QEMU refuses the
-// next branch ("There's a migration process in progress"). It returns
-// once none runs.
-func cancelOrphanMigration(ctx context.Context, c *qmp.Client) error {
-	cancelled := false
-	for {
-		var info migrationInfo
-		if err := c.Execute(ctx, "query-migrate", nil, &info); err != nil {
-			return err
-		}
-		switch info.Status {
-		case "", "none", "completed", "failed", "cancelled":
-			return nil
-		}
-		if !cancelled {
-			if err := c.Execute(ctx, "migrate_cancel", nil, nil); err != nil {
-				return err
-			}
-			cancelled = true
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("a migration the previous daemon left (%s) did not end after migrate_cancel: %w", info.Status, context.Cause(ctx))
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }
 
 // openAdoptee checks that want is alive and is cfg's QEMU, and returns it
