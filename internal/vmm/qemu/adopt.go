@@ -89,6 +89,7 @@ func (d *Driver) Adopt(ctx context.Context, spec vmm.AdoptSpec) (vmm.Machine, er
 	}
 	m := newMachine(d, cfg, proc, incoming)
 	m.pid, m.ident = want.PID, want
+	m.adopted.Store(true)
 	if incoming && cfg.MemoryFile != "" {
 		m.memID = loadMemID(cfg)
 	}

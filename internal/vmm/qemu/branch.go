@@ -159,6 +159,12 @@ func (m *Machine) branch(ctx context.Context, spec vmm.SnapshotSpec) (res vmm.Sn
 		return res, err
 	}
 	defer m.transition("snapshot", stateRunning, stateSnapshotting)
+	if m.adopted.Load() {
+		if err := m.settleAdoptedMigration(ctx); err != nil {
+			return res, err
+		}
+		m.adopted.Store(false)
+	}
 	b := &brancher{m: m, spec: spec, mode: mode, pid: m.PID()}
 	defer func() {
 		if err != nil {

@@ -141,9 +141,6 @@ func (b *brancher) live(ctx context.Context) (err error) {
 		spool.Close()
 		os.Remove(spoolPath) // whatever happened: the spool is never a result
 	}()
-	caps := func(on bool) map[string]any {
-		return map[string]any{"capabilities": []map[string]any{{"capability": "background-snapshot", "state": on}}}
-	}
 	// The cleanup is in place before the setup starts: a call that ctx
 	// cuts off may have taken effect in QEMU all the same. Its calls must
 	// work after ctx has ended.
@@ -155,7 +152,7 @@ func (b *brancher) live(ctx context.Context) (err error) {
 			// QEMU may hold the spool descriptor.
 			m.qmp.Execute(cctx, "closefd", map[string]string{"fdname": branchFD}, nil)
 		}
-		cerr := m.qmp.Execute(cctx, "migrate-set-capabilities", caps(false), nil)
+		cerr := m.qmp.Execute(cctx, "migrate-set-capabilities", backgroundSnapshot(false), nil)
 		if cerr != nil && migrating && errors.Is(cerr, context.DeadlineExceeded) {
 			m.Kill()
 			err = errors.Join(err, fmt.Errorf("qemu %s: QEMU stopped answering after a failed background snapshot (QEMU 7.2 can leave guest RAM write-protected); killed it: %w",
@@ -183,7 +180,7 @@ func (b *brancher) live(ctx context.Context) (err error) {
 	if err != nil {
 		return m.failure("hand over the stream spool", err)
 	}
-	err = m.qmp.Execute(ctx, "migrate-set-capabilities", caps(true), nil)
+	err = m.qmp.Execute(ctx, "migrate-set-capabilities", backgroundSnapshot(true), nil)
 	if err == nil {
 		err = hook("capabilities") // tests: as though ctx cut the reply off
 	}
@@ -245,6 +242,12 @@ func (b *brancher) live(ctx context.Context) (err error) {
 	return nil
 }
 
+// backgroundSnapshot is migrate-set-capabilities' argument that switches
+// QEMU's background-snapshot on or off.
+func backgroundSnapshot(on bool) map[string]any {
+	return map[string]any{"capabilities": []map[string]any{{"capability": "background-snapshot", "state": on}}}
+}
+
 // liveSpoolSuffix names a live branch's stream spool, next to its memory
 // file (so in the snapshot's staging directory).
 const liveSpoolSuffix = ".live-stream"
@@ -303,4 +306,53 @@ func (b *brancher) waitLive(ctx context.Context) (migrationInfo, error) {
 			return info, fmt.Errorf("qemu %s: live branch: %w", m.cfg.ID, context.Cause(ctx))
 		}
 	}
+}
+
+// settleAdoptedMigration runs before the first branch of an adopted
+// machine. A daemon killed during a live branch leaves QEMU writing the
+// background snapshot into a spool nobody reads, with the capability
+// still on. Cancelling it would freeze the guest (see live), and QEMU
+// refuses another migration while it runs, so this waits for it to end
+// (it writes at disk speed, within liveGiveUp), then switches the
+// capability off: a later diff or full branch must not inherit it.
+func (m *Machine) settleAdoptedMigration(ctx context.Context) error {
+	sub := m.qmp.SubscribeNames("MIGRATION")
+	defer sub.Cancel()
+	t := time.NewTicker(pollInterval)
+	defer t.Stop()
+	giveUp := time.NewTimer(liveGiveUp)
+	defer giveUp.Stop()
+	logged := false
+	for {
+		var info migrationInfo
+		if err := m.qmp.Execute(ctx, "query-migrate", nil, &info); err != nil {
+			return m.failure("query-migrate", err)
+		}
+		if ended, _ := m.migrationEnded(info, ""); ended || info.Status == "" || info.Status == "none" {
+			break
+		}
+		if !logged {
+			m.d.log.Info("waiting for a background snapshot the previous daemon left running", "id", m.cfg.ID, "status", info.Status)
+			logged = true
+			if err := hook("settle-wait"); err != nil {
+				return err
+			}
+		}
+		select {
+		case <-sub.C():
+		case <-t.C:
+		case <-m.done:
+			return m.failure("background snapshot", m.exitDetail())
+		case <-ctx.Done():
+			return fmt.Errorf("qemu %s: branch: a background snapshot the previous daemon started is still being written (%w); try again shortly: %w",
+				m.cfg.ID, context.Cause(ctx), errdefs.ErrUnavailable)
+		case <-giveUp.C:
+			return fmt.Errorf("qemu %s: branch: a background snapshot the previous daemon started has run for over %v: %w",
+				m.cfg.ID, liveGiveUp, errdefs.ErrUnavailable)
+		}
+	}
+	if err := m.qmp.Execute(ctx, "migrate-set-capabilities", backgroundSnapshot(false), nil); err != nil {
+		return m.failure("disable background-snapshot", err)
+	}
+	return nil
 }

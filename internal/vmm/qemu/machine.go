@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -59,6 +60,10 @@ type Machine struct {
 	// since name nothing or another file (removing a snapshot renames its
 	// directory away, then deletes it; the clone maps the file still).
 	memID *fileID
+	// adopted is set for a machine taken over from an earlier daemon,
+	// until its first branch has settled what that daemon may have left
+	// running (settleAdoptedMigration).
+	adopted atomic.Bool
 
 	console     *cappedLog    // the guest console, cfg.ConsoleLog (consolelog.go)
 	stderr      *cappedLog    // QEMU's stdout and stderr, qemu.log
