@@ -125,10 +125,10 @@ func auditCmd(g *globals) *cobra.Command {
 				}
 				return printJSON(recs)
 			}
-			tw := table("SEQ\tTIME\tACTION\tOUTCOME\tDURATION\tTOKEN\tPEER\tTARGETS\tREQUEST\tERROR")
+			tw := table("SEQ\tTIME\tACTION\tOUTCOME\tDURATION\tTOKEN\tTENANT\tPEER\tTARGETS\tREQUEST\tERROR")
 			for _, r := range recs {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.1fms\t%s\t%s\t%s\t%s\t%s\n", r.Seq, r.Time.Local().Format("2006-01-02 15:04:05.000"),
-					r.Action, r.Outcome, r.DurationMillis, r.Token, r.Peer, strings.Join(r.Targets, ","), r.RequestID, r.Error)
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.1fms\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Seq, r.Time.Local().Format("2006-01-02 15:04:05.000"),
+					r.Action, r.Outcome, r.DurationMillis, r.Token, r.Tenant, r.Peer, strings.Join(r.Targets, ","), r.RequestID, r.Error)
 			}
 			return tw.Flush()
 		},

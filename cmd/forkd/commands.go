@@ -225,6 +225,12 @@ func snapshotCmd(g *globals) *cobra.Command {
 			if len(s.Dependents) > 0 {
 				fmt.Printf("dependents: %s\n", strings.Join(s.Dependents, ", "))
 			}
+			if s.Owner != "" {
+				fmt.Printf("owner:      tenant %s\n", s.Owner)
+			}
+			if len(s.SharedWith) > 0 {
+				fmt.Printf("shared:     read-only with %s\n", sharedList(s.SharedWith))
+			}
 			fmt.Println("files:")
 			for name, f := range s.Files {
 				fmt.Printf("  %-10s %10s  sha256:%s\n", name, human(f.Size), f.SHA256)
@@ -268,6 +274,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 	compact.MarkFlagRequired("from")
 	compact.MarkFlagRequired("to")
 	cmd.AddCommand(create, info, ls, rm, compact)
+	cmd.AddCommand(snapshotShareCmds(g)...)
 	return cmd
 }
 

@@ -230,7 +230,7 @@ func serveCmd(g *globals) *cobra.Command {
 					log.Info("created the first API token; clients read it from the file", "file", first)
 				}
 			}
-			if err := srv.LoadOperations(st); err != nil {
+			if err := srv.LoadState(st); err != nil {
 				e.Close(context.Background())
 				return err
 			}

@@ -20,7 +20,7 @@ func TestStatusOfEveryClass(t *testing.T) {
 	want := map[error]int{
 		errdefs.ErrNotFound: 404, errdefs.ErrAlreadyExists: 409, errdefs.ErrInvalidArgument: 400,
 		errdefs.ErrFailedPrecondition: 409, errdefs.ErrResourceExhausted: 429, errdefs.ErrUnavailable: 503,
-		errdefs.ErrNotImplemented: 501, errdefs.ErrUnauthenticated: 401, errdefs.ErrDeadlineExceeded: 504, errors.New("plain"): 500,
+		errdefs.ErrNotImplemented: 501, errdefs.ErrUnauthenticated: 401, errdefs.ErrPermissionDenied: 403, errdefs.ErrDeadlineExceeded: 504, errors.New("plain"): 500,
 	}
 	for err, status := range want {
 		wrapped := fmt.Errorf("layer: %w", err)
@@ -298,15 +298,15 @@ func TestOperationsSurviveRestart(t *testing.T) {
 	if err := a.load(store); err != nil {
 		t.Fatal(err)
 	}
-	done := a.start("image.build", "minimal")
+	done := a.start("image.build", "minimal", "acme")
 	a.update(done.ID, func(op *apiv1.Operation) { op.State, op.Result = apiv1.OpSucceeded, json.RawMessage(`{"digest":"x"}`) })
-	running := a.start("image.build", "py-pandas")
+	running := a.start("image.build", "py-pandas", "")
 
 	var b operations // the next daemon
 	if err := b.load(store); err != nil {
 		t.Fatal(err)
 	}
-	if op, ok := b.get(done.ID); !ok || op.State != apiv1.OpSucceeded || string(op.Result) != `{"digest":"x"}` {
+	if op, ok := b.get(done.ID); !ok || op.State != apiv1.OpSucceeded || string(op.Result) != `{"digest":"x"}` || op.Tenant != "acme" {
 		t.Fatalf("finished operation after restart: %+v", op)
 	}
 	op, ok := b.get(running.ID)

@@ -88,6 +88,10 @@ func (s *Server) importArchive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	opts.Force = force
+	if p := s.principalOf(r); force && !p.Admin() {
+		writeProblem(w, r, fmt.Errorf("%s may not import over existing tags (?force=true, `forkd unpack --force`): that needs the admin role; import under a new tag (?tag=, --tag) instead: %w", p, errdefs.ErrPermissionDenied))
+		return
+	}
 	if k := q.Get("verify_key"); k != "" {
 		key, err := pack.ParsePublicKey([]byte(k))
 		if err != nil {
@@ -121,13 +125,22 @@ func (s *Server) importArchive(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
+	// The importer's tenant owns every tag the import wrote: the head, and
+	// the ancestors of a chain it added or replaced (those it reused stay
+	// their owners').
+	s.claimSnapshot(r, snap.Tag, snap.ID)
 	noteTargets(r, snap.Tag)
 	for _, tag := range append(stats.Added, stats.Replaced...) {
 		if tag != snap.Tag { // ancestors of a chain this import added or replaced
+			id := ""
+			if a, err := s.Engine.Store().Get(tag); err == nil {
+				id = a.ID
+			}
+			s.claimSnapshot(r, tag, id)
 			noteTargets(r, tag)
 		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
-	json.NewEncoder(w).Encode(s.snapshotInfo(snap))
+	json.NewEncoder(w).Encode(s.snapshotInfo(r, snap))
 }

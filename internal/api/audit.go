@@ -39,13 +39,15 @@ const outcomeUnauthenticated = "unauthenticated"
 
 // auditNote is what a handler adds to its request's audit record: the ids
 // it created or touched beyond those in the path, and the error it
-// answered with; and what the layers inside auth learnt: the token's name,
-// and whether the request was refused because the log cannot be written.
+// answered with; and what the layers inside auth learnt: the token's name
+// and tenant, and whether the request was refused because the log cannot
+// be written.
 type auditNote struct {
 	mu      sync.Mutex
 	targets []string
 	err     error
 	token   string
+	tenant  string
 	passed  bool // got past auth
 	refused bool // refused by the audit gate: its failure is already counted
 }
@@ -127,7 +129,7 @@ func (s *Server) auditRequests(mux *http.ServeMux, next http.Handler) http.Handl
 func (s *Server) auditRequest(r *http.Request, status int, pattern string, note *auditNote, panicked any, took time.Duration) {
 	note.mu.Lock()
 	noted := note.targets
-	err, token, passed, refused := note.err, note.token, note.passed, note.refused
+	err, token, tenant, passed, refused := note.err, note.token, note.tenant, note.passed, note.refused
 	note.mu.Unlock()
 	if refused {
 		return // not run; the gate counted the failure and the next write records the gap
@@ -172,7 +174,7 @@ func (s *Server) auditRequest(r *http.Request, status int, pattern string, note 
 		})
 	}
 	s.appendAudit(audit.Record{
-		RequestID: requestID(r), Token: token, Peer: clip(peerOf(r), maxAuditTarget),
+		RequestID: requestID(r), Token: token, Tenant: tenant, Peer: clip(peerOf(r), maxAuditTarget),
 		Action: clip(pattern, maxAuditAction), Targets: targets, Outcome: outcome, Error: clip(msg, maxAuditError),
 		DurationMillis: float64(took.Microseconds()) / 1000,
 	})
@@ -233,8 +235,8 @@ func clip(s string, n int) string {
 	return s[:cut] + fmt.Sprintf("...(%d bytes)", len(s))
 }
 
-// auditAdmit runs inside auth: it notes the token's name for the record
-// auditRequests writes, and fails closed: while audit writes fail, a
+// auditAdmit runs inside auth: it notes the token's name and tenant for
+// the record auditRequests writes, and fails closed: while audit writes fail, a
 // mutating request is refused with 503 unless a write succeeds now (see
 // auditGate).
 func (s *Server) auditAdmit(next http.Handler) http.Handler {
@@ -247,8 +249,9 @@ func (s *Server) auditAdmit(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		p, _ := s.principal(r)
 		note.mu.Lock()
-		note.token, note.passed = auth.TokenName(r.Context()), true
+		note.token, note.tenant, note.passed = p.Token, auth.TenantOf(p.Tenant), true
 		note.mu.Unlock()
 		if err := s.auditWritable(r); err != nil {
 			note.mu.Lock()
@@ -286,7 +289,7 @@ func (s *Server) appendAudit(rec audit.Record) error {
 	g := &s.auditGate
 	if g.failing.Load() {
 		g.mu.Lock()
-		err := s.resumeAuditLocked(rec.RequestID, rec.Token, rec.Peer)
+		err := s.resumeAuditLocked(rec.RequestID, auth.Principal{Token: rec.Token, Tenant: rec.Tenant}, rec.Peer)
 		g.mu.Unlock()
 		if err != nil {
 			if s.Log != nil {
@@ -317,7 +320,8 @@ func (s *Server) auditWritable(r *http.Request) error {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	err := s.resumeAuditLocked(requestID(r), auth.TokenName(r.Context()), peerOf(r))
+	p, _ := s.principal(r)
+	err := s.resumeAuditLocked(requestID(r), p, peerOf(r))
 	if err == nil {
 		return nil
 	}
@@ -330,13 +334,13 @@ func (s *Server) auditWritable(r *http.Request) error {
 
 // resumeAuditLocked, while the gate is closed, writes the record that ends
 // the gap; the caller holds g.mu. nil when the log takes records again.
-func (s *Server) resumeAuditLocked(requestID, token, peer string) error {
+func (s *Server) resumeAuditLocked(requestID string, who auth.Principal, peer string) error {
 	g := &s.auditGate
 	if !g.failing.Load() {
 		return nil // another request resumed meanwhile
 	}
 	_, err := s.Audit.Append(audit.Record{
-		RequestID: requestID, Token: token, Peer: peer, Action: ActionAuditResumed, Outcome: audit.OutcomeOK,
+		RequestID: requestID, Token: who.Token, Tenant: who.Tenant, Peer: peer, Action: ActionAuditResumed, Outcome: audit.OutcomeOK,
 		Detail: map[string]any{
 			"failing_since": g.since.UTC(), "write_failures": g.failures, "requests_refused": g.refused, "last_error": g.last.Error(),
 		},

@@ -86,14 +86,14 @@ func badFork(h http.Handler, id string) *httptest.ResponseRecorder {
 }
 
 // tokenStore opens an empty token store in a temporary dir and creates
-// one token named name; it returns the store and the token's plaintext.
+// one admin token named name; it returns the store and the token's plaintext.
 func tokenStore(t *testing.T, name string) (*auth.Tokens, string) {
 	t.Helper()
 	tokens, err := auth.Open(filepath.Join(t.TempDir(), auth.StoreFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, err := tokens.Create(name)
+	tok, err := tokens.Create(name, auth.RoleAdmin, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,12 +294,12 @@ func TestRecordEventAndOperations(t *testing.T) {
 	l, dir := openAudit(t, nil)
 	s := &Server{Audit: l}
 	s.RecordEvent("sandbox.died", []string{"sb-1"}, nil, map[string]any{"reason": "qemu exited"})
-	ok := s.ops.start("image.build", "minimal")
+	ok := s.ops.start("image.build", "minimal", "")
 	s.ops.update(ok.ID, func(op *apiv1.Operation) {
 		op.State, op.Result = apiv1.OpSucceeded, json.RawMessage(`{"digest":"sha256-abc"}`)
 	})
 	s.auditOperationFinished(ok.ID)
-	bad := s.ops.start("image.build", "py-pandas")
+	bad := s.ops.start("image.build", "py-pandas", "")
 	s.auditOperationFinished(bad.ID) // still running: nothing
 	s.ops.update(bad.ID, func(op *apiv1.Operation) {
 		p := ProblemOf(errors.Join(errors.New("apt failed"), errdefs.ErrUnavailable), "")

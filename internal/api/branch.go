@@ -26,11 +26,12 @@ func (s *Server) branch(w http.ResponseWriter, r *http.Request) {
 			writeProblem(w, r, err)
 			return
 		}
+		s.claimSnapshot(r, p.Tag, "") // its id comes when it commits (snapshotOwners.owner)
 		noteTargets(r, p.Tag)
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Location", "/v1/snapshots/"+p.Tag)
 		w.WriteHeader(http.StatusAccepted)
-		json.NewEncoder(w).Encode(apiv1.BranchResponse{Snapshot: pendingInfo(p)})
+		json.NewEncoder(w).Encode(apiv1.BranchResponse{Snapshot: s.pendingView(r, p)})
 		return
 	}
 	// Engine.Branch validates the tag and mode.
@@ -39,11 +40,12 @@ func (s *Server) branch(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
+	s.claimSnapshot(r, res.Snapshot.Tag, res.Snapshot.ID)
 	noteTargets(r, res.Snapshot.Tag)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	json.NewEncoder(w).Encode(apiv1.BranchResponse{
-		Snapshot:    s.snapshotInfo(res.Snapshot),
+		Snapshot:    s.snapshotInfo(r, res.Snapshot),
 		PauseMillis: ms(res.Paused.Microseconds()), BytesWritten: res.BytesWritten,
 		TotalMillis: ms(res.Duration.Microseconds()),
 	})

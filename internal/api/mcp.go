@@ -35,9 +35,11 @@ import (
 // instance of Handler(): request id, metrics, auth, audit, routes). So a
 // tool call is exactly the REST call it makes, checked and recorded as
 // such: "run_command" is a POST /v1/sandboxes/{id}/exec with the caller's
-// identity, refused if the token was revoked meanwhile, and audited with
-// the token name (or socket peer), the route as action and the sandbox as
-// target.
+// identity, refused if the token was revoked meanwhile, authorized by the
+// token's role and tenant as that route is (authorize.go: another tenant's
+// sandbox is not found, a read-only token may not exec), and audited with
+// the token name and tenant (or socket peer), the route as action and the
+// sandbox as target.
 //
 // The identity travels in the context. The /mcp handler captures, from the
 // authenticated request, its Authorization header, the local address it

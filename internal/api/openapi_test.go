@@ -446,6 +446,9 @@ var wireTypes = map[string]struct {
 	"MkdirRequest":          {reflect.TypeFor[apiv1.MkdirRequest](), false},
 	"ProcessInfo":           {reflect.TypeFor[apiv1.ProcessInfo](), true},
 	"SignalRequest":         {reflect.TypeFor[apiv1.SignalRequest](), false},
+	"Tenant":                {reflect.TypeFor[apiv1.Tenant](), true},
+	"Quota":                 {reflect.TypeFor[apiv1.Quota](), true},
+	"TenantUsage":           {reflect.TypeFor[apiv1.TenantUsage](), true},
 }
 
 // jsonType is the JSON Schema type encoding/json gives a Go type.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/auth"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 	"github.com/forkd-dev/forkd/internal/state"
@@ -45,7 +46,7 @@ func (o *operations) load(store *state.Store) error {
 	}
 	for _, rec := range recs {
 		op := &apiv1.Operation{ID: rec.ID, Kind: rec.Kind, Target: rec.Target, State: rec.State,
-			Created: rec.Created, Updated: rec.Updated, Progress: rec.Progress, Result: rec.Result}
+			Created: rec.Created, Updated: rec.Updated, Progress: rec.Progress, Result: rec.Result, Tenant: auth.TenantOf(rec.Tenant)}
 		if rec.Error != "" {
 			var p apiv1.Problem
 			if json.Unmarshal([]byte(rec.Error), &p) != nil {
@@ -71,7 +72,7 @@ func (o *operations) persistLocked(op *apiv1.Operation) {
 		return
 	}
 	rec := state.OperationRecord{ID: op.ID, Kind: op.Kind, State: op.State, Target: op.Target,
-		Created: op.Created, Updated: op.Updated, Progress: op.Progress, Result: op.Result}
+		Created: op.Created, Updated: op.Updated, Progress: op.Progress, Result: op.Result, Tenant: op.Tenant}
 	if op.Error != nil {
 		data, _ := json.Marshal(op.Error)
 		rec.Error = string(data)
@@ -79,7 +80,8 @@ func (o *operations) persistLocked(op *apiv1.Operation) {
 	o.store.PutOperation(rec)
 }
 
-func (o *operations) start(kind, target string) *apiv1.Operation {
+// start records a running operation of kind on target, started by tenant.
+func (o *operations) start(kind, target, tenant string) *apiv1.Operation {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.ops == nil {
@@ -87,7 +89,8 @@ func (o *operations) start(kind, target string) *apiv1.Operation {
 	}
 	o.pruneLocked()
 	now := time.Now().UTC()
-	op := &apiv1.Operation{ID: "op-" + snapshot.NewID(), Kind: kind, Target: target, State: apiv1.OpRunning, Created: now, Updated: now, Progress: []string{}}
+	op := &apiv1.Operation{ID: "op-" + snapshot.NewID(), Kind: kind, Target: target, State: apiv1.OpRunning, Created: now, Updated: now, Progress: []string{},
+		Tenant: auth.TenantOf(tenant)}
 	o.ops[op.ID] = op
 	o.persistLocked(op)
 	return op
@@ -176,7 +179,7 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	op := s.ops.start("image.build", rcp.Name)
+	op := s.ops.start("image.build", rcp.Name, s.principalOf(r).Tenant)
 	noteTargets(r, op.ID)
 	go func() {
 		img, err := s.Engine.BuildImageWith(context.Background(), slot, rcp, func(msg string) {
@@ -204,12 +207,20 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 	op, ok := s.ops.get(r.PathValue("id"))
 	if !ok {
-		writeProblem(w, r, fmt.Errorf("no operation %q (operations are kept while the daemon runs): %w", r.PathValue("id"), errdefs.ErrNotFound))
+		writeProblem(w, r, errNoOperation(r.PathValue("id")))
 		return
 	}
 	writeJSON(w, op)
 }
 
+// listOperations lists the operations of r's tenant (all for an admin).
 func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, s.ops.list())
+	p := s.principalOf(r)
+	out := []apiv1.Operation{}
+	for _, op := range s.ops.list() {
+		if p.Sees(op.Tenant) {
+			out = append(out, op)
+		}
+	}
+	writeJSON(w, out)
 }

@@ -39,6 +39,8 @@ func StatusOf(err error) int {
 		return http.StatusConflict
 	case errdefs.IsUnauthenticated(err):
 		return http.StatusUnauthorized
+	case errdefs.IsPermissionDenied(err):
+		return http.StatusForbidden
 	case errdefs.IsInvalidArgument(err):
 		return http.StatusBadRequest
 	case errdefs.IsFailedPrecondition(err):

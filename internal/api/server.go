@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
@@ -20,7 +19,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
@@ -29,7 +27,6 @@ import (
 	"github.com/forkd-dev/forkd/internal/audit"
 	"github.com/forkd-dev/forkd/internal/auth"
 	"github.com/forkd-dev/forkd/internal/errdefs"
-	"github.com/forkd-dev/forkd/internal/httpquery"
 	"github.com/forkd-dev/forkd/internal/image"
 	"github.com/forkd-dev/forkd/internal/metrics"
 	"github.com/forkd-dev/forkd/internal/sandbox"
@@ -51,7 +48,10 @@ type Server struct {
 	// Metrics, if set, records request metrics; /metrics serves it.
 	Metrics *metrics.Metrics
 	// Tokens, if set, is required (Authorization: Bearer) on every request
-	// that did not come through the Unix socket, except GET /v1/healthz.
+	// that did not come through the Unix socket, except GET /v1/healthz;
+	// each token's role and tenant decide what it may do (authorize.go),
+	// and the store holds the tenants' quotas. Without it every client is
+	// an admin.
 	Tokens *auth.Tokens
 
 	// Audit, if set, receives one record per mutating request (those auth
@@ -66,13 +66,19 @@ type Server struct {
 	proxyOnce   sync.Once
 	proxy       *httputil.ReverseProxy
 	ops         operations
-	auditGate   auditGate     // fails closed when audit writes fail (audit.go)
-	unauthAudit unauthLimiter // bounds the records of unauthenticated requests (audit.go)
+	owners      snapshotOwners // which tenant owns each snapshot tag (owners.go)
+	auditGate   auditGate      // fails closed when audit writes fail (audit.go)
+	unauthAudit unauthLimiter  // bounds the records of unauthenticated requests (audit.go)
 }
 
-// LoadOperations makes operations durable in store and reads those an
-// earlier daemon recorded. Call it before serving.
-func (s *Server) LoadOperations(store *state.Store) error { return s.ops.load(store) }
+// LoadState makes operations and snapshot ownership durable in store and
+// reads what an earlier daemon recorded. Call it before serving.
+func (s *Server) LoadState(store *state.Store) error {
+	if err := s.ops.load(store); err != nil {
+		return err
+	}
+	return s.owners.load(store)
+}
 
 type ctxKey struct{}
 
@@ -98,6 +104,11 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/snapshots/{tag}/archive", s.exportArchive)
 	mux.HandleFunc("POST /v1/snapshots/{tag}/compact", s.compactSnapshot)
 	mux.HandleFunc("POST /v1/snapshots/import", s.importArchive)
+	mux.HandleFunc("PUT /v1/snapshots/{tag}/shares/{tenant}", s.shareSnapshot)
+	mux.HandleFunc("DELETE /v1/snapshots/{tag}/shares/{tenant}", s.unshareSnapshot)
+	mux.HandleFunc("GET /v1/tenants", s.listTenants)
+	mux.HandleFunc("GET /v1/tenants/{tenant}", s.getTenant)
+	mux.HandleFunc("PUT /v1/tenants/{tenant}/quota", s.putQuota)
 	mux.HandleFunc("GET /v1/sandboxes", s.listSandboxes)
 	mux.HandleFunc("POST /v1/sandboxes", s.fork)
 	mux.HandleFunc("POST /v1/sandboxes/kill", s.kill)
@@ -133,8 +144,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { noRoute(mux, w, r) })
 	// Inside the request id, so 401s carry one too: metrics, then the
 	// audit record (outside auth, so refused requests are recorded too),
-	// auth, the audit gate (which needs the token name), the routes.
-	var h http.Handler = s.auditAdmit(mux)
+	// auth, the audit gate (which needs the principal), authorization
+	// (authorize.go: roles and tenants), the routes.
+	var h http.Handler = s.auditAdmit(s.authorize(mux))
 	if s.Tokens != nil {
 		h = auth.Middleware(s.Tokens, h)
 	}
@@ -179,10 +191,14 @@ func writeJSON(w http.ResponseWriter, v any) {
 func (s *Server) version(w http.ResponseWriter, r *http.Request) {
 	d := s.Engine.Driver()
 	v, _ := d.Version(r.Context())
-	writeJSON(w, apiv1.Version{
+	out := apiv1.Version{
 		Version: s.Version, GoVersion: runtime.Version(), VMM: d.Name(), VMMVersion: v,
 		Accel: string(s.Engine.Config().Accel), DataDir: s.Engine.Config().DataDir,
-	})
+	}
+	if !s.principalOf(r).Admin() {
+		out.DataDir = "" // the host's layout is the operator's business
+	}
+	writeJSON(w, out)
 }
 
 func (s *Server) doctor(w http.ResponseWriter, r *http.Request) {
@@ -242,96 +258,6 @@ func (p *progressStream) send(v apiv1.Progress) {
 
 func (p *progressStream) message(msg string) { p.send(apiv1.Progress{Message: msg}) }
 
-func (s *Server) snapshotInfo(snap *snapshot.Snapshot) apiv1.Snapshot {
-	out := apiv1.Snapshot{
-		Tag: snap.Tag, ID: snap.ID, Created: snap.Created, Recipe: snap.Image.Recipe, ImageDigest: snap.Image.Digest,
-		VMM: snap.VMM.Kind, VMMVersion: snap.VMM.Version, Accel: snap.VMM.Accel,
-		MemoryMiB: snap.MemoryMiB, VCPUs: snap.VCPUs, Python: snap.Python.Enabled,
-		Files: map[string]apiv1.FileEntry{}, CreateMillis: snap.CreateMillis,
-		Pooled: s.Engine.PoolSize(snap.ID), State: apiv1.SnapshotReady,
-	}
-	s.chainInfo(snap, &out)
-	for name, f := range snap.Files {
-		out.Files[name] = apiv1.FileEntry{Size: f.Size, SHA256: f.SHA256}
-		out.SizeBytes += f.Size
-		var st syscall.Stat_t
-		if syscall.Stat(snap.Path(name), &st) == nil {
-			out.DiskBytes += st.Blocks * 512
-		}
-	}
-	return out
-}
-
-func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
-	snaps, err := s.Engine.Store().List()
-	if err != nil && len(snaps) == 0 {
-		writeProblem(w, r, err)
-		return
-	}
-	out := []apiv1.Snapshot{}
-	for _, snap := range snaps {
-		out = append(out, s.snapshotInfo(snap))
-	}
-	for _, p := range s.Engine.PendingList() {
-		out = append(out, pendingInfo(p))
-	}
-	writeJSON(w, out)
-}
-
-func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
-	snap, err := s.Engine.Store().Get(r.PathValue("tag"))
-	if err != nil {
-		if p, ok := s.Engine.Pending(r.PathValue("tag")); ok {
-			writeJSON(w, pendingInfo(p))
-			return
-		}
-		// A background branch commits before it stops being pending:
-		// look again, in case it did so between the two lookups.
-		if snap, err = s.Engine.Store().Get(r.PathValue("tag")); err != nil {
-			writeProblem(w, r, err)
-			return
-		}
-	}
-	writeJSON(w, s.snapshotInfo(snap))
-}
-
-func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
-	var req apiv1.CreateSnapshotRequest
-	if err := decode(w, r, &req); err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	opts := sandbox.CreateSnapshotOptions{
-		Tag: req.Tag, Recipe: req.Recipe, RecipeTOML: req.RecipeTOML, Warm: req.Warm, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs,
-		Network: policyOf(req.Network),
-	}
-	// Validate everything that can be checked before committing to a
-	// stream (tag, recipe, memory, vCPUs, warm-up code, disk space), and
-	// take the build slot, so bad input is a plain 4xx and a full daemon
-	// a 429 with Retry-After, not a 200 that fails later.
-	if err := s.Engine.CheckCreateSnapshot(opts); err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	slot, err := s.Engine.TryAcquireBuild("create snapshot " + req.Tag)
-	if err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	ps := newProgressStream(w)
-	opts.Progress, opts.Slot = ps.message, slot
-	snap, err := s.Engine.CreateSnapshot(r.Context(), opts)
-	if err != nil {
-		noteError(r, err)
-		p := ProblemOf(err, requestID(r))
-		ps.send(apiv1.Progress{Error: &p})
-		return
-	}
-	noteTargets(r, snap.Tag)
-	info := s.snapshotInfo(snap)
-	ps.send(apiv1.Progress{Snapshot: &info})
-}
-
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	out := []apiv1.Sandbox{}
 	tag := r.URL.Query().Get("tag")
@@ -350,11 +276,12 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		}
 		labels[k] = v
 	}
+	p := s.principalOf(r)
 	for _, sb := range s.Engine.List() {
-		if !sb.MatchLabels(labels) {
+		if !p.Sees(sb.Tenant) || !sb.MatchLabels(labels) {
 			continue
 		}
-		info := sb.Info()
+		info := sandboxInfo(sb)
 		if (tag != "" && info.Tag != tag) || (state != "" && info.State != state) {
 			continue
 		}
@@ -373,19 +300,30 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	start := time.Now()
-	sbs, err := s.Engine.ForkWith(r.Context(), sandbox.ForkOptions{
+	p := s.principalOf(r)
+	opts := sandbox.ForkOptions{
 		Tag: req.Tag, Count: req.Count, Labels: req.Metadata, RequestID: requestID(r), Network: policyOf(req.Network),
 		Timeout:     time.Duration(req.TimeoutSeconds) * time.Second,
 		IdleTimeout: time.Duration(req.IdleTimeoutSeconds) * time.Second,
-	})
+		Tenant:      auth.TenantOf(p.Tenant),
+	}
+	if !p.Admin() {
+		// Its own snapshots and those shared with it; quota-bound.
+		if err := s.checkSnapshot(p, req.Tag, false); err != nil {
+			writeProblem(w, r, err)
+			return
+		}
+		opts.Quota = s.quotaOf(opts.Tenant)
+	}
+	start := time.Now()
+	sbs, err := s.Engine.ForkWith(r.Context(), opts)
 	if err != nil {
-		writeProblem(w, r, err)
+		writeProblem(w, r, s.scopeSnapshotErr(p, req.Tag, err))
 		return
 	}
 	resp := apiv1.ForkResponse{TotalMillis: float64(time.Since(start).Microseconds()) / 1000}
 	for _, sb := range sbs {
-		resp.Sandboxes = append(resp.Sandboxes, sb.Info())
+		resp.Sandboxes = append(resp.Sandboxes, sandboxInfo(sb))
 		noteTargets(r, sb.ID)
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -399,12 +337,26 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	info := sb.Info()
+	info := sandboxInfo(sb)
 	info.Network = sb.NetworkInfo(true)
 	writeJSON(w, info)
 }
 
+// sandboxInfo renders a sandbox, one recorded before tenants as the
+// default tenant's.
+func sandboxInfo(sb *sandbox.Sandbox) apiv1.Sandbox {
+	info := sb.Info()
+	info.Tenant = auth.TenantOf(info.Tenant)
+	return info
+}
+
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
+	// Engine.Get's error for a missing one: the one authorize gives for
+	// another tenant's.
+	if _, err := s.Engine.Get(r.PathValue("id")); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
 	if _, err := s.Engine.Kill(r.Context(), []string{r.PathValue("id")}); err != nil {
 		writeProblem(w, r, err)
 		return
@@ -424,9 +376,12 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
 	}
 	var killed []string
 	var err error
-	if req.All {
+	switch p := s.principalOf(r); {
+	case !p.Admin():
+		killed, err = s.killOwn(r.Context(), p, req)
+	case req.All:
 		killed = s.Engine.KillAll(r.Context())
-	} else {
+	default:
 		killed, err = s.Engine.Kill(r.Context(), req.IDs)
 	}
 	if err != nil {
@@ -456,169 +411,6 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, res)
-}
-
-func queryPath(r *http.Request) (string, error) {
-	p := r.URL.Query().Get("path")
-	if p == "" {
-		return "", fmt.Errorf("missing ?path= (an absolute path inside the sandbox): %w", errdefs.ErrInvalidArgument)
-	}
-	return p, ValidateGuestPath(p)
-}
-
-func parseMode(s string, def uint32) (uint32, error) {
-	if s == "" {
-		return def, nil
-	}
-	m, err := strconv.ParseUint(s, 8, 32)
-	if err != nil || m > 0o7777 {
-		return 0, fmt.Errorf("mode %q: want octal permission bits like 0644: %w", s, errdefs.ErrInvalidArgument)
-	}
-	return uint32(m), nil
-}
-
-// lazyWriter sends the success header on the first byte, so an error that
-// happens before any data can still become a problem response.
-type lazyWriter struct {
-	w       http.ResponseWriter
-	started bool
-}
-
-func (l *lazyWriter) Write(p []byte) (int, error) {
-	if !l.started {
-		l.started = true
-		l.w.Header().Set("Content-Type", "application/octet-stream")
-		l.w.WriteHeader(http.StatusOK)
-	}
-	return l.w.Write(p)
-}
-
-func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
-	path, err := queryPath(r)
-	if err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	agent := s.agentOf(w, r)
-	if agent == nil {
-		return
-	}
-	lw := &lazyWriter{w: w}
-	if _, err := agent.ReadFile(r.Context(), path, lw); err != nil {
-		if !lw.started {
-			writeProblem(w, r, err)
-			return
-		}
-		// Mid-stream failure: cut the connection so the client cannot take
-		// partial content for the whole file.
-		panic(http.ErrAbortHandler)
-	}
-	if !lw.started {
-		lw.Write(nil)
-	}
-}
-
-func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
-	path, err := queryPath(r)
-	if err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	mode, err := parseMode(r.URL.Query().Get("mode"), 0o644)
-	if err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	agent := s.agentOf(w, r)
-	if agent == nil {
-		return
-	}
-	fi, err := agent.WriteFile(r.Context(), path, fs.FileMode(mode), r.Body)
-	if err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	writeJSON(w, fi)
-}
-
-func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) {
-	path, err := queryPath(r)
-	if err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	recursive, err := httpquery.Bool(r.URL.Query(), "recursive", false)
-	if err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	agent := s.agentOf(w, r)
-	if agent == nil {
-		return
-	}
-	if err := agent.Remove(r.Context(), path, recursive); err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
-	path, err := queryPath(r)
-	if err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	agent := s.agentOf(w, r)
-	if agent == nil {
-		return
-	}
-	list, err := agent.ListFiles(r.Context(), path)
-	if err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	writeJSON(w, list)
-}
-
-func (s *Server) statFile(w http.ResponseWriter, r *http.Request) {
-	path, err := queryPath(r)
-	if err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	agent := s.agentOf(w, r)
-	if agent == nil {
-		return
-	}
-	fi, err := agent.Stat(r.Context(), path)
-	if err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	writeJSON(w, fi)
-}
-
-func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
-	var req apiv1.MkdirRequest
-	if err := decode(w, r, &req); err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	if err := ValidateGuestPath(req.Path); err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	agent := s.agentOf(w, r)
-	if agent == nil {
-		return
-	}
-	fi, err := agent.Mkdir(r.Context(), req)
-	if err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	writeJSON(w, fi)
 }
 
 // maxBufferedOutput bounds each of stdout and stderr in a buffered

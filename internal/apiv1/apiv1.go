@@ -111,6 +111,8 @@ type Operation struct {
 	// Result is set on success: an Image for image.build.
 	Result json.RawMessage `json:"result,omitempty"`
 	Error  *Problem        `json:"error,omitempty"`
+	// Tenant started the operation; only it (and admins) see it.
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // CreateSnapshotRequest is POST /v1/snapshots.
@@ -159,6 +161,12 @@ type Snapshot struct {
 	Depth      int        `json:"depth"`
 	Ancestors  []string   `json:"ancestors,omitempty"`
 	Dependents []string   `json:"dependents,omitempty"`
+	// Owner is the tenant that owns the tag ("default" for tags made
+	// before tenants existed). SharedWith are the other tenants it is
+	// shared with, read-only ("*": every tenant); shown to the owner and
+	// to admins only.
+	Owner      string   `json:"owner,omitempty"`
+	SharedWith []string `json:"shared_with,omitempty"`
 }
 
 // Snapshot states.
@@ -284,6 +292,9 @@ type Sandbox struct {
 	// Network is the sandbox's egress policy (and, for one sandbox, its
 	// traffic).
 	Network *SandboxNetwork `json:"network,omitempty"`
+	// Tenant is the tenant whose token forked the sandbox ("default" for
+	// sandboxes forked before tenants existed).
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // BranchRequest is POST /v1/sandboxes/{id}/branch: snapshot a running

@@ -94,8 +94,15 @@ type Record struct {
 	Time time.Time `json:"time"`
 	// RequestID is the API request's ID; empty for lifecycle events.
 	RequestID string `json:"request_id"`
-	// Token is the name (never the secret) of the API token used.
+	// Token is the name (never the secret) of the API token used; empty
+	// for the Unix socket and for lifecycle events.
 	Token string `json:"token"`
+	// Tenant is the tenant the request acted as (the token's, or
+	// "default" for the Unix socket); empty for lifecycle events and for
+	// requests refused by authentication. Records written before tenants
+	// existed have none: the field is omitted when empty, and the chain
+	// hashes each line as stored, so they verify unchanged.
+	Tenant string `json:"tenant,omitempty"`
 	// Peer describes the caller: a Unix peer's uid/pid or a remote address.
 	Peer string `json:"peer"`
 	// Action is what was asked or what happened, noun.verb.

@@ -1,7 +1,6 @@
 package auth
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -15,28 +14,16 @@ import (
 // PublicPath is the one path served without a token.
 const PublicPath = "/v1/healthz"
 
-type tokenNameKey struct{}
-
-// TokenName returns the name of the token that authenticated the request,
-// or "" when none did (a Unix-socket client, or PublicPath).
-func TokenName(ctx context.Context) string {
-	name, _ := ctx.Value(tokenNameKey{}).(string)
-	return name
-}
-
-// WithTokenName returns ctx carrying a token name, as Middleware does (for
-// tests of handlers that read TokenName).
-func WithTokenName(ctx context.Context, name string) context.Context {
-	return context.WithValue(ctx, tokenNameKey{}, name)
-}
-
 // Middleware requires "Authorization: Bearer <token>" with a token of
-// tokens on every request except PublicPath, and puts the token's name in
-// the request context (TokenName). A request without a valid token gets a
-// 401 problem+json (code "unauthenticated") with a WWW-Authenticate header.
+// tokens on every request except PublicPath, and puts the token's
+// Principal (name, role, tenant) in the request context (PrincipalFrom).
+// A request without a valid token gets a 401 problem+json (code
+// "unauthenticated") with a WWW-Authenticate header. What the principal
+// may do is decided inside (internal/api's authorize).
 //
-// Requests that arrived on a Unix socket pass without a token: the socket's
-// 0600 mode is their authentication. That is decided from the connection's
+// Requests that arrived on a Unix socket pass without a token, as
+// SocketPrincipal (an admin): the socket's 0600 mode is their
+// authentication. That is decided from the connection's
 // local address (http.LocalAddrContextKey, set by http.Server) being a
 // *net.UnixAddr; a request without that information needs a token. So one
 // handler can serve the Unix socket and TCP listeners alike.
@@ -44,7 +31,11 @@ func WithTokenName(ctx context.Context, name string) context.Context {
 // A nil tokens refuses every request that needs a token.
 func Middleware(tokens *Tokens, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == PublicPath || fromUnixSocket(r) {
+		if fromUnixSocket(r) {
+			next.ServeHTTP(w, r.WithContext(WithPrincipal(r.Context(), SocketPrincipal)))
+			return
+		}
+		if r.URL.Path == PublicPath {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -54,9 +45,9 @@ func Middleware(tokens *Tokens, next http.Handler) http.Handler {
 				fmt.Errorf("missing Authorization: Bearer token; the daemon wrote its first token to DATA_DIR/%s (create more with `forkd token create NAME`): %w", FirstTokenFile, errdefs.ErrUnauthenticated))
 			return
 		}
-		var name string
+		var entry Entry
 		if tokens != nil {
-			name, ok = tokens.Verify(presented)
+			entry, ok = tokens.Verify(presented)
 		} else {
 			ok = false
 		}
@@ -65,7 +56,7 @@ func Middleware(tokens *Tokens, next http.Handler) http.Handler {
 				fmt.Errorf("bearer token not recognised (revoked, or from another daemon); see `forkd token list`: %w", errdefs.ErrUnauthenticated))
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(WithTokenName(r.Context(), name)))
+		next.ServeHTTP(w, r.WithContext(WithPrincipal(r.Context(), principalOf(entry))))
 	})
 }
 

@@ -30,13 +30,14 @@ import (
 
 // echoName answers with the authenticated token name.
 var echoName = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-	io.WriteString(w, "name="+TokenName(r.Context()))
+	p, _ := PrincipalFrom(r.Context())
+	io.WriteString(w, "name="+p.Token)
 })
 
 func storeWithToken(t *testing.T, name string) (*Tokens, string) {
 	t.Helper()
 	tk, _ := openStore(t)
-	tok, err := tk.Create(name)
+	tok, err := tk.Create(name, RoleAdmin, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,11 +6,16 @@
 // The Unix socket needs none of this: its 0600 mode lets only root in.
 //
 // Token lifecycle: Create prints a token once (forkd_ followed by 43
-// base64url characters, 32 random bytes) and keeps only its SHA-256; Verify
-// hashes what a client presents and compares it with every stored hash in
-// constant time; Revoke removes a token by name. The daemon re-reads the
-// store when the file changes, so tokens created or revoked by the CLI take
-// effect without a restart.
+// base64url characters, 32 random bytes) and keeps only its SHA-256, with
+// the token's role and tenant (principal.go); Verify hashes what a client
+// presents and compares it with every stored hash in constant time; Revoke
+// removes a token by name. The daemon re-reads the store when the file
+// changes, so tokens created or revoked by the CLI, and quotas (quota.go),
+// take effect without a restart.
+//
+// Store versions: version 1 files (before roles) have no role or tenant:
+// their tokens load as admins of DefaultTenant, so an upgrade locks nobody
+// out, and the next change writes them back explicitly as version 2.
 package auth
 
 import (
@@ -53,17 +58,28 @@ const Prefix = "forkd_"
 // tokenBytes is the entropy of a token.
 const tokenBytes = 32
 
-// Entry is one stored token: its name and the hex SHA-256 of its plaintext.
+// Entry is one stored token: its name, the hex SHA-256 of its plaintext,
+// and what it grants.
 type Entry struct {
 	Name    string    `json:"name"`
 	SHA256  string    `json:"sha256"`
 	Created time.Time `json:"created"`
+	// Role and Tenant are absent from version 1 stores: such a token is
+	// an admin of DefaultTenant (loadLocked fills them in).
+	Role   Role   `json:"role,omitempty"`
+	Tenant string `json:"tenant,omitempty"`
 }
+
+// storeVersion is the layout this forkd writes; it reads 1 and 2.
+const storeVersion = 2
 
 // storeFile is the JSON layout of the store.
 type storeFile struct {
 	Version int     `json:"version"`
 	Tokens  []Entry `json:"tokens"`
+	// Quotas are per tenant, QuotaDefault for tenants without their own
+	// (quota.go). Version 2.
+	Quotas map[string]Quota `json:"quotas,omitempty"`
 }
 
 // Tokens is a token store backed by one file. It is safe for concurrent
@@ -74,6 +90,7 @@ type Tokens struct {
 	// mu guards the fields below.
 	mu      sync.RWMutex
 	entries []Entry
+	quotas  map[string]Quota
 	sums    [][]byte  // decoded SHA256 of entries, same order
 	stamp   fileStamp // of the file entries were read from
 	loadErr error     // the last reload failed: verify nothing
@@ -119,7 +136,7 @@ func (t *Tokens) Path() string { return t.path }
 func (t *Tokens) loadLocked() error {
 	f, err := os.Open(t.path)
 	if errors.Is(err, fs.ErrNotExist) {
-		t.entries, t.sums, t.stamp, t.loadErr = nil, nil, fileStamp{}, nil
+		t.entries, t.quotas, t.sums, t.stamp, t.loadErr = nil, nil, nil, fileStamp{}, nil
 		return nil
 	}
 	if err != nil {
@@ -139,22 +156,49 @@ func (t *Tokens) loadLocked() error {
 	if err := dec.Decode(&sf); err != nil {
 		return t.fail(fmt.Errorf("token store %s: malformed: %v: %w", t.path, err, errdefs.ErrFailedPrecondition))
 	}
+	if sf.Version > storeVersion {
+		return t.fail(fmt.Errorf("token store %s has version %d, this forkd reads up to %d: run the forkd that wrote it, or newer: %w", t.path, sf.Version, storeVersion, errdefs.ErrFailedPrecondition))
+	}
 	sums := make([][]byte, len(sf.Tokens))
-	for i, e := range sf.Tokens {
+	for i := range sf.Tokens {
+		e := &sf.Tokens[i]
 		sum, err := hex.DecodeString(e.SHA256)
 		if err != nil || len(sum) != sha256.Size {
 			return t.fail(fmt.Errorf("token store %s: token %q: bad sha256: %w", t.path, e.Name, errdefs.ErrFailedPrecondition))
 		}
 		sums[i] = sum
+		if err := migrateEntry(e); err != nil {
+			return t.fail(fmt.Errorf("token store %s: token %q: %v; fix or revoke it (`forkd token revoke %s`): %w", t.path, e.Name, err, e.Name, errdefs.ErrFailedPrecondition))
+		}
 	}
-	t.entries, t.sums, t.stamp, t.loadErr = sf.Tokens, sums, stampOf(fi), nil
+	for tenant, q := range sf.Quotas {
+		if err := checkQuota(tenant, q); err != nil {
+			return t.fail(fmt.Errorf("token store %s: %v: %w", t.path, err, errdefs.ErrFailedPrecondition))
+		}
+	}
+	t.entries, t.quotas, t.sums, t.stamp, t.loadErr = sf.Tokens, sf.Quotas, sums, stampOf(fi), nil
 	return nil
+}
+
+// migrateEntry fills in what a version 1 entry lacks (it was an admin of
+// DefaultTenant, as every token was then) and checks the rest.
+func migrateEntry(e *Entry) error {
+	if e.Role == "" {
+		e.Role = RoleAdmin
+	}
+	if e.Tenant == "" {
+		e.Tenant = DefaultTenant
+	}
+	if _, err := ParseRole(string(e.Role)); err != nil {
+		return err
+	}
+	return ValidateTenant(e.Tenant)
 }
 
 // fail records a load error: the store then verifies no token (fail closed)
 // until the file is readable again.
 func (t *Tokens) fail(err error) error {
-	t.entries, t.sums, t.stamp, t.loadErr = nil, nil, fileStamp{}, err
+	t.entries, t.quotas, t.sums, t.stamp, t.loadErr = nil, nil, nil, fileStamp{}, err
 	return err
 }
 
@@ -175,13 +219,13 @@ func (t *Tokens) refresh() {
 	t.loadLocked()
 }
 
-// Verify reports the name of the token whose hash matches presented. The
-// presented token is hashed and compared with every stored hash, in
-// constant time and without stopping at a match, so timing reveals neither
-// which token matched nor how much of a hash did.
-func (t *Tokens) Verify(presented string) (name string, ok bool) {
+// Verify reports the token whose hash matches presented (its name, role
+// and tenant). The presented token is hashed and compared with every
+// stored hash, in constant time and without stopping at a match, so timing
+// reveals neither which token matched nor how much of a hash did.
+func (t *Tokens) Verify(presented string) (entry Entry, ok bool) {
 	if presented == "" {
-		return "", false
+		return Entry{}, false
 	}
 	t.refresh()
 	sum := sha256.Sum256([]byte(presented))
@@ -194,9 +238,9 @@ func (t *Tokens) Verify(presented string) (name string, ok bool) {
 		}
 	}
 	if match < 0 {
-		return "", false
+		return Entry{}, false
 	}
-	return t.entries[match].Name, true
+	return t.entries[match], true
 }
 
 // constantTimeCompare is subtle.ConstantTimeCompare; a variable so a test
@@ -222,11 +266,25 @@ func (t *Tokens) List() []Entry {
 	return out
 }
 
-// Create adds a token named name and returns its plaintext, which is not
-// stored and cannot be shown again.
-func (t *Tokens) Create(name string) (plaintext string, err error) {
+// Create adds a token named name with role, acting for tenant, and
+// returns its plaintext, which is not stored and cannot be shown again. An
+// empty tenant is DefaultTenant for an admin and the token's own name for
+// the other roles (each such token is a tenant of its own).
+func (t *Tokens) Create(name string, role Role, tenant string) (plaintext string, err error) {
 	if !nameRE.MatchString(name) {
 		return "", fmt.Errorf("token name %q: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit: %w", name, errdefs.ErrInvalidArgument)
+	}
+	if _, err := ParseRole(string(role)); err != nil {
+		return "", err
+	}
+	if tenant == "" {
+		tenant = name
+		if role == RoleAdmin {
+			tenant = DefaultTenant
+		}
+	}
+	if err := ValidateTenant(tenant); err != nil {
+		return "", err
 	}
 	var raw [tokenBytes]byte
 	if _, err := rand.Read(raw[:]); err != nil {
@@ -234,13 +292,17 @@ func (t *Tokens) Create(name string) (plaintext string, err error) {
 	}
 	plaintext = Prefix + base64.RawURLEncoding.EncodeToString(raw[:])
 	sum := sha256.Sum256([]byte(plaintext))
-	err = t.mutate(func(entries []Entry) ([]Entry, error) {
-		for _, e := range entries {
+	err = t.mutate(func(sf *storeFile) error {
+		for _, e := range sf.Tokens {
 			if e.Name == name {
-				return nil, fmt.Errorf("token %q already exists; revoke it first or choose another name: %w", name, errdefs.ErrAlreadyExists)
+				return fmt.Errorf("token %q already exists; revoke it first or choose another name: %w", name, errdefs.ErrAlreadyExists)
 			}
 		}
-		return append(entries, Entry{Name: name, SHA256: hex.EncodeToString(sum[:]), Created: time.Now().UTC().Truncate(time.Second)}), nil
+		sf.Tokens = append(sf.Tokens, Entry{
+			Name: name, SHA256: hex.EncodeToString(sum[:]), Created: time.Now().UTC().Truncate(time.Second),
+			Role: role, Tenant: tenant,
+		})
+		return nil
 	})
 	if err != nil {
 		return "", err
@@ -250,23 +312,24 @@ func (t *Tokens) Create(name string) (plaintext string, err error) {
 
 // Revoke removes the token named name.
 func (t *Tokens) Revoke(name string) error {
-	return t.mutate(func(entries []Entry) ([]Entry, error) {
-		out := entries[:0:0]
-		for _, e := range entries {
+	return t.mutate(func(sf *storeFile) error {
+		out := sf.Tokens[:0:0]
+		for _, e := range sf.Tokens {
 			if e.Name != name {
 				out = append(out, e)
 			}
 		}
-		if len(out) == len(entries) {
-			return nil, fmt.Errorf("no token named %q (see `forkd token list`): %w", name, errdefs.ErrNotFound)
+		if len(out) == len(sf.Tokens) {
+			return fmt.Errorf("no token named %q (see `forkd token list`): %w", name, errdefs.ErrNotFound)
 		}
-		return out, nil
+		sf.Tokens = out
+		return nil
 	})
 }
 
-// mutate applies f to the freshly read entries under the store's lock file
-// and writes the result atomically.
-func (t *Tokens) mutate(f func([]Entry) ([]Entry, error)) error {
+// mutate applies f to the freshly read store under its lock file and
+// writes the result atomically, as the current version.
+func (t *Tokens) mutate(f func(*storeFile) error) error {
 	dir := filepath.Dir(t.path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("token store: %w", err)
@@ -286,11 +349,14 @@ func (t *Tokens) mutate(f func([]Entry) ([]Entry, error)) error {
 	if err := t.loadLocked(); err != nil {
 		return err
 	}
-	entries, err := f(append([]Entry(nil), t.entries...))
-	if err != nil {
+	sf := storeFile{Version: storeVersion, Tokens: append([]Entry(nil), t.entries...), Quotas: map[string]Quota{}}
+	for k, v := range t.quotas {
+		sf.Quotas[k] = v
+	}
+	if err := f(&sf); err != nil {
 		return err
 	}
-	if err := writeFileAtomic(t.path, storeFile{Version: 1, Tokens: entries}); err != nil {
+	if err := writeFileAtomic(t.path, sf); err != nil {
 		return err
 	}
 	return t.loadLocked()
@@ -341,7 +407,8 @@ func syncDir(dir string) error {
 }
 
 // EnsureFirst makes sure a fresh install can be reached over TCP: when the
-// store at path holds no token, it creates one named "default" and writes
+// store at path holds no token, it creates one named "default" (an admin
+// of DefaultTenant) and writes
 // its plaintext (one line) into plaintextOut, a new 0600 file. It never
 // overwrites plaintextOut: if that file exists while the store is empty, it
 // fails and says what to do. It reports whether a token was created.
@@ -371,7 +438,7 @@ func EnsureFirst(path, plaintextOut string) (created bool, err error) {
 			os.Remove(plaintextOut)
 		}
 	}()
-	plain, err := t.Create("default")
+	plain, err := t.Create("default", RoleAdmin, DefaultTenant)
 	if err != nil {
 		return false, err
 	}

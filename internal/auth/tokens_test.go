@@ -37,11 +37,11 @@ func TestCreateVerifyRevoke(t *testing.T) {
 	if _, ok := tk.Verify("forkd_anything"); ok {
 		t.Fatal("empty store verified a token")
 	}
-	a, err := tk.Create("ci")
+	a, err := tk.Create("ci", RoleAdmin, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := tk.Create("alice")
+	b, err := tk.Create("alice", RoleAdmin, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,13 +53,13 @@ func TestCreateVerifyRevoke(t *testing.T) {
 		t.Fatal("two tokens are equal")
 	}
 	for tok, want := range map[string]string{a: "ci", b: "alice"} {
-		if name, ok := tk.Verify(tok); !ok || name != want {
-			t.Errorf("Verify(%s token) = %q, %v", want, name, ok)
+		if e, ok := tk.Verify(tok); !ok || e.Name != want {
+			t.Errorf("Verify(%s token) = %+v, %v", want, e, ok)
 		}
 	}
 	for _, bad := range []string{"", a[:len(a)-1], a + "x", strings.ToUpper(a), Prefix} {
-		if name, ok := tk.Verify(bad); ok {
-			t.Errorf("Verify(%q) accepted as %q", bad, name)
+		if e, ok := tk.Verify(bad); ok {
+			t.Errorf("Verify(%q) accepted as %q", bad, e.Name)
 		}
 	}
 	if list := tk.List(); len(list) != 2 || list[0].Name != "alice" || list[1].Name != "ci" || list[0].Created.IsZero() {
@@ -93,17 +93,17 @@ func TestCreateVerifyRevoke(t *testing.T) {
 	if _, ok := tk.Verify(a); ok {
 		t.Error("revoked token still verifies")
 	}
-	if name, ok := tk.Verify(b); !ok || name != "alice" {
+	if e, ok := tk.Verify(b); !ok || e.Name != "alice" {
 		t.Error("revoking one token broke another")
 	}
 	if err := tk.Revoke("ci"); !errdefs.IsNotFound(err) {
 		t.Errorf("second Revoke: %v, want not found", err)
 	}
-	if _, err := tk.Create("alice"); !errdefs.IsAlreadyExists(err) {
+	if _, err := tk.Create("alice", RoleAdmin, ""); !errdefs.IsAlreadyExists(err) {
 		t.Errorf("duplicate name: %v, want already exists", err)
 	}
 	for _, name := range []string{"", "-x", "a b", "a/b", strings.Repeat("n", 65)} {
-		if _, err := tk.Create(name); !errdefs.IsInvalidArgument(err) {
+		if _, err := tk.Create(name, RoleAdmin, ""); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("Create(%q): %v, want invalid argument", name, err)
 		}
 	}
@@ -115,11 +115,11 @@ func TestStoreSharedBetweenProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, err := cli.Create("laptop")
+	tok, err := cli.Create("laptop", RoleAdmin, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if name, ok := daemon.Verify(tok); !ok || name != "laptop" {
+	if e, ok := daemon.Verify(tok); !ok || e.Name != "laptop" {
 		t.Fatal("a token created by another store instance is not seen")
 	}
 	if err := cli.Revoke("laptop"); err != nil {
@@ -151,7 +151,7 @@ func TestConcurrentCreates(t *testing.T) {
 			if i%2 == 1 {
 				s = other
 			}
-			tok, err := s.Create("t" + string(rune('a'+i)))
+			tok, err := s.Create("t"+string(rune('a'+i)), RoleUser, "")
 			if err != nil {
 				t.Error(err)
 			}
@@ -161,8 +161,8 @@ func TestConcurrentCreates(t *testing.T) {
 	}
 	wg.Wait()
 	for i, tok := range toks {
-		if name, ok := tk.Verify(tok); !ok || name != "t"+string(rune('a'+i)) {
-			t.Errorf("token %d lost by a concurrent write (%q %v)", i, name, ok)
+		if e, ok := tk.Verify(tok); !ok || e.Name != "t"+string(rune('a'+i)) {
+			t.Errorf("token %d lost by a concurrent write (%+v %v)", i, e, ok)
 		}
 	}
 }
@@ -171,7 +171,7 @@ func TestVerifyComparesEveryEntryInConstantTime(t *testing.T) {
 	tk, _ := openStore(t)
 	var toks []string
 	for _, n := range []string{"a", "b", "c"} {
-		tok, err := tk.Create(n)
+		tok, err := tk.Create(n, RoleAdmin, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -198,7 +198,7 @@ func TestVerifyComparesEveryEntryInConstantTime(t *testing.T) {
 
 func TestStorePermissions(t *testing.T) {
 	tk, path := openStore(t)
-	tok, err := tk.Create("x")
+	tok, err := tk.Create("x", RoleAdmin, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,8 +255,8 @@ func TestEnsureFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if name, ok := tk.Verify(tok); !ok || name != "default" {
-		t.Fatalf("first token verifies as %q %v", name, ok)
+	if e, ok := tk.Verify(tok); !ok || e.Name != "default" || e.Role != RoleAdmin || e.Tenant != DefaultTenant {
+		t.Fatalf("first token verifies as %+v %v", e, ok)
 	}
 	data, _ := os.ReadFile(store)
 	if strings.Contains(string(data), strings.TrimPrefix(tok, Prefix)) {

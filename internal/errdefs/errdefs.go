@@ -22,6 +22,10 @@ var (
 	ErrInternal           = errors.New("internal error")
 	// ErrUnauthenticated: the request carried no valid credentials (HTTP 401).
 	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrPermissionDenied: the caller is known but its role may not do
+	// this (HTTP 403). Objects of another tenant are ErrNotFound instead,
+	// so that their existence is not revealed.
+	ErrPermissionDenied = errors.New("permission denied")
 )
 
 func IsNotFound(err error) bool           { return errors.Is(err, ErrNotFound) }
@@ -32,6 +36,7 @@ func IsResourceExhausted(err error) bool  { return errors.Is(err, ErrResourceExh
 func IsUnavailable(err error) bool        { return errors.Is(err, ErrUnavailable) }
 func IsNotImplemented(err error) bool     { return errors.Is(err, ErrNotImplemented) }
 func IsUnauthenticated(err error) bool    { return errors.Is(err, ErrUnauthenticated) }
+func IsPermissionDenied(err error) bool   { return errors.Is(err, ErrPermissionDenied) }
 
 // Classes lists every class with its stable machine-readable code, in the
 // order the API edge tries them.
@@ -50,6 +55,7 @@ var Classes = []struct {
 	{"deadline_exceeded", ErrDeadlineExceeded},
 	{"internal", ErrInternal},
 	{"unauthenticated", ErrUnauthenticated},
+	{"permission_denied", ErrPermissionDenied},
 }
 
 // Code returns the stable code of err's class, or "internal".

@@ -105,6 +105,9 @@ type Engine struct {
 	// startingMiB the guest memory they reserved (reserveSlots).
 	starting    int
 	startingMiB int64
+	// tenantStarting is what forks in flight reserved, by tenant
+	// (reserveTenant).
+	tenantStarting map[string]TenantUsage
 	// tainted holds, by snapshot ID, why a snapshot whose files changed
 	// after commit is refused (checkIntact).
 	tainted map[string]string

@@ -31,6 +31,10 @@ type ForkOptions struct {
 	// Network is the children's egress policy; nil: the snapshot's, or
 	// the daemon's default.
 	Network *egress.Policy
+	// Tenant owns the children (Sandbox.Tenant); Quota, if not zero,
+	// bounds what that tenant's sandboxes hold with them (quota.go).
+	Tenant string
+	Quota  TenantQuota
 }
 
 // Limits on ForkOptions, stated in the errors that enforce them.

@@ -33,6 +33,9 @@ type Sandbox struct {
 	ReadyMillis float64
 	Pooled      bool
 	GuestIP     string
+	// Tenant is the tenant the sandbox was forked for (ForkOptions.Tenant;
+	// empty for one recorded before tenants existed). Set once.
+	Tenant string
 
 	// base is the manifest of the snapshot the sandbox was forked from,
 	// kept for full and live branches, which need no more of it and must
@@ -121,7 +124,7 @@ func (s *Sandbox) Info() apiv1.Sandbox {
 		DeadReason: s.deadReason, ConsoleTail: s.consoleTail,
 		Metadata: s.labels, IdleTimeoutSeconds: int64(s.idleTimeout / time.Second),
 		LastActivity: s.LastActivity().UTC(), ExpiresAt: expiresAt(s.expiresAt),
-		Network: s.NetworkInfo(false),
+		Network: s.NetworkInfo(false), Tenant: s.Tenant,
 	}
 }
 

@@ -165,6 +165,11 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) ([]*Sandbox, er
 	if snap.VMM.Kind != e.cfg.Driver.Name() {
 		return nil, fmt.Errorf("snapshot %q was made by VMM %q, this daemon runs %q: %w", tag, snap.VMM.Kind, e.cfg.Driver.Name(), errdefs.ErrFailedPrecondition)
 	}
+	releaseQuota, err := e.reserveTenant(opts.Tenant, opts.Quota, n, snap.MemoryMiB)
+	if err != nil {
+		return nil, err
+	}
+	defer releaseQuota()
 	p := e.poolFor(snap)
 	releaseSlots, err := e.reserveSlots(n, p)
 	if err != nil {
@@ -308,7 +313,7 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 	}
 	s := &Sandbox{
 		ID: pv.id, Tag: p.snap.Tag, SnapshotID: p.snap.ID, Created: time.Now().UTC(),
-		ReadyMillis: since(start), Pooled: pooled, GuestIP: p.snap.Network.GuestIP, base: &p.snap.Manifest,
+		ReadyMillis: since(start), Pooled: pooled, GuestIP: p.snap.Network.GuestIP, base: &p.snap.Manifest, Tenant: opts.Tenant,
 		machine: pv.machine, pid: pv.machine.PID(), netns: pv.netns, net: pv.net, conn: pv.conn, session: sess,
 		agent: e.agentClient(sess), teardown: pv.teardown,
 		state: apiv1.StateRunning, exited: make(chan struct{}),

@@ -58,6 +58,10 @@ type SandboxRecord struct {
 	// nobody could use or kill that sandbox. Records written before this
 	// field existed read as committed.
 	PendingFork string `json:"pending_fork,omitempty"`
+	// Tenant is the tenant whose token forked the sandbox. Records
+	// written before tenants existed have none: they belong to the
+	// default tenant (auth.TenantOf), which only admins see.
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // AdoptSpec is the spec to adopt the sandbox's VMM with.
@@ -77,6 +81,9 @@ type OperationRecord struct {
 	Progress []string        `json:"progress,omitempty"`
 	Error    string          `json:"error,omitempty"`
 	Result   json.RawMessage `json:"result,omitempty"`
+	// Tenant started the operation (absent before tenants existed: the
+	// default tenant's).
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // PutSandbox records a sandbox, replacing any record with its ID. It
