@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/forkd-dev/forkd/internal/jail"
 	"github.com/forkd-dev/forkd/internal/sandbox"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 	"github.com/forkd-dev/forkd/internal/vmm"
@@ -26,6 +27,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	jail.Main() // engines in this process jail their VMMs with this binary
 	_, file, _, _ := runtime.Caller(0)
 	repoRoot = filepath.Dir(filepath.Dir(file))
 	if os.Geteuid() != 0 {

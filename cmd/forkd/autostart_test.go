@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/forkd-dev/forkd/internal/jail"
 )
 
 // TestMain lets the test binary stand in for a daemon: with
@@ -31,6 +33,7 @@ import (
 // command line (for processes forkd starts of itself, like the bench
 // watchdog).
 func TestMain(m *testing.M) {
+	jail.Main()
 	if os.Getenv("FORKD_TEST_CLI") != "" {
 		root := newRootCmd(&globals{})
 		root.SetArgs(os.Args[1:])

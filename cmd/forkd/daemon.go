@@ -89,7 +89,7 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 	if err != nil {
 		return nil, ctor, err
 	}
-	drv, err := ctor.New(vmm.Options{Accel: vmm.Accel(g.accel), Logger: d.log})
+	drv, err := ctor.New(vmm.Options{Accel: vmm.Accel(g.accel), Logger: d.log, NoJail: g.noJail})
 	if err != nil {
 		return nil, ctor, err
 	}
@@ -206,7 +206,7 @@ func serveCmd(g *globals) *cobra.Command {
 			}
 			srv.Engine = e
 			srv.Checks = func(ctx context.Context) []vmm.Check {
-				return ctor.Checks(ctx, vmm.Options{Accel: vmm.Accel(g.accel)})
+				return ctor.Checks(ctx, vmm.Options{Accel: vmm.Accel(g.accel), NoJail: g.noJail})
 			}
 			m.SetStateFunc(func() metrics.State { return engineState(e) })
 			var tln net.Listener
@@ -300,8 +300,11 @@ func serveCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// addLiveBranchFlags adds --live-branch and --memory-dir.
+// addLiveBranchFlags adds --live-branch and --memory-dir, and
+// --no-vmm-jail.
 func addLiveBranchFlags(f *pflag.FlagSet, g *globals) {
+	f.BoolVar(&g.noJail, "no-vmm-jail", os.Getenv("FORKD_NO_VMM_JAIL") == "1",
+		"run VMMs without their jail (private root, PID and IPC namespaces, rlimits, capabilities; env FORKD_NO_VMM_JAIL=1): weaker isolation, for kernels that lack a namespace; `forkd doctor` reports it")
 	f.BoolVar(&g.liveBranch, "live-branch", os.Getenv("FORKD_LIVE_BRANCH") == "1",
 		"enable live branches (env FORKD_LIVE_BRANCH=1): clones map memory images kept on tmpfs (--memory-dir, RAM), and QEMU may create a userfaultfd (sets vm.unprivileged_userfaultfd=1)")
 	f.StringVar(&g.memoryDir, "memory-dir", os.Getenv("FORKD_MEMORY_DIR"),

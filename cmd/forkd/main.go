@@ -21,6 +21,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/client"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/jail"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -53,7 +54,9 @@ type globals struct {
 	// may create a userfaultfd, so live branches work.
 	liveBranch bool
 	memoryDir  string
-	network    networkFlags
+	// noJail runs VMMs without their jail (--no-vmm-jail).
+	noJail  bool
+	network networkFlags
 }
 
 func envOr(key, def string) string {
@@ -64,6 +67,8 @@ func envOr(key, def string) string {
 }
 
 func main() {
+	// A jail helper (a VMM's first moments) never returns from here.
+	jail.Main()
 	g := &globals{}
 	root := newRootCmd(g)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

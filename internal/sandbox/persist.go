@@ -325,6 +325,11 @@ func cleanupDeadResources(rec state.SandboxRecord) {
 	}
 }
 
+// groupCleaner is a driver that keeps a cgroup per VMM (qemu).
+type groupCleaner interface {
+	RemoveLeftoverGroups(ctx context.Context, dir string, keep func(id string) bool) ([]string, error)
+}
+
 // reapLeftovers kills VMM processes and removes run dirs and network
 // namespaces of this engine that no adopted sandbox owns: what a crashed
 // daemon was preparing (pooled VMMs, forks in flight) or never recorded.
@@ -338,6 +343,18 @@ func (e *Engine) reapLeftovers(keep map[string]bool) {
 			}
 			e.log.Warn("killing a VMM no sandbox owns (left by a previous daemon)", "pid", v.PID, "run_dir", v.RunDir)
 			syscall.Kill(v.PID, syscall.SIGKILL)
+		}
+	}
+	if c, ok := e.cfg.Driver.(groupCleaner); ok {
+		// The leftover VMMs' cgroups (killed above), and those of
+		// machines no daemon will come back for.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		removed, err := c.RemoveLeftoverGroups(ctx, vmsDir, func(id string) bool { return keep[id] })
+		cancel()
+		if err != nil {
+			e.log.Warn("removing leftover VMM cgroups", "err", err)
+		} else if len(removed) > 0 {
+			e.log.Info("removed leftover VMM cgroups", "count", len(removed))
 		}
 	}
 	entries, _ := os.ReadDir(filepath.Join(e.cfg.RunDir, "vms"))

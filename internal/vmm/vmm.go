@@ -257,6 +257,10 @@ type Options struct {
 	Binary string
 	// Accel is the default accelerator (qemu). Auto picks KVM when usable.
 	Accel Accel
+	// NoJail runs VMMs without their jail (qemu: mount, PID, IPC and UTS
+	// namespaces, rlimits, capabilities): an explicit operator choice
+	// (`forkd serve --no-vmm-jail`), which doctor reports.
+	NoJail bool
 	// Logger receives the driver's messages (nil: slog.Default()); the
 	// daemon passes its own, so that its log level applies.
 	Logger *slog.Logger

@@ -90,6 +90,13 @@ func (d *Driver) Adopt(ctx context.Context, spec vmm.AdoptSpec) (vmm.Machine, er
 	m := newMachine(d, cfg, proc, incoming)
 	m.pid, m.ident = want.PID, want
 	m.adopted.Store(true)
+	// Its cgroup, if the earlier daemon made one: removed when it exits.
+	if g := d.openGroup(cfg); g != nil {
+		m.cg = g
+		if l, err := g.Limits(); err == nil {
+			m.cgMemMiB = l.MemoryBytes >> 20
+		}
+	}
 	if incoming && cfg.MemoryFile != "" {
 		m.memID = loadMemID(cfg)
 	}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/forkd-dev/forkd/internal/cgroup"
 	"github.com/forkd-dev/forkd/internal/netns"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
@@ -60,7 +62,36 @@ func Checks(ctx context.Context, opts vmm.Options) []vmm.Check {
 
 	checks = append(checks, tunCheck())
 	checks = append(checks, userfaultfdCheck())
+	checks = append(checks, jailCheck(opts.NoJail))
 	return checks
+}
+
+// jailCheck reports whether VMMs start in their jails (jail.go): root and
+// the kernel's mount, PID, IPC and UTS namespaces; or that the operator
+// turned the jail off.
+func jailCheck(off bool) vmm.Check {
+	c := vmm.Check{Name: "vmm jail", Fix: "run forkd as root on a kernel with mount, PID, IPC and UTS namespaces, and without --no-vmm-jail"}
+	if off {
+		c.Detail = "off (--no-vmm-jail): each VMM sees the host's file system and processes; a VMM escape reaches everything its uid can"
+		return c
+	}
+	if os.Geteuid() != 0 {
+		c.Detail = "needs root"
+		return c
+	}
+	for _, ns := range []string{"mnt", "pid", "ipc", "uts"} {
+		if _, err := os.Stat("/proc/self/ns/" + ns); err != nil {
+			c.Detail = "no " + ns + " namespace: " + err.Error()
+			return c
+		}
+	}
+	h, err := cgroup.Detect()
+	if err != nil {
+		c.Detail = "cgroups: " + err.Error()
+		return c
+	}
+	c.OK, c.Detail = true, "each VMM in its own mount, PID, IPC and UTS namespaces, private root, no_new_privs, reduced capabilities, "+strconv.Itoa(jailNoFile)+" descriptors, and a cgroup of its own ("+h.Mode.String()+")"
+	return c
 }
 
 // tunCheck opens /dev/net/tun as netns does to create each sandbox's tap

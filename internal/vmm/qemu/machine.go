@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/forkd-dev/forkd/internal/cgroup"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/fsutil"
 	"github.com/forkd-dev/forkd/internal/qmp"
@@ -60,6 +61,10 @@ type Machine struct {
 	// since name nothing or another file (removing a snapshot renames its
 	// directory away, then deletes it; the clone maps the file still).
 	memID *fileID
+	// cg is the machine's cgroup (cgroup.go), nil without one; cgMemMiB
+	// its memory limit.
+	cg       *cgroup.Group
+	cgMemMiB int64
 	// adopted is set for a machine taken over from an earlier daemon,
 	// until its first branch has settled what that daemon may have left
 	// running (settleAdoptedMigration).
@@ -194,6 +199,7 @@ func (m *Machine) reap() {
 		m.d.uids.release(m.uid)
 	}
 	m.exited()
+	oom := m.removeGroup()
 	m.mu.Lock()
 	c, events := m.qmp, m.events
 	m.mu.Unlock()
@@ -219,7 +225,7 @@ func (m *Machine) reap() {
 	m.state = stateExited
 	m.pid = 0
 	if !m.requested {
-		m.exitErr = m.describeExit(werr)
+		m.exitErr = m.describeExit(werr, oom)
 	}
 	exitErr, reason := m.exitErr, m.shutdown
 	m.mu.Unlock()
@@ -230,13 +236,16 @@ func (m *Machine) reap() {
 }
 
 // describeExit builds the error for an exit nobody asked for; m.mu is held.
-func (m *Machine) describeExit(werr error) error {
+func (m *Machine) describeExit(werr error, oomKilled bool) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "qemu %s exited unexpectedly", m.cfg.ID)
 	if werr != nil {
 		fmt.Fprintf(&b, " (%v)", werr)
 	} else {
 		b.WriteString(" (exit status 0)")
+	}
+	if oomKilled {
+		b.WriteString(", " + m.oomDetail())
 	}
 	if m.shutdown != "" {
 		fmt.Fprintf(&b, ", shutdown reason %q", m.shutdown)

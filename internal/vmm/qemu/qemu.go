@@ -71,7 +71,9 @@ import (
 	"os/user"
 	"sync"
 
+	"github.com/forkd-dev/forkd/internal/cgroup"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/jail"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -137,6 +139,18 @@ type Config struct {
 	// it only holds for QEMU running as root; `forkd bench` runs a
 	// watchdog process for that reason.
 	KillOnParentDeath bool
+	// Jail starts every QEMU in a jail of its own (internal/jail, see
+	// jail.go): private root, PID, IPC and UTS namespaces, rlimits, a
+	// reduced capability bounding set, no_new_privs. Needs root, and a
+	// program that calls jail.Main first thing (JailHelper).
+	Jail bool
+	// JailHelper is the executable that sets jails up (default: this
+	// program, os.Executable).
+	JailHelper string
+	// Cgroups, when set, puts every QEMU in a cgroup of its own, under
+	// its Parent group (default "forkd"), with limits from its guest
+	// (cgroup.go).
+	Cgroups *cgroup.Config
 	// Logger receives lifecycle messages (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -150,7 +164,13 @@ type Driver struct {
 	autoAccel func() vmm.Accel
 	tscKHz    func() int64
 
-	uids *uidPool // nil unless Config.UIDs is set
+	uids       *uidPool // nil unless Config.UIDs is set
+	jailHelper string   // Config.JailHelper resolved; "" without a jail
+
+	// cgMu guards cgManagers: one per directory of run directories
+	// (cgroup.go).
+	cgMu       sync.Mutex
+	cgManagers map[string]*cgroup.Manager
 
 	// mu guards version.
 	mu      sync.Mutex
@@ -169,9 +189,13 @@ const DefaultRunAs = "nobody"
 func init() {
 	vmm.Register(Name, vmm.Constructor{
 		New: func(o vmm.Options) (vmm.Driver, error) {
-			cfg := Config{Binary: o.Binary, Accel: o.Accel, Logger: o.Logger}
+			cfg := Config{Binary: o.Binary, Accel: o.Accel, Logger: o.Logger, Jail: !o.NoJail}
 			if os.Geteuid() == 0 {
 				cfg.UIDs = DefaultUIDRange
+			}
+			if cfg.Jail {
+				// The jail includes a cgroup per VMM.
+				cfg.Cgroups = &cgroup.Config{Logger: o.Logger}
 			}
 			return New(cfg)
 		},
@@ -211,6 +235,28 @@ func New(cfg Config) (*Driver, error) {
 			return nil, fmt.Errorf("qemu: a UIDs range needs root (QEMU drops to those uids from root): %w", errdefs.ErrFailedPrecondition)
 		}
 	}
+	helper := ""
+	if cfg.Jail {
+		if os.Geteuid() != 0 {
+			return nil, fmt.Errorf("qemu: the VMM jail needs root (mount and PID namespaces); run forkd as root, or pass --no-vmm-jail to run VMMs unconfined: %w", errdefs.ErrFailedPrecondition)
+		}
+		helper = cfg.JailHelper
+		if helper == "" {
+			if !jail.MainCalled() {
+				return nil, fmt.Errorf("qemu: the jail helper is this program, which does not call jail.Main first thing in main (or TestMain); call it, or set Config.JailHelper: %w", errdefs.ErrFailedPrecondition)
+			}
+			if helper, err = os.Executable(); err != nil {
+				return nil, fmt.Errorf("qemu: the jail helper (this program): %w", err)
+			}
+		}
+	}
+	if cfg.Cgroups != nil {
+		// The parent group: made now, so a host without the controllers
+		// fails here, naming what is missing.
+		if _, err := cgroup.New(*cfg.Cgroups); err != nil {
+			return nil, fmt.Errorf("qemu: the VMMs' cgroups: %w (or pass --no-vmm-jail to run VMMs unconfined)", err)
+		}
+	}
 	if cfg.TBSizeMiB == 0 {
 		cfg.TBSizeMiB = DefaultTBSizeMiB
 	}
@@ -221,7 +267,7 @@ func New(cfg Config) (*Driver, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	d := &Driver{cfg: cfg, binary: path, log: log.With("vmm", Name)}
+	d := &Driver{cfg: cfg, binary: path, log: log.With("vmm", Name), jailHelper: helper}
 	if cfg.UIDs.Count != 0 {
 		d.uids = newUIDPool(cfg.UIDs)
 	}

@@ -225,9 +225,15 @@ func TestChecks(t *testing.T) {
 		}
 		t.Logf("%-16s ok=%v %s", c.Name, c.OK, c.Detail)
 	}
-	for _, n := range []string{"qemu binary", "kvm", "tun device", "userfaultfd"} {
+	for _, n := range []string{"qemu binary", "kvm", "tun device", "userfaultfd", "vmm jail"} {
 		if !names[n] {
 			t.Errorf("no %q check", n)
+		}
+	}
+	// A jail turned off is reported, never passed.
+	for _, c := range Checks(context.Background(), vmm.Options{NoJail: true}) {
+		if c.Name == "vmm jail" && (c.OK || !strings.Contains(c.Detail, "--no-vmm-jail")) {
+			t.Errorf("jail off: %+v", c)
 		}
 	}
 }

@@ -13,8 +13,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/forkd-dev/forkd/internal/cgroup"
 	"github.com/forkd-dev/forkd/internal/cleanup"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/jail"
 	"github.com/forkd-dev/forkd/internal/netns"
 	"github.com/forkd-dev/forkd/internal/procfs"
 	"github.com/forkd-dev/forkd/internal/qmp"
@@ -209,11 +211,35 @@ func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile str
 	if d.cfg.KillOnParentDeath {
 		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	}
+	grp, err := d.newGroup(ctx, l)
+	if err != nil {
+		if uid != 0 {
+			d.uids.release(uid)
+		}
+		return nil, err
+	}
+	if grp != nil {
+		// Until the reaper owns it (below).
+		undo.Push(func(ctx context.Context) error { return grp.Delete(ctx, true) })
+		m.cg, m.cgMemMiB = grp, vmmLimits(l).MemoryBytes>>20
+	}
+	if d.cfg.Jail {
+		spec := jailSpec(l, d.binary)
+		if grp != nil {
+			spec.Cgroups = grp.Dirs()
+		}
+		if err := os.MkdirAll(spec.Root, 0o700); err != nil {
+			return nil, fmt.Errorf("qemu %s: jail: %w", cfg.ID, err)
+		}
+		if err := jail.Wrap(cmd, spec, d.jailHelper); err != nil {
+			return nil, fmt.Errorf("qemu %s: %w", cfg.ID, err)
+		}
+	}
 	m.uid = uid
 	if incoming && cfg.MemoryFile != "" {
 		m.memID = recordMemID(cfg)
 	}
-	if err := d.spawn(cmd, cfg.Network); err != nil {
+	if err := d.spawn(cmd, cfg.Network, grp); err != nil {
 		if uid != 0 {
 			d.uids.release(uid)
 		}
@@ -273,14 +299,22 @@ func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile str
 	return m, nil
 }
 
-// spawn starts cmd, inside the network namespace when there is one.
-func (d *Driver) spawn(cmd *exec.Cmd, n *vmm.Network) error {
+// spawn starts cmd, inside the network namespace when there is one, and
+// in grp unless the jail puts it there (Config.Jail).
+func (d *Driver) spawn(cmd *exec.Cmd, n *vmm.Network, grp *cgroup.Group) error {
+	start := cmd.Start
+	if grp != nil && !d.cfg.Jail {
+		start = func() error { return grp.Start(cmd, nil) }
+	}
 	if n == nil || n.NetNSPath == "" {
-		return cmd.Start()
+		return start()
 	}
 	// Started from a thread switched into the namespace: the fork
 	// inherits it. See netns.DoPath for how the thread is restored.
-	return netns.DoPath(n.NetNSPath, cmd.Start)
+	if grp != nil && !d.cfg.Jail {
+		return grp.Start(cmd, func(f func() error) error { return netns.DoPath(n.NetNSPath, f) })
+	}
+	return netns.DoPath(n.NetNSPath, start)
 }
 
 // connect dials QMP, giving up when the process exits.

@@ -19,7 +19,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/forkd-dev/forkd/internal/cgroup"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/jail"
 	"github.com/forkd-dev/forkd/internal/netns"
 	"github.com/forkd-dev/forkd/internal/testutil"
 	"github.com/forkd-dev/forkd/internal/testutil/testguest"
@@ -60,9 +62,38 @@ var (
 	fixtureErr  error
 )
 
+// testCgroups is the cgroup parent of this test process's VMMs; the
+// drivers made (testDrivers) remove their groups at the end (TestMain).
+var (
+	testCgroups = cgroup.Config{Parent: fmt.Sprintf("forkd-qemu-test-%d", os.Getpid())}
+	testMu      sync.Mutex
+	testDrivers []*Driver
+)
+
+// removeTestCgroups deletes the groups of every test driver, then the
+// test process's parent group.
+func removeTestCgroups() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	testMu.Lock()
+	defer testMu.Unlock()
+	for _, d := range testDrivers {
+		d.removeCgroups(ctx)
+	}
+	if len(testDrivers) > 0 {
+		if m, err := cgroup.New(testCgroups); err == nil {
+			m.Remove(ctx)
+		}
+	}
+}
+
 func newTestDriver(t testing.TB, cfg Config) *Driver {
 	t.Helper()
 	cfg.KillOnParentDeath = true
+	cfg.Jail = os.Geteuid() == 0
+	if cfg.Jail && cfg.Cgroups == nil {
+		cfg.Cgroups = &testCgroups
+	}
 	if os.Getenv("FORKD_TEST_DEBUG") == "1" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
@@ -70,6 +101,9 @@ func newTestDriver(t testing.TB, cfg Config) *Driver {
 	if err != nil {
 		t.Fatal(err)
 	}
+	testMu.Lock()
+	testDrivers = append(testDrivers, d)
+	testMu.Unlock()
 	return d
 }
 
@@ -174,7 +208,9 @@ func buildTemplate(t *testing.T, kernel, initrd string) (*fixture, error) {
 }
 
 func TestMain(m *testing.M) {
+	jail.Main() // VMMs of test drivers start in jails (newTestDriver)
 	code := m.Run()
+	removeTestCgroups()
 	if f := fixtureVal; f != nil {
 		f.tmplNS.Remove()
 		os.RemoveAll(f.dir)

@@ -1,0 +1,186 @@
+package qemu
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/forkd-dev/forkd/internal/testutil/testguest"
+)
+
+// TestJailedVMM checks, from the host, the jail of a running clone's QEMU
+// (dropped to a uid of its own): its namespaces, what its root shows,
+// its limits and capabilities; and that the guest works.
+func TestJailedVMM(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("jails need root")
+	}
+	f := template(t)
+	d := newTestDriver(t, Config{UIDs: UIDRange{First: 2_000_200_000, Count: 2}})
+	if !d.cfg.Jail {
+		t.Fatal("test drivers jail their VMMs as root")
+	}
+	m, _ := f.clone(t, d, "jail1")
+	other, _ := f.clone(t, d, "jail2")
+	ctx, cancel := context.WithTimeout(context.Background(), vmTimeout)
+	defer cancel()
+	conn, err := m.DialAgent(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := testguest.NewAgent(conn)
+	defer a.Close()
+	if _, err := m.Restore(ctx); err != nil {
+		t.Fatal(err)
+	}
+	call(t, a, "get", "state=template")
+
+	pid := m.PID()
+	proc := func(p string) string { return fmt.Sprintf("/proc/%d/%s", pid, p) }
+	for _, ns := range []string{"mnt", "pid", "ipc", "uts"} {
+		mine, _ := os.Readlink("/proc/self/ns/" + ns)
+		its, err := os.Readlink(proc("ns/" + ns))
+		if err != nil || its == mine {
+			t.Errorf("%s namespace: %q (the test's %q) %v", ns, its, mine, err)
+		}
+	}
+	status, err := os.ReadFile(proc("status"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := map[string]string{}
+	for _, l := range strings.Split(string(status), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok {
+			fields[k] = strings.TrimSpace(v)
+		}
+	}
+	// In its own PID namespace QEMU is process 1.
+	if ns := strings.Fields(fields["NSpid"]); len(ns) != 2 || ns[1] != "1" {
+		t.Errorf("NSpid %q, want the host's pid and 1", fields["NSpid"])
+	}
+	if fields["NoNewPrivs"] != "1" {
+		t.Errorf("NoNewPrivs %q", fields["NoNewPrivs"])
+	}
+	// Dropped to its uid: no capabilities left; the bounding set keeps
+	// only what it needed before dropping (dac_override 1, setgid 6,
+	// setuid 7, net_admin 12).
+	if fields["CapEff"] != "0000000000000000" || fields["CapPrm"] != "0000000000000000" {
+		t.Errorf("capabilities: effective %s, permitted %s", fields["CapEff"], fields["CapPrm"])
+	}
+	if bnd, err := strconv.ParseUint(fields["CapBnd"], 16, 64); err != nil || bnd&^(1<<1|1<<6|1<<7|1<<12) != 0 {
+		t.Errorf("bounding set %s", fields["CapBnd"])
+	}
+	limits, _ := os.ReadFile(proc("limits"))
+	if !strings.Contains(string(limits), fmt.Sprintf("Max open files            %-21d%-21d", jailNoFile, jailNoFile)) {
+		t.Errorf("limits:\n%s", limits)
+	}
+	// Its root: what it needs, nothing of other sandboxes or the host.
+	root := proc("root")
+	for _, p := range []string{"/usr/bin", m.cfg.RunDir, f.memFile, "/dev/net/tun", "/proc/1"} {
+		if _, err := os.Stat(root + p); err != nil {
+			t.Errorf("the jail lacks %s: %v", p, err)
+		}
+	}
+	for _, p := range []string{other.cfg.RunDir, "/home", "/root", "/etc/shadow", "/etc/hostname", "/dev/shm", "/boot",
+		fmt.Sprintf("/proc/%d", os.Getpid())} {
+		if _, err := os.Stat(root + p); !os.IsNotExist(err) {
+			t.Errorf("the jail shows %s: %v", p, err)
+		}
+	}
+	// The host's /tmp is not its /tmp (which holds only the mount points
+	// of test directories, made under /tmp).
+	marker, err := os.CreateTemp("", "forkd-jail-marker-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker.Close()
+	defer os.Remove(marker.Name())
+	if _, err := os.Stat(root + marker.Name()); !os.IsNotExist(err) {
+		t.Errorf("the jail shows the host's %s: %v", marker.Name(), err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "newfile"), nil, 0o600); err == nil {
+		t.Error("the jail's root is writable")
+	}
+	// Nothing of the jails is mounted on the host.
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err != nil || strings.Contains(string(mi), jailRootDir) {
+		t.Errorf("a jail's root is mounted on the host: %v", err)
+	}
+}
+
+// TestVMMOOMKilled lowers a clone's cgroup memory limit below what its
+// guest then writes: the host's OOM killer ends that QEMU alone, the exit
+// says so, a sibling clone keeps running, and the group is removed.
+func TestVMMOOMKilled(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("cgroups need root")
+	}
+	f := template(t)
+	d := newTestDriver(t, Config{})
+	if d.cfg.Cgroups == nil {
+		t.Fatal("test drivers put their VMMs in cgroups as root")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), vmTimeout)
+	defer cancel()
+	restore := func(id string) (*Machine, *testguest.Agent) {
+		m, _ := f.clone(t, d, id)
+		conn, err := m.DialAgent(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := testguest.NewAgent(conn)
+		t.Cleanup(func() { a.Close() })
+		if _, err := m.Restore(ctx); err != nil {
+			t.Fatal(err)
+		}
+		call(t, a, "get", "state=template")
+		return m, a
+	}
+	m, a := restore("oom1")
+	sib, sa := restore("oom2")
+	if m.cg == nil {
+		t.Fatal("no cgroup")
+	}
+	dirs := m.cg.Dirs()
+	lim, err := m.cg.Limits()
+	if err != nil || lim.MemoryBytes != int64(testMemMiB+d.cfg.TBSizeMiB+vmmOverheadMiB)<<20 || lim.Pids != vmmPids {
+		t.Fatalf("limits %+v %v", lim, err)
+	}
+	// Its current charge plus 16 MiB: the guest's 64 MiB write passes it.
+	st, err := m.cg.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	low := strconv.FormatUint(st.MemoryCurrent+16<<20, 10)
+	for _, dir := range dirs {
+		for _, file := range []string{"memory.limit_in_bytes", "memory.max"} {
+			if _, err := os.Stat(filepath.Join(dir, file)); err == nil {
+				if err := os.WriteFile(filepath.Join(dir, file), []byte(low), 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	t.Logf("charged %d MiB; limit lowered to %s bytes", st.MemoryCurrent>>20, low)
+	a.Call("run dd if=/dev/zero of=/tmp/fill bs=1M count=64", callTimeout) // its reply may never come
+	select {
+	case <-m.Done():
+	case <-ctx.Done():
+		t.Fatal("the clone outlived its memory limit")
+	}
+	err = m.ExitError()
+	if err == nil || !strings.Contains(err.Error(), "OOM killer") {
+		t.Errorf("exit: %v, want the OOM killer named", err)
+	}
+	t.Logf("exit: %v", err)
+	for _, dir := range dirs {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("cgroup %s left: %v", dir, err)
+		}
+	}
+	call(t, sa, "get", "state=template")
+	checkRunning(t, sib, sa, "template")
+}
