@@ -123,7 +123,7 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 }
 
 func serveCmd(g *globals) *cobra.Command {
-	var netnsPrefix, configPath, logLevel, portDomain string
+	var netnsPrefix, configPath, logLevel, portDomain, trustedKeys string
 	var listen, tlsCert, tlsKey, tokenFile string
 	var insecure bool
 	var maxConns int
@@ -149,6 +149,10 @@ func serveCmd(g *globals) *cobra.Command {
 			}
 			if maxConns < 0 {
 				return fmt.Errorf("--max-connections %d: want 0 (no limit) or more: %w", maxConns, errdefs.ErrInvalidArgument)
+			}
+			trusted, err := loadTrustedKeys(trustedKeys)
+			if err != nil {
+				return err
 			}
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
@@ -192,7 +196,10 @@ func serveCmd(g *globals) *cobra.Command {
 			// The server exists before the engine: lifecycle events go
 			// through its audit gate (a failed write refuses mutating
 			// requests until one succeeds) from the first adoption on.
-			srv := &api.Server{Version: version, Log: log, Metrics: m, Audit: alog, PortDomain: strings.ToLower(strings.Trim(portDomain, "."))}
+			srv := &api.Server{Version: version, Log: log, Metrics: m, Audit: alog, PortDomain: strings.ToLower(strings.Trim(portDomain, ".")), TrustedKeys: trusted}
+			if len(trusted) > 0 {
+				log.Info("import policy: archives must be signed by a trusted key", "keys", len(trusted))
+			}
 			onEvent := func(ev sandbox.Event) {
 				targets := []string{ev.SandboxID}
 				if ev.Tag != "" {
@@ -296,6 +303,7 @@ func serveCmd(g *globals) *cobra.Command {
 	f.BoolVar(&g.stopSandboxes, "stop-sandboxes", false, "stop every sandbox when the daemon stops (default: they keep running and the next daemon re-adopts them)")
 	addLiveBranchFlags(f, g)
 	addNetworkFlags(f, &g.network)
+	f.StringVar(&trustedKeys, "trusted-keys", "", "import policy: refuse archives (`forkd unpack`, POST /v1/snapshots/import) not signed by one of these ed25519 public keys: comma-separated KEYBASE.pub files of `forkd pack keygen`, or directories of them")
 	f.StringVar(&portDomain, "port-domain", "", "route requests for the host PORT-ID.DOMAIN (e.g. 8080-sb-0123456789.sandbox.example.com, a wildcard DNS name pointing at --listen) to that sandbox's port, whole paths included")
 	return cmd
 }

@@ -71,11 +71,12 @@ func (s *Server) exportArchive(w http.ResponseWriter, r *http.Request) {
 // snapshot (and image, if new) under its tag, with the ancestors of a
 // layer under theirs (reusing those here with the same digest): ?tag=
 // renames the head, ?force=1 replaces existing tags atomically, ?verify_key= (an ed25519 public
-// key, base64 of its 32 bytes) refuses archives it did not sign. Answers
-// 201 with the snapshot.
+// key, base64 of its 32 bytes) refuses archives it did not sign, and so
+// does the daemon's import policy (Server.TrustedKeys, 403). Answers 201
+// with the snapshot.
 func (s *Server) importArchive(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	opts := pack.UnpackOptions{Tag: q.Get("tag")}
+	opts := pack.UnpackOptions{Tag: q.Get("tag"), TrustedKeys: s.TrustedKeys}
 	if opts.Tag != "" {
 		if err := snapshot.ValidateTag(opts.Tag); err != nil {
 			writeProblem(w, r, err)

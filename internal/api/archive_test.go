@@ -69,9 +69,18 @@ func nopEngine(t *testing.T, dataDir, prefix string, change func(*sandbox.Config
 // empty data directory, through the real client.
 func archiveServer(t *testing.T) (*client.Client, string) {
 	t.Helper()
+	return archiveServerWith(t, nil)
+}
+
+// archiveServerWith is archiveServer with change applied to its Server.
+func archiveServerWith(t *testing.T, change func(*Server)) (*client.Client, string) {
+	t.Helper()
 	dataDir := t.TempDir()
 	e := nopEngine(t, dataDir, "fkar", nil)
 	s := &Server{Engine: e}
+	if change != nil {
+		change(s)
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/snapshots/{tag}/archive", s.exportArchive)
 	mux.HandleFunc("POST /v1/snapshots/import", s.importArchive)
@@ -212,4 +221,40 @@ func signingKey(t *testing.T) ([]byte, ed25519.PrivateKey) {
 		t.Fatal(err)
 	}
 	return pubPEM, key
+}
+
+// TestImportPolicy: a daemon with trusted keys imports only archives one
+// of them signed: unsigned and otherwise signed ones are 403 naming the
+// fix, and leave nothing behind.
+func TestImportPolicy(t *testing.T) {
+	src, srcDir := archiveServer(t)
+	addSnapshot(t, srcDir, "base", 1<<20)
+	ctx := context.Background()
+	var archive bytes.Buffer
+	if _, err := src.ExportArchive(ctx, "base", &archive, client.ExportOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pubPEM, key := signingKey(t)
+	pub, _ := pack.ParsePublicKey(pubPEM)
+	_, otherKey := signingKey(t)
+	sign := func(k ed25519.PrivateKey) []byte {
+		var b bytes.Buffer
+		if err := pack.Sign(bytes.NewReader(archive.Bytes()), &b, k); err != nil {
+			t.Fatal(err)
+		}
+		return b.Bytes()
+	}
+	dst, dstDir := archiveServerWith(t, func(s *Server) { s.TrustedKeys = []ed25519.PublicKey{pub} })
+	for name, body := range map[string][]byte{"unsigned": archive.Bytes(), "other-key": sign(otherKey)} {
+		_, err := dst.ImportArchive(ctx, bytes.NewReader(body), client.ImportOptions{Tag: name})
+		if !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), "--trusted-keys") {
+			t.Errorf("%s import under the policy: %v, want 403 naming --trusted-keys", name, err)
+		}
+		if _, err := os.Stat(filepath.Join(dstDir, "snapshots", name)); err == nil {
+			t.Errorf("refused import left snapshots/%s", name)
+		}
+	}
+	if snap, err := dst.ImportArchive(ctx, bytes.NewReader(sign(key)), client.ImportOptions{Tag: "trusted"}); err != nil || snap.Tag != "trusted" {
+		t.Errorf("import signed by the trusted key: %+v %v", snap, err)
+	}
 }

@@ -6,6 +6,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -62,6 +63,9 @@ type Server struct {
 	// PortDomain, if set, routes requests for the host PORT-ID.PortDomain
 	// to that sandbox's port, whole paths included (ports.go).
 	PortDomain string
+	// TrustedKeys, if any, is the import policy: an archive must be
+	// signed by one of them (403 otherwise; archive.go).
+	TrustedKeys []ed25519.PublicKey
 
 	proxyOnce   sync.Once
 	proxy       *httputil.ReverseProxy

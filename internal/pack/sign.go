@@ -70,6 +70,32 @@ func verifyManifest(key ed25519.PublicKey, manifest, sig []byte) error {
 	return nil
 }
 
+// verifyTrusted checks the import policy: the manifest is signed by one
+// of keys.
+func verifyTrusted(keys []ed25519.PublicKey, manifest, sig []byte) error {
+	fix := "sign it with `forkd pack --sign KEY` using a key whose .pub the operator trusts (`forkd serve --trusted-keys`)"
+	if sig == nil {
+		return fmt.Errorf("this daemon imports only archives signed by a key it trusts (%d configured), and this one is not signed; %s: %w", len(keys), fix, errdefs.ErrPermissionDenied)
+	}
+	for _, k := range keys {
+		if verifyManifest(k, manifest, sig) == nil {
+			return nil
+		}
+	}
+	var s signature
+	by := "an unknown key"
+	if json.Unmarshal(sig, &s) == nil && len(s.Key) == ed25519.PublicKeySize {
+		by = "key " + Fingerprint(s.Key)
+		for _, k := range keys {
+			if bytes.Equal(k, s.Key) {
+				// A trusted key, but the signature does not hold: why.
+				return verifyManifest(k, manifest, sig)
+			}
+		}
+	}
+	return fmt.Errorf("this daemon imports only archives signed by a key it trusts (%d configured), and this one is signed by %s; %s: %w", len(keys), by, fix, errdefs.ErrPermissionDenied)
+}
+
 // Fingerprint names a public key the way ssh does: SHA256:<base64>.
 func Fingerprint(key ed25519.PublicKey) string {
 	sum := sha256.Sum256(key)

@@ -144,3 +144,42 @@ func packBytesSigned(t *testing.T, src, tag string, key ed25519.PrivateKey) []by
 	b, _ := packBytes(t, src, tag, PackOptions{SignKey: key})
 	return b
 }
+
+// TestTrustedKeys: with the daemon's import policy, only archives signed
+// by one of its keys unpack (403 otherwise), whatever the client asks.
+func TestTrustedKeys(t *testing.T) {
+	src, _ := makeDataDir(t, "base", 16*mib)
+	priv, pub := keyPair(t)
+	otherPriv, otherPub := keyPair(t)
+	_, thirdPub := keyPair(t)
+	trusted := []ed25519.PublicKey{thirdPub, pub}
+
+	signed := packBytesSigned(t, src, "base", priv)
+	if err := unpackErr(t, signed, UnpackOptions{TrustedKeys: trusted}); err != nil {
+		t.Errorf("signed by the second trusted key: %v", err)
+	}
+	unsigned, _ := packBytes(t, src, "base", PackOptions{})
+	byOther := packBytesSigned(t, src, "base", otherPriv)
+	for _, c := range []struct {
+		name    string
+		archive []byte
+		opts    UnpackOptions
+		want    string
+	}{
+		{"unsigned", unsigned, UnpackOptions{TrustedKeys: trusted}, "not signed"},
+		{"signed by another key", byOther, UnpackOptions{TrustedKeys: trusted}, "signed by key " + Fingerprint(otherPub)},
+		{"the client's own key does not override the policy", byOther, UnpackOptions{TrustedKeys: trusted, VerifyKey: otherPub}, "trusts"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := unpackErr(t, c.archive, c.opts)
+			if !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "--trusted-keys") {
+				t.Errorf("got %v, want PermissionDenied containing %q and the fix", err, c.want)
+			}
+		})
+	}
+	// Signed by a trusted key, then altered: refused as altered.
+	tampered := encode(t, editManifest(t, decode(t, signed), func(m *Manifest) { m.Snapshots[0].Manifest.VCPUs = 64 }))
+	if err := unpackErr(t, tampered, UnpackOptions{TrustedKeys: trusted}); err == nil || !strings.Contains(err.Error(), "altered") {
+		t.Errorf("tampered archive of a trusted key: %v", err)
+	}
+}

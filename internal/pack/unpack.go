@@ -51,6 +51,10 @@ type UnpackOptions struct {
 	// VerifyKey, if set, makes Unpack refuse an archive that is not signed
 	// by this key.
 	VerifyKey ed25519.PublicKey
+	// TrustedKeys, if any, is the daemon's import policy: Unpack refuses
+	// (errdefs.ErrPermissionDenied) an archive not signed by one of them,
+	// whatever VerifyKey says.
+	TrustedKeys []ed25519.PublicKey
 	// Tag, if set, is the tag to create instead of the archive's head's;
 	// ancestors keep their tags.
 	Tag string
@@ -290,6 +294,12 @@ func (u *unpacker) readManifest(st *stream) error {
 		st.unread(hdr, err) // the first file's entry, or the end
 	}
 	// Verify before parsing: with a key, nothing unsigned is interpreted.
+	if len(u.opts.TrustedKeys) > 0 {
+		if err := verifyTrusted(u.opts.TrustedKeys, data, sig); err != nil {
+			return err
+		}
+		u.stats.Verified = true
+	}
 	if u.opts.VerifyKey != nil {
 		if err := verifyManifest(u.opts.VerifyKey, data, sig); err != nil {
 			return err
