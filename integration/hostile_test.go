@@ -94,6 +94,31 @@ func TestHostileGuests(t *testing.T) {
 	// Every attacker can be ended.
 	c.ok("kill", bomber, filler)
 	healthy("killing the attackers")
+
+	// A fork may ask for less CPU: its VMM's cgroup holds it.
+	var half apiv1.ForkResponse
+	if err := json.Unmarshal([]byte(c.ok("fork", "--tag", tag, "--cpus", "0.5", "--json")), &half); err != nil {
+		t.Fatal(err)
+	}
+	id := half.Sandboxes[0].ID
+	if info := sandboxInfo(t, c, id); info.CPUs != 0.5 {
+		t.Errorf("sandbox info cpus %v, want 0.5", info.CPUs)
+	}
+	quota := ""
+	for _, d := range append(globDirs("/sys/fs/cgroup/cpu/**/"+id), globDirs("/sys/fs/cgroup/**/"+id)...) {
+		for _, f := range []string{"cpu.cfs_quota_us", "cpu.max"} {
+			if b, err := os.ReadFile(filepath.Join(d, f)); err == nil && quota == "" {
+				quota = strings.TrimSpace(string(b))
+			}
+		}
+	}
+	if quota != "50000" && quota != "50000 100000" {
+		t.Errorf("the --cpus 0.5 sandbox's cgroup CPU quota is %q, want 50000 µs per 100 ms", quota)
+	}
+	if out, _, code := c.run("fork", "--tag", tag, "--cpus", "3"); code == 0 {
+		t.Errorf("--cpus 3 on a 1-vCPU snapshot succeeded: %s", out)
+	}
+	c.ok("kill", id)
 }
 
 // vmRSS is a process's resident memory in bytes.

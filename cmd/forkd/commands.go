@@ -352,6 +352,7 @@ func forkCmd(g *globals) *cobra.Command {
 	var labels []string
 	var network string
 	var limits limitFlags
+	var cpus float64
 	cmd := &cobra.Command{
 		Use:   "fork --tag TAG [-n N]",
 		Short: "Fork N sandboxes from a snapshot; returns when every agent answers (they keep running)",
@@ -379,7 +380,7 @@ func forkCmd(g *globals) *cobra.Command {
 				return err
 			}
 			resp, err := c.Fork(cmd.Context(), apiv1.ForkRequest{
-				Tag: tag, Count: n, Metadata: meta, Network: pol,
+				Tag: tag, Count: n, Metadata: meta, Network: pol, CPUs: cpus,
 				TimeoutSeconds: int64(timeout / time.Second), IdleTimeoutSeconds: int64(idle / time.Second),
 			})
 			if err != nil {
@@ -408,6 +409,7 @@ func forkCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only the sandbox ids")
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "end each sandbox this long after creation (e.g. 30m; 0: never)")
 	cmd.Flags().DurationVar(&idle, "idle-timeout", 0, "end a sandbox after this long without requests (0: never)")
+	cmd.Flags().Float64Var(&cpus, "cpus", 0, "CPU limit of each sandbox, e.g. 0.5 (from 0.1 to the snapshot's vCPUs; default: one CPU per vCPU plus half a CPU for its VMM)")
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "metadata label key=value (repeatable)")
 	cmd.Flags().StringVar(&network, "network", "", "egress policy of the new sandboxes (default: the snapshot's, else the daemon's --network): "+policyHelp)
 	addLimitFlags(cmd.Flags(), &limits)

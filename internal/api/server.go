@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httputil"
 	"runtime"
@@ -310,6 +311,13 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		Timeout:     time.Duration(req.TimeoutSeconds) * time.Second,
 		IdleTimeout: time.Duration(req.IdleTimeoutSeconds) * time.Second,
 		Tenant:      auth.TenantOf(p.Tenant),
+	}
+	if req.CPUs != 0 {
+		if !(req.CPUs > 0 && req.CPUs <= 1000) {
+			writeProblem(w, r, fmt.Errorf("cpus %g: want a number of CPUs from 0.1 to the snapshot's vCPUs: %w", req.CPUs, errdefs.ErrInvalidArgument))
+			return
+		}
+		opts.CPUMillicores = max(1, int64(math.Round(req.CPUs*1000)))
 	}
 	if !p.Admin() {
 		// Its own snapshots and those shared with it; quota-bound.

@@ -204,6 +204,10 @@ type ForkRequest struct {
 	// Network is the children's egress policy; absent: the snapshot's,
 	// or the daemon's default.
 	Network *NetworkPolicy `json:"network,omitempty"`
+	// CPUs caps each child's CPU (0.5: half a CPU), from 0.1 to the
+	// snapshot's vCPUs; absent: one CPU per vCPU plus half a CPU for the
+	// VMM.
+	CPUs float64 `json:"cpus,omitempty"`
 }
 
 // Port is where a sandbox's TCP port is served (GET
@@ -295,6 +299,9 @@ type Sandbox struct {
 	// Tenant is the tenant whose token forked the sandbox ("default" for
 	// sandboxes forked before tenants existed).
 	Tenant string `json:"tenant,omitempty"`
+	// CPUs is the CPU limit the fork asked for (ForkRequest.CPUs); absent:
+	// the default, one CPU per vCPU plus half a CPU for the VMM.
+	CPUs float64 `json:"cpus,omitempty"`
 }
 
 // BranchRequest is POST /v1/sandboxes/{id}/branch: snapshot a running

@@ -114,6 +114,7 @@ type backend interface {
 	oomKills(id string) (uint64, error)
 	procs(id string) ([]int, error)
 	add(id string, pid int) error
+	setCPU(id string, millicores int64) error
 	start(id string, cmd *exec.Cmd, via func(func() error) error) error
 	kill(id string) error
 	watchOOM(ctx context.Context, id string) (<-chan uint64, error)
@@ -329,6 +330,15 @@ func (g *Group) Start(cmd *exec.Cmd, via func(func() error) error) error {
 		}
 	}
 	return g.m.b.start(g.id, cmd, via)
+}
+
+// SetCPU changes the group's CPU quota (millicores, 1000 = one CPU) while
+// it runs, e.g. for a pooled VMM handed to a fork that asks for less.
+func (g *Group) SetCPU(millicores int64) error {
+	if err := (Limits{CPUMillicores: millicores}).Validate(); err != nil {
+		return err
+	}
+	return g.m.b.setCPU(g.id, millicores)
 }
 
 // Procs lists the processes in the group.

@@ -3,6 +3,7 @@ package cgroup
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -69,6 +70,19 @@ func runConformance(t *testing.T, s suite) {
 			t.Errorf("Limits() = %+v, want %+v", got, l)
 		}
 		checkLimitFiles(t, m, g, l)
+		// The CPU quota changes while the group lives; out of range is
+		// refused and changes nothing.
+		if err := g.SetCPU(500); err != nil {
+			t.Fatal(err)
+		}
+		l.CPUMillicores = 500
+		if got, err := g.Limits(); err != nil || defaultIO(got) != l {
+			t.Errorf("after SetCPU(500): %+v %v, want %+v", got, err, l)
+		}
+		checkLimitFiles(t, m, g, l)
+		if err := g.SetCPU(5); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("SetCPU(5): %v, want invalid argument", err)
+		}
 		st, err := g.Stats()
 		if err != nil {
 			t.Fatal(err)
@@ -308,7 +322,7 @@ func checkLimitFiles(t *testing.T, m *Manager, g *Group, l Limits) {
 	switch m.Mode() {
 	case ModeV2:
 		want["memory.max"] = mem
-		want["cpu.max"] = "150000 100000"
+		want["cpu.max"] = fmt.Sprintf("%d 100000", l.CPUMillicores*100)
 		want["cpu.weight"] = "250"
 		want["pids.max"] = "64"
 		if hasFile(g, "memory.swap.max") {
@@ -325,7 +339,7 @@ func checkLimitFiles(t *testing.T, m *Manager, g *Group, l Limits) {
 			want["memory.swappiness"] = "0"
 		}
 		want["cpu.cfs_period_us"] = "100000"
-		want["cpu.cfs_quota_us"] = "150000"
+		want["cpu.cfs_quota_us"] = strconv.FormatInt(l.CPUMillicores*100, 10)
 		want["cpu.shares"] = "2560"
 		want["pids.max"] = "64"
 		if oc := fileOf(t, g, "memory.oom_control"); !strings.Contains(oc, "oom_kill_disable 0") {

@@ -185,10 +185,7 @@ func (b *v1) create(id string, l Limits) (err error) {
 	}
 	if d := b.dir(id, "cpu"); d != "" {
 		if l.CPUMillicores != 0 {
-			if err := write(d, "cpu.cfs_period_us", strconv.Itoa(cpuPeriodUs)); err != nil {
-				return err
-			}
-			if err := write(d, "cpu.cfs_quota_us", strconv.FormatInt(l.CPUMillicores*cpuPeriodUs/1000, 10)); err != nil {
+			if err := b.setCPU(id, l.CPUMillicores); err != nil {
 				return err
 			}
 		}
@@ -375,4 +372,16 @@ func (b *v1) watchOOM(ctx context.Context, id string) (<-chan uint64, error) {
 		return nil, fmt.Errorf("cgroup %q: no memory hierarchy: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	return watchEventfd(ctx, d, func() (uint64, error) { return b.oomKills(id) })
+}
+
+// setCPU writes a CPU quota over a 100 ms period.
+func (b *v1) setCPU(id string, millicores int64) error {
+	d := b.dir(id, "cpu")
+	if d == "" {
+		return fmt.Errorf("cgroup %q: no cpu hierarchy: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	if err := write(d, "cpu.cfs_period_us", strconv.Itoa(cpuPeriodUs)); err != nil {
+		return err
+	}
+	return write(d, "cpu.cfs_quota_us", strconv.FormatInt(millicores*cpuPeriodUs/1000, 10))
 }

@@ -365,3 +365,8 @@ func (b *v2) watchOOM(ctx context.Context, id string) (<-chan uint64, error) {
 	}
 	return watchInotify(ctx, b.dir(id), func() (uint64, error) { return b.oomKills(id) })
 }
+
+// setCPU writes cpu.max: a quota over a 100 ms period.
+func (b *v2) setCPU(id string, millicores int64) error {
+	return write(b.dir(id), "cpu.max", fmt.Sprintf("%d %d", millicores*cpuPeriodUs/1000, cpuPeriodUs))
+}

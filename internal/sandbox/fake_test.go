@@ -85,9 +85,15 @@ type fakeMachine struct {
 	once        sync.Once
 	done        chan struct{}
 	exitErr     error
+	cpu         atomic.Int64 // SetCPULimit's last millicores
 }
 
 var _ vmm.Machine = (*fakeMachine)(nil)
+
+func (m *fakeMachine) SetCPULimit(millicores int64) error {
+	m.cpu.Store(millicores)
+	return nil
+}
 
 func (m *fakeMachine) ID() string                { return m.cfg.ID }
 func (m *fakeMachine) PID() int                  { return m.pid }

@@ -35,7 +35,14 @@ type ForkOptions struct {
 	// bounds what that tenant's sandboxes hold with them (quota.go).
 	Tenant string
 	Quota  TenantQuota
+	// CPUMillicores caps each child's VMM at this much CPU (1000 = one
+	// CPU; 0: its default, one CPU per vCPU and half a CPU for the VMM),
+	// between MinCPUMillicores and its snapshot's vCPUs.
+	CPUMillicores int64
 }
+
+// MinCPUMillicores is the least CPU a fork may ask for.
+const MinCPUMillicores = 100
 
 // Limits on ForkOptions, stated in the errors that enforce them.
 const (

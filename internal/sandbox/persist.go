@@ -37,7 +37,7 @@ func (e *Engine) record(s *Sandbox) state.SandboxRecord {
 		ReadyMillis: s.ReadyMillis, Pooled: s.Pooled, State: s.state,
 		DeadReason: s.deadReason, ConsoleTail: s.consoleTail, NetNS: s.netns, GuestIP: s.GuestIP, PendingFork: s.pendingFork,
 		Labels: s.labels, ExpiresAt: s.expiresAt, IdleTimeoutSeconds: int64(s.idleTimeout / time.Second),
-		VMM: e.cfg.Driver.Name(), Process: vmm.ProcessIdentity{PID: s.pid}, Tenant: s.Tenant,
+		VMM: e.cfg.Driver.Name(), Process: vmm.ProcessIdentity{PID: s.pid}, Tenant: s.Tenant, CPUMillicores: s.CPUMillicores,
 	}
 	if s.net != nil {
 		p := s.net.Policy()
@@ -188,7 +188,7 @@ func (e *Engine) adoptOne(rec state.SandboxRecord) (_ *Sandbox, err error) {
 	}
 	s := &Sandbox{
 		ID: rec.ID, Tag: rec.Tag, SnapshotID: rec.SnapshotID, Created: rec.Created,
-		ReadyMillis: rec.ReadyMillis, Pooled: rec.Pooled, GuestIP: rec.GuestIP, base: baseManifest(rec), Tenant: rec.Tenant,
+		ReadyMillis: rec.ReadyMillis, Pooled: rec.Pooled, GuestIP: rec.GuestIP, base: baseManifest(rec), Tenant: rec.Tenant, CPUMillicores: rec.CPUMillicores,
 		machine: m, pid: m.PID(), netns: rec.NetNS, net: sn, conn: conn, session: sess, agent: e.agentClient(sess),
 		teardown: e.sandboxTeardown(rec.NetNS, rec.Machine.RunDir, conn, sn),
 		state:    apiv1.StateRunning, exited: make(chan struct{}),

@@ -36,6 +36,9 @@ type Sandbox struct {
 	// Tenant is the tenant the sandbox was forked for (ForkOptions.Tenant;
 	// empty for one recorded before tenants existed). Set once.
 	Tenant string
+	// CPUMillicores is the CPU the fork asked for (ForkOptions); 0: the
+	// VMM's default.
+	CPUMillicores int64
 
 	// base is the manifest of the snapshot the sandbox was forked from,
 	// kept for full and live branches, which need no more of it and must
@@ -124,7 +127,7 @@ func (s *Sandbox) Info() apiv1.Sandbox {
 		DeadReason: s.deadReason, ConsoleTail: s.consoleTail,
 		Metadata: s.labels, IdleTimeoutSeconds: int64(s.idleTimeout / time.Second),
 		LastActivity: s.LastActivity().UTC(), ExpiresAt: expiresAt(s.expiresAt),
-		Network: s.NetworkInfo(false), Tenant: s.Tenant,
+		Network: s.NetworkInfo(false), Tenant: s.Tenant, CPUs: float64(s.CPUMillicores) / 1000,
 	}
 }
 

@@ -162,6 +162,9 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) ([]*Sandbox, er
 		}
 		return nil, err
 	}
+	if err := checkCPU(opts.CPUMillicores, snap.VCPUs); err != nil {
+		return nil, err
+	}
 	if snap.VMM.Kind != e.cfg.Driver.Name() {
 		return nil, fmt.Errorf("snapshot %q was made by VMM %q, this daemon runs %q: %w", tag, snap.VMM.Kind, e.cfg.Driver.Name(), errdefs.ErrFailedPrecondition)
 	}
@@ -287,6 +290,12 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 			pv.discard(ctx)
 		}
 	}()
+	if opts.CPUMillicores > 0 {
+		// Before the guest runs, pooled VMM or not.
+		if err := setCPULimit(pv.machine, opts.CPUMillicores, p.snap.VCPUs); err != nil {
+			return nil, err
+		}
+	}
 	if opts.Network != nil {
 		// Before the guest runs: it never sends under the pooled policy.
 		pol, compiled, err := e.net.resolve(opts.Network, p.snap.Network.Policy)
@@ -317,7 +326,7 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 		machine: pv.machine, pid: pv.machine.PID(), netns: pv.netns, net: pv.net, conn: pv.conn, session: sess,
 		agent: e.agentClient(sess), teardown: pv.teardown,
 		state: apiv1.StateRunning, exited: make(chan struct{}),
-		labels: opts.Labels, idleTimeout: opts.IdleTimeout, pendingFork: opts.RequestID,
+		labels: opts.Labels, idleTimeout: opts.IdleTimeout, pendingFork: opts.RequestID, CPUMillicores: opts.CPUMillicores,
 	}
 	s.agent.Gone = s.goneReason
 	if opts.Timeout > 0 {

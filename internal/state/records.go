@@ -62,6 +62,8 @@ type SandboxRecord struct {
 	// written before tenants existed have none: they belong to the
 	// default tenant (auth.TenantOf), which only admins see.
 	Tenant string `json:"tenant,omitempty"`
+	// CPUMillicores is the CPU limit the fork asked for (0: the default).
+	CPUMillicores int64 `json:"cpu_millicores,omitempty"`
 }
 
 // AdoptSpec is the spec to adopt the sandbox's VMM with.

@@ -164,3 +164,16 @@ func (d *Driver) removeCgroups(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
+
+// SetCPULimit changes the CPU quota of the machine's cgroup (millicores,
+// 1000 = one CPU): for a fork that asks for less CPU than its VMM was
+// pooled with.
+func (m *Machine) SetCPULimit(millicores int64) error {
+	if m.cg == nil {
+		return fmt.Errorf("qemu %s: no cgroup to limit its CPU in (the daemon runs with --no-vmm-jail): %w", m.cfg.ID, errdefs.ErrFailedPrecondition)
+	}
+	if err := m.cg.SetCPU(millicores); err != nil {
+		return fmt.Errorf("qemu %s: %w", m.cfg.ID, err)
+	}
+	return nil
+}

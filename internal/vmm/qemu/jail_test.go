@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/testutil/testguest"
 )
 
@@ -182,5 +183,17 @@ func TestVMMOOMKilled(t *testing.T) {
 		}
 	}
 	call(t, sa, "get", "state=template")
+	checkRunning(t, sib, sa, "template")
+
+	// A fork's CPU limit, set while the VMM runs.
+	if err := sib.SetCPULimit(500); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := sib.cg.Limits(); err != nil || l.CPUMillicores != 500 {
+		t.Errorf("after SetCPULimit(500): %+v %v", l, err)
+	}
+	if err := sib.SetCPULimit(1); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("SetCPULimit(1): %v, want invalid argument", err)
+	}
 	checkRunning(t, sib, sa, "template")
 }

@@ -540,6 +540,7 @@ class Sandboxes:
         idle_timeout: Optional[float] = None,
         metadata: Optional[Mapping[str, str]] = None,
         network: Optional[NetworkPolicyLike] = None,
+        cpus: Optional[float] = None,
         request_timeout: Any = DEFAULT,
     ) -> List["Sandbox"]:
         """Fork ``n`` sandboxes from a snapshot; returns when every one
@@ -556,6 +557,9 @@ class Sandboxes:
                 ``"allow:ENTRY,..."``, a dict ``{"mode": ..., "allow": [...]}``
                 or a list of allow entries. None: the snapshot's policy, else
                 the daemon's default.
+            cpus: CPU limit of each sandbox (0.5: half a CPU), from 0.1 to
+                the snapshot's vCPUs (None: one CPU per vCPU plus half a
+                CPU for its VMM).
             request_timeout: Seconds to wait for the daemon's answer.
         """
         from .sandbox import Sandbox
@@ -572,6 +576,8 @@ class Sandboxes:
             body["metadata"] = {str(k): str(v) for k, v in metadata.items()}
         if net is not None:
             body["network"] = net
+        if cpus is not None:
+            body["cpus"] = float(cpus)
         data = self._c._json("POST", "/v1/sandboxes", body=body, timeout=request_timeout, what="fork %d from %s" % (n, tag))
         return [Sandbox._from_info(self._c, SandboxInfo.from_json(d)) for d in (data.get("sandboxes") or [])]
 

@@ -308,6 +308,8 @@ class SandboxInfo:
     network: Optional[SandboxNetwork] = None
     """Its network policy (and traffic, for one sandbox), when the daemon
     reports it."""
+    cpus: Optional[float] = None
+    """The CPU limit its fork asked for (None: the default)."""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -329,6 +331,7 @@ class SandboxInfo:
             last_activity=parse_time(d.get("last_activity")),
             console_tail=d.get("console_tail"),
             network=SandboxNetwork.from_json(d["network"]) if d.get("network") else None,
+            cpus=float(d["cpus"]) if d.get("cpus") else None,
             raw=dict(d),
         )
 

@@ -132,6 +132,7 @@ class Sandbox:
         idle_timeout: Optional[float] = None,
         metadata: Optional[Mapping[str, str]] = None,
         network: Optional[NetworkPolicyLike] = None,
+        cpus: Optional[float] = None,
         client: Optional[Client] = None,
         host: Optional[str] = None,
         token: Optional[str] = None,
@@ -153,6 +154,8 @@ class Sandbox:
                 a list of allow entries, or a bool (E2B's
                 ``allow_internet_access``). None: the snapshot's policy, else
                 the daemon's default. Change it later with :meth:`set_network`.
+            cpus: Its CPU limit (0.5: half a CPU), up to the snapshot's
+                vCPUs. None: one CPU per vCPU plus half a CPU for its VMM.
 
         Raises:
             NotFound: no snapshot ``tag``. RateLimited: a daemon limit was
@@ -161,7 +164,7 @@ class Sandbox:
         """
         c = _client(client, host, token, ca_cert, socket, request_timeout)
         return c.sandboxes.fork(
-            tag, 1, timeout=timeout, idle_timeout=idle_timeout, metadata=metadata, network=network
+            tag, 1, timeout=timeout, idle_timeout=idle_timeout, metadata=metadata, network=network, cpus=cpus
         )[0]
 
     @classmethod

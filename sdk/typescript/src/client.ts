@@ -103,6 +103,8 @@ export interface ForkOptions extends CallOptions {
   timeoutS?: number;
   /** End a sandbox that received no request for this many seconds (0 or unset: no limit). */
   idleTimeoutS?: number;
+  /** CPU limit of each sandbox (0.5: half a CPU), from 0.1 to the snapshot's vCPUs; unset: one CPU per vCPU plus half a CPU for its VMM. */
+  cpus?: number;
   /** Labels for the sandboxes; list() filters on them. */
   metadata?: Record<string, string>;
   /**
@@ -365,6 +367,7 @@ export class Sandboxes {
     if (opts.idleTimeoutS) req.idle_timeout_s = Math.ceil(opts.idleTimeoutS);
     if (opts.metadata && Object.keys(opts.metadata).length) req.metadata = opts.metadata;
     if (opts.network !== undefined) req.network = networkToWire(opts.network);
+    if (opts.cpus !== undefined) req.cpus = opts.cpus;
     const out = await this.t.json<{ sandboxes: Record<string, unknown>[]; total_ms: number }>({
       method: "POST",
       path: "/v1/sandboxes",

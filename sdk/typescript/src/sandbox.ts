@@ -79,6 +79,7 @@ function forkOptions(opts: SandboxOptions): ForkOptions {
   if (opts.idleTimeoutS !== undefined) out.idleTimeoutS = opts.idleTimeoutS;
   if (opts.metadata !== undefined) out.metadata = opts.metadata;
   if (opts.network !== undefined) out.network = opts.network;
+  if (opts.cpus !== undefined) out.cpus = opts.cpus;
   if (opts.signal !== undefined) out.signal = opts.signal;
   return out;
 }

@@ -88,6 +88,8 @@ export interface SandboxInfo {
   consoleTail?: string;
   /** Its network policy (and traffic, for one sandbox), when the daemon reports it. */
   network?: SandboxNetwork;
+  /** The CPU limit its fork asked for; undefined: the default. */
+  cpus?: number;
 }
 
 /** ready: can be forked; writing: a branch with `wait: false` is still being saved; failed: see `error`. */
@@ -222,6 +224,7 @@ export function sandboxFromWire(w: Wire): SandboxInfo {
   if (w.idle_timeout_s !== undefined) out.idleTimeoutS = w.idle_timeout_s;
   if (w.console_tail !== undefined) out.consoleTail = w.console_tail;
   if (w.network) out.network = networkFromWire(w.network);
+  if (w.cpus !== undefined) out.cpus = w.cpus;
   return out;
 }
 

@@ -1,0 +1,60 @@
+package sandbox
+
+import (
+	"context"
+	"testing"
+
+	"github.com/forkd-dev/forkd/internal/errdefs"
+)
+
+// TestForkCPULimit: a fork's CPU limit reaches each child's VMM, pooled
+// or not, before it runs, and shows in its info; out of range is refused
+// before any VMM is taken.
+func TestForkCPULimit(t *testing.T) {
+	d := &fakeDriver{}
+	e, _ := newFakeEngine(t, d, 1)
+	e.Warm("base")
+	waitFor(t, func() bool { return e.PoolSize(e.mustSnap(t, "base").ID) == 1 })
+	ctx := context.Background()
+	sbs, err := e.ForkWith(ctx, ForkOptions{Tag: "base", Count: 2, CPUMillicores: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pooled := 0
+	for _, s := range sbs {
+		if s.Pooled {
+			pooled++
+		}
+		if got := s.machine.(*fakeMachine).cpu.Load(); got != 500 {
+			t.Errorf("%s (pooled %v): VMM CPU limit %d, want 500", s.ID, s.Pooled, got)
+		}
+		if info := s.Info(); info.CPUs != 0.5 {
+			t.Errorf("%s: info cpus %v, want 0.5", s.ID, info.CPUs)
+		}
+	}
+	if pooled != 1 {
+		t.Errorf("%d pooled children, want 1", pooled)
+	}
+	// The default leaves the VMM's own limit alone.
+	def, err := e.ForkWith(ctx, ForkOptions{Tag: "base", Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := def[0].machine.(*fakeMachine).cpu.Load(); got != 0 || def[0].Info().CPUs != 0 {
+		t.Errorf("default fork: VMM CPU limit %d, info %v", got, def[0].Info().CPUs)
+	}
+	d.mu.Lock()
+	before := len(d.machines)
+	d.mu.Unlock()
+	for _, m := range []int64{50, 1001} { // the snapshot has 1 vCPU
+		if _, err := e.ForkWith(ctx, ForkOptions{Tag: "base", Count: 1, CPUMillicores: m}); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("cpus %d millicores: %v, want invalid argument", m, err)
+		}
+	}
+	d.mu.Lock()
+	after := len(d.machines)
+	d.mu.Unlock()
+	if after > before+1 { // a pool refill may start one
+		t.Errorf("refused forks started VMMs: %d -> %d", before, after)
+	}
+}
