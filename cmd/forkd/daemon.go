@@ -312,7 +312,7 @@ func serveCmd(g *globals) *cobra.Command {
 // --no-vmm-jail.
 func addLiveBranchFlags(f *pflag.FlagSet, g *globals) {
 	f.BoolVar(&g.noJail, "no-vmm-jail", os.Getenv("FORKD_NO_VMM_JAIL") == "1",
-		"run VMMs without their jail (private root, PID and IPC namespaces, rlimits, capabilities; env FORKD_NO_VMM_JAIL=1): weaker isolation, for kernels that lack a namespace; `forkd doctor` reports it")
+		"run VMMs without their jail and cgroup (private root, PID, IPC and UTS namespaces, rlimits, capabilities; memory, CPU and task limits; env FORKD_NO_VMM_JAIL=1): weaker isolation, for hosts that lack a namespace or cgroup controller; `forkd doctor` reports it")
 	f.BoolVar(&g.liveBranch, "live-branch", os.Getenv("FORKD_LIVE_BRANCH") == "1",
 		"enable live branches (env FORKD_LIVE_BRANCH=1): clones map memory images kept on tmpfs (--memory-dir, RAM), and QEMU may create a userfaultfd (sets vm.unprivileged_userfaultfd=1)")
 	f.StringVar(&g.memoryDir, "memory-dir", os.Getenv("FORKD_MEMORY_DIR"),
