@@ -17,6 +17,7 @@ from ._http import DEFAULT_REQUEST_TIMEOUT
 from .client import Branch, Client, Sandboxes, Snapshots
 from .errors import (
     AuthenticationError,
+    PermissionDenied,
     CommandExitError,
     Conflict,
     ForkdError,
@@ -83,6 +84,7 @@ __all__ = [
     "ForkdError",
     "InvalidArgument",
     "AuthenticationError",
+    "PermissionDenied",
     "NotFound",
     "Conflict",
     "RateLimited",

@@ -10,6 +10,7 @@ The subclasses follow the daemon's stable error codes::
     ForkdError
     ├── InvalidArgument   400 invalid_argument          (also a ValueError)
     ├── AuthenticationError 401 unauthenticated
+    ├── PermissionDenied  403 permission_denied         (also a PermissionError)
     ├── NotFound          404 not_found                 (also a LookupError)
     ├── Conflict          409 already_exists, failed_precondition
     ├── RateLimited       429 resource_exhausted        (retry_after)
@@ -30,6 +31,8 @@ __all__ = [
     "ForkdError",
     "InvalidArgument",
     "AuthenticationError",
+    "PermissionDenied",
+    "PermissionDenied",
     "NotFound",
     "Conflict",
     "RateLimited",
@@ -106,6 +109,13 @@ class InvalidArgument(ForkdError, ValueError):
 
 class AuthenticationError(ForkdError):
     """The bearer token is missing or unknown (401 ``unauthenticated``)."""
+
+
+class PermissionDenied(ForkdError, PermissionError):
+    """The token's role may not do this (403 ``permission_denied``): e.g. a
+    read-only token writing, a user token on an admin route, a tenant
+    removing a snapshot only shared with it, or an archive the daemon's
+    import policy refuses."""
 
 
 class NotFound(ForkdError, LookupError):
@@ -225,6 +235,7 @@ class CommandExitError(ForkdError):
 _BY_CODE: Dict[str, Type[ForkdError]] = {
     "invalid_argument": InvalidArgument,
     "unauthenticated": AuthenticationError,
+    "permission_denied": PermissionDenied,
     "not_found": NotFound,
     "already_exists": Conflict,
     "failed_precondition": Conflict,
@@ -236,6 +247,7 @@ _BY_CODE: Dict[str, Type[ForkdError]] = {
 _BY_STATUS: Dict[int, Type[ForkdError]] = {
     400: InvalidArgument,
     401: AuthenticationError,
+    403: PermissionDenied,
     404: NotFound,
     409: Conflict,
     429: RateLimited,
@@ -257,6 +269,7 @@ _SUFFIX_CODES = (
     ("canceled", "canceled"),
     ("internal error", "internal"),
     ("unauthenticated", "unauthenticated"),
+    ("permission denied", "permission_denied"),
 )
 
 

@@ -198,6 +198,14 @@ def test_unauthenticated_hint(fake: _Server) -> None:
     assert "FORKD_TOKEN" in str(ei.value)
 
 
+def test_permission_denied(fake: _Server) -> None:
+    fake.routes[("GET", "/v1/version")] = lambda h: h.send_json(
+        403, {"title": "Forbidden", "status": 403, "detail": "token ro (read-only) may not call it", "code": "permission_denied"})
+    with pytest.raises(forkd.PermissionDenied) as ei:
+        _client(fake).version()
+    assert isinstance(ei.value, PermissionError) and ei.value.status == 403 and ei.value.code == "permission_denied"
+
+
 def test_token_is_sent(fake: _Server) -> None:
     fake.routes[("GET", "/v1/version")] = lambda h: h.send_json(200, {"version": "x"})
     _client(fake, token="forkd_secret").version()

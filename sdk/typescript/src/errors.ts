@@ -9,6 +9,7 @@
  * |--------|---------------------------------------|------------------------|
  * | 400    | invalid_argument                      | InvalidArgumentError   |
  * | 401    | unauthenticated                       | AuthenticationError    |
+ * | 403    | permission_denied                     | PermissionDeniedError  |
  * | 404    | not_found                             | NotFoundError          |
  * | 409    | already_exists, failed_precondition   | ConflictError          |
  * | 429    | resource_exhausted                    | RateLimitedError       |
@@ -80,6 +81,13 @@ export class InvalidArgumentError extends ForkdError {}
 
 /** 401 unauthenticated: missing or unknown bearer token (TCP only). */
 export class AuthenticationError extends ForkdError {}
+
+/**
+ * 403 permission_denied: the token's role may not do this (a read-only token
+ * writing, a user token on an admin route, a tenant removing a snapshot only
+ * shared with it, an archive the daemon's import policy refuses).
+ */
+export class PermissionDeniedError extends ForkdError {}
 
 /** 404 not_found: no such sandbox, snapshot, recipe, file or executable. */
 export class NotFoundError extends ForkdError {}
@@ -192,6 +200,8 @@ export function errorClassFor(code: string | undefined, status?: number): typeof
       return InvalidArgumentError;
     case "unauthenticated":
       return AuthenticationError;
+    case "permission_denied":
+      return PermissionDeniedError;
     case "not_found":
       return NotFoundError;
     case "already_exists":
@@ -209,6 +219,8 @@ export function errorClassFor(code: string | undefined, status?: number): typeof
       return InvalidArgumentError;
     case 401:
       return AuthenticationError;
+    case 403:
+      return PermissionDeniedError;
     case 404:
       return NotFoundError;
     case 409:
@@ -244,6 +256,7 @@ const suffixCodes: Array<[string, string]> = [
   [": deadline exceeded", "deadline_exceeded"],
   [": internal error", "internal"],
   [": unauthenticated", "unauthenticated"],
+  [": permission denied", "permission_denied"],
 ];
 
 /** The errdefs code a Go error message ends with, if any. */

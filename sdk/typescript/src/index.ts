@@ -51,6 +51,7 @@ export {
   ForkdError,
   InvalidArgumentError,
   AuthenticationError,
+  PermissionDeniedError,
   NotFoundError,
   ConflictError,
   TimeoutError,

@@ -14,6 +14,7 @@ import {
   UnavailableError,
   RateLimitedError,
   AuthenticationError,
+  PermissionDeniedError,
   ConflictError,
   InvalidArgumentError,
   NotFoundError,
@@ -156,6 +157,8 @@ describe("problem+json errors", () => {
           return problem(res, 503, "unavailable", "daemon shutting down", { "retry-after": "5" });
         case "/v1/sandboxes/auth":
           return problem(res, 401, "unauthenticated", "missing bearer token");
+        case "/v1/sandboxes/role":
+          return problem(res, 403, "permission_denied", "token ro (read-only, tenant acme) may not call POST /v1/sandboxes");
         case "/v1/sandboxes/taken":
           return problem(res, 409, "already_exists", "tag taken");
         case "/v1/sandboxes/bad":
@@ -193,8 +196,9 @@ describe("problem+json errors", () => {
     await assert.rejects(get("busy"), (err) => err instanceof UnavailableError && err.retryAfter === 5 && err.status === 503);
   });
 
-  test("401, 409, 400, 404, 504 map to their classes", async () => {
+  test("401, 403, 409, 400, 404, 504 map to their classes", async () => {
     await assert.rejects(get("auth"), AuthenticationError);
+    await assert.rejects(get("role"), (err) => err instanceof PermissionDeniedError && err.status === 403 && err.code === "permission_denied");
     await assert.rejects(get("taken"), ConflictError);
     await assert.rejects(get("bad"), (err) => err instanceof InvalidArgumentError && err.detail === "count must be >= 1");
     await assert.rejects(get("nope"), NotFoundError);
