@@ -20,7 +20,7 @@ func (s *Server) snapshotInfo(r *http.Request, snap *snapshot.Snapshot) apiv1.Sn
 	out := apiv1.Snapshot{
 		Tag: snap.Tag, ID: snap.ID, Created: snap.Created, Recipe: snap.Image.Recipe, ImageDigest: snap.Image.Digest,
 		VMM: snap.VMM.Kind, VMMVersion: snap.VMM.Version, Accel: snap.VMM.Accel,
-		MemoryMiB: snap.MemoryMiB, VCPUs: snap.VCPUs, Python: snap.Python.Enabled,
+		MemoryMiB: snap.MemoryMiB, VCPUs: snap.VCPUs, CPUs: float64(snap.CPUMillicores) / 1000, Python: snap.Python.Enabled,
 		Files: map[string]apiv1.FileEntry{}, CreateMillis: snap.CreateMillis,
 		Pooled: s.Engine.PoolSize(snap.ID), State: apiv1.SnapshotReady,
 	}

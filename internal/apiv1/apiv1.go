@@ -133,16 +133,19 @@ type CreateSnapshotRequest struct {
 
 // Snapshot describes a snapshot tag.
 type Snapshot struct {
-	Tag          string               `json:"tag"`
-	ID           string               `json:"id"`
-	Created      time.Time            `json:"created"`
-	Recipe       string               `json:"recipe"`
-	ImageDigest  string               `json:"image_digest"`
-	VMM          string               `json:"vmm"`
-	VMMVersion   string               `json:"vmm_version"`
-	Accel        string               `json:"accel"`
-	MemoryMiB    int                  `json:"memory_mib"`
-	VCPUs        int                  `json:"vcpus"`
+	Tag         string    `json:"tag"`
+	ID          string    `json:"id"`
+	Created     time.Time `json:"created"`
+	Recipe      string    `json:"recipe"`
+	ImageDigest string    `json:"image_digest"`
+	VMM         string    `json:"vmm"`
+	VMMVersion  string    `json:"vmm_version"`
+	Accel       string    `json:"accel"`
+	MemoryMiB   int       `json:"memory_mib"`
+	VCPUs       int       `json:"vcpus"`
+	// CPUs is the default CPU limit of its sandboxes (its recipe's cpus);
+	// absent: one CPU per vCPU plus half a CPU for the VMM.
+	CPUs         float64              `json:"cpus,omitempty"`
 	Python       bool                 `json:"python"`
 	Files        map[string]FileEntry `json:"files"`
 	SizeBytes    int64                `json:"size_bytes"` // logical

@@ -430,6 +430,9 @@ func checkMachine(sm *snapshot.Manifest) error {
 	if sm.MemoryMiB < 0 || sm.MemoryMiB > 1<<20 || sm.VCPUs < 0 || sm.VCPUs > 1024 {
 		return fmt.Errorf("%d MiB, %d vCPUs", sm.MemoryMiB, sm.VCPUs)
 	}
+	if sm.CPUMillicores < 0 || sm.CPUMillicores > int64(sm.VCPUs)*1000 {
+		return fmt.Errorf("cpu_millicores %d with %d vCPUs", sm.CPUMillicores, sm.VCPUs)
+	}
 	return nil
 }
 

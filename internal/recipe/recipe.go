@@ -40,7 +40,11 @@ type Recipe struct {
 	Omit      []string `toml:"omit"`
 	MemoryMiB int      `toml:"memory_mib"`
 	VCPUs     int      `toml:"vcpus"`
-	Python    Python   `toml:"python"`
+	// CPUs is the default CPU limit of each sandbox forked from this
+	// recipe's snapshots (0.5: half a CPU), from 0.1 to VCPUs; 0: one CPU
+	// per vCPU plus half a CPU for the VMM. A fork may ask for another.
+	CPUs   float64 `toml:"cpus"`
+	Python Python  `toml:"python"`
 
 	// Path is where the recipe was read from; Source its exact bytes, which
 	// feed the image digest.
@@ -71,7 +75,7 @@ func Parse(path string, data []byte) (*Recipe, error) {
 		for i, k := range un {
 			keys[i] = k.String()
 		}
-		return nil, fmt.Errorf("recipe %s: unknown keys %s (known: name, description, base, packages, omit, memory_mib, vcpus, [python] enabled, warm): %w",
+		return nil, fmt.Errorf("recipe %s: unknown keys %s (known: name, description, base, packages, omit, memory_mib, vcpus, cpus, [python] enabled, warm): %w",
 			path, strings.Join(keys, ", "), errdefs.ErrInvalidArgument)
 	}
 	r.Path, r.Source = path, data
@@ -123,6 +127,9 @@ func (r *Recipe) Validate() error {
 	}
 	if r.VCPUs < 1 || r.VCPUs > 64 {
 		return bad("vcpus %d out of range 1..64", r.VCPUs)
+	}
+	if r.CPUs != 0 && !(r.CPUs >= 0.1 && r.CPUs <= float64(r.VCPUs)) {
+		return bad("cpus %g out of range 0.1..%d (vcpus)", r.CPUs, r.VCPUs)
 	}
 	if r.Python.Enabled && r.Base != BaseDebian {
 		return bad("[python] needs base = %q with python3 in packages", BaseDebian)

@@ -111,3 +111,16 @@ func TestLoadUnknownListsKnown(t *testing.T) {
 		t.Fatalf("Load(unknown) = %v", err)
 	}
 }
+
+func TestRecipeCPUs(t *testing.T) {
+	base := "name = \"c\"\nbase = \"busybox\"\nvcpus = 2\n"
+	r, err := Parse("c.toml", []byte(base+"cpus = 0.5\n"))
+	if err != nil || r.CPUs != 0.5 {
+		t.Fatalf("cpus 0.5: %+v %v", r, err)
+	}
+	for _, bad := range []string{"cpus = 0.05\n", "cpus = 3\n", "cpus = -1\n"} {
+		if _, err := Parse("c.toml", []byte(base+bad)); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "cpus") {
+			t.Errorf("%q: %v, want invalid argument naming cpus", bad, err)
+		}
+	}
+}

@@ -2,9 +2,12 @@ package sandbox
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/snapshot"
 )
 
 // TestForkCPULimit: a fork's CPU limit reaches each child's VMM, pooled
@@ -56,5 +59,33 @@ func TestForkCPULimit(t *testing.T) {
 	d.mu.Unlock()
 	if after > before+1 { // a pool refill may start one
 		t.Errorf("refused forks started VMMs: %d -> %d", before, after)
+	}
+}
+
+// TestForkCPULimitFromRecipe: a snapshot's default CPU limit (its
+// recipe's cpus) applies to forks that ask for none; a fork may ask for
+// another.
+func TestForkCPULimitFromRecipe(t *testing.T) {
+	d := &fakeDriver{}
+	e, _ := newFakeEngine(t, d, 0)
+	st, err := e.Store().Stage("capped")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{snapshot.StateFile, snapshot.MemoryFile} {
+		os.WriteFile(filepath.Join(st.Dir, f), []byte(f), 0o600)
+	}
+	if _, err := st.Commit(snapshot.Manifest{VMM: snapshot.VMMRef{Kind: "fake"}, MemoryMiB: 64, VCPUs: 2, CPUMillicores: 300}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, c := range []struct{ ask, want int64 }{{0, 300}, {1500, 1500}} {
+		sbs, err := e.ForkWith(ctx, ForkOptions{Tag: "capped", Count: 1, CPUMillicores: c.ask})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := sbs[0].machine.(*fakeMachine).cpu.Load(); got != c.want || sbs[0].Info().CPUs != float64(c.want)/1000 {
+			t.Errorf("asked %d: VMM limit %d, info %v; want %d", c.ask, got, sbs[0].Info().CPUs, c.want)
+		}
 	}
 }

@@ -162,6 +162,9 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) ([]*Sandbox, er
 		}
 		return nil, err
 	}
+	if opts.CPUMillicores == 0 {
+		opts.CPUMillicores = snap.CPUMillicores // the recipe's default
+	}
 	if err := checkCPU(opts.CPUMillicores, snap.VCPUs); err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"math"
 	"path/filepath"
 	"strings"
 	"time"
@@ -89,6 +90,9 @@ func (e *Engine) planTemplate(opts CreateSnapshotOptions) (*templatePlan, error)
 			return nil, fmt.Errorf("vcpus %d out of range 1..64: %w", opts.VCPUs, errdefs.ErrInvalidArgument)
 		}
 		r.VCPUs = opts.VCPUs
+		if r.CPUs > float64(r.VCPUs) {
+			return nil, fmt.Errorf("vcpus %d is below the recipe's cpus %g: %w", r.VCPUs, r.CPUs, errdefs.ErrInvalidArgument)
+		}
 	}
 	warm := r.Python.Warm
 	if opts.Warm != "" {
@@ -232,12 +236,13 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 			Digest: img.Digest, Recipe: r.Name, RecipeDigest: r.Digest(), KernelVersion: img.KernelVersion,
 			Kernel: vimg.Kernel, Initrd: vimg.Initrd, Rootfs: vimg.Rootfs, KernelArgs: vimg.KernelArgs,
 		},
-		VMM:          snapshot.VMMRef{Kind: e.cfg.Driver.Name(), Version: version, Accel: accel},
-		MemoryMiB:    r.MemoryMiB,
-		VCPUs:        r.VCPUs,
-		Python:       snapshot.Python{Enabled: r.Python.Enabled, Warm: strings.TrimSpace(warm)},
-		Network:      snapshot.Network{GuestMAC: netns.GuestMAC, GuestIP: netns.GuestAddr, GatewayIP: netns.HostAddr, Policy: opts.Network},
-		CreateMillis: time.Since(start).Milliseconds(),
+		VMM:           snapshot.VMMRef{Kind: e.cfg.Driver.Name(), Version: version, Accel: accel},
+		MemoryMiB:     r.MemoryMiB,
+		VCPUs:         r.VCPUs,
+		CPUMillicores: int64(math.Round(r.CPUs * 1000)),
+		Python:        snapshot.Python{Enabled: r.Python.Enabled, Warm: strings.TrimSpace(warm)},
+		Network:       snapshot.Network{GuestMAC: netns.GuestMAC, GuestIP: netns.GuestAddr, GatewayIP: netns.HostAddr, Policy: opts.Network},
+		CreateMillis:  time.Since(start).Milliseconds(),
 	})
 	if err != nil {
 		return nil, e.explainNoSpace(err, "snapshot "+opts.Tag)

@@ -64,8 +64,11 @@ type Manifest struct {
 	VMM           VMMRef    `json:"vmm"`
 	MemoryMiB     int       `json:"memory_mib"`
 	VCPUs         int       `json:"vcpus"`
-	Python        Python    `json:"python"`
-	Network       Network   `json:"network"`
+	// CPUMillicores is the default CPU limit of its sandboxes (the
+	// recipe's cpus; 0: one CPU per vCPU plus half a CPU for the VMM).
+	CPUMillicores int64   `json:"cpu_millicores,omitempty"`
+	Python        Python  `json:"python"`
+	Network       Network `json:"network"`
 	// Files maps a file name in the snapshot directory to its size and
 	// SHA-256, computed once at creation.
 	Files map[string]FileEntry `json:"files"`
