@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/snapshot"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -37,4 +38,29 @@ func setCPULimit(m vmm.Machine, millicores int64, vcpus int) error {
 		return fmt.Errorf("this VMM driver cannot limit a sandbox's CPU (cpus): %w", errdefs.ErrNotImplemented)
 	}
 	return l.SetCPULimit(millicores)
+}
+
+// applyCPULimit caps a child's VMM before its guest runs, pooled or not:
+// at what the fork asked for, else at its snapshot's default (its
+// recipe's cpus), and returns the limit in force (0: the VMM's default).
+// A snapshot's default that this driver cannot apply (no cgroups: the
+// operator ran --no-vmm-jail) is logged and left; one the fork asked for
+// fails the fork.
+func (e *Engine) applyCPULimit(pv *prepared, snap *snapshot.Snapshot, asked int64) (int64, error) {
+	limit := asked
+	if limit == 0 {
+		limit = snap.CPUMillicores
+	}
+	if limit == 0 {
+		return 0, nil
+	}
+	err := setCPULimit(pv.machine, limit, snap.VCPUs)
+	if err != nil && asked == 0 && (errdefs.IsNotImplemented(err) || errdefs.IsFailedPrecondition(err)) {
+		e.log.Warn("the snapshot's CPU limit is not applied", "sandbox_id", pv.id, "tag", snap.Tag, "err", err)
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return limit, nil
 }

@@ -162,9 +162,6 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) ([]*Sandbox, er
 		}
 		return nil, err
 	}
-	if opts.CPUMillicores == 0 {
-		opts.CPUMillicores = snap.CPUMillicores // the recipe's default
-	}
 	if err := checkCPU(opts.CPUMillicores, snap.VCPUs); err != nil {
 		return nil, err
 	}
@@ -293,11 +290,9 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 			pv.discard(ctx)
 		}
 	}()
-	if opts.CPUMillicores > 0 {
-		// Before the guest runs, pooled VMM or not.
-		if err := setCPULimit(pv.machine, opts.CPUMillicores, p.snap.VCPUs); err != nil {
-			return nil, err
-		}
+	cpu, err := e.applyCPULimit(pv, p.snap, opts.CPUMillicores)
+	if err != nil {
+		return nil, err
 	}
 	if opts.Network != nil {
 		// Before the guest runs: it never sends under the pooled policy.
@@ -329,7 +324,7 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 		machine: pv.machine, pid: pv.machine.PID(), netns: pv.netns, net: pv.net, conn: pv.conn, session: sess,
 		agent: e.agentClient(sess), teardown: pv.teardown,
 		state: apiv1.StateRunning, exited: make(chan struct{}),
-		labels: opts.Labels, idleTimeout: opts.IdleTimeout, pendingFork: opts.RequestID, CPUMillicores: opts.CPUMillicores,
+		labels: opts.Labels, idleTimeout: opts.IdleTimeout, pendingFork: opts.RequestID, CPUMillicores: cpu,
 	}
 	s.agent.Gone = s.goneReason
 	if opts.Timeout > 0 {
