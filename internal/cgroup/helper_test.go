@@ -1,7 +1,6 @@
 package cgroup
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -9,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -59,26 +57,9 @@ func TestMain(m *testing.M) {
 // child is a helper process the test started and reaps.
 type child struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *testutil.SyncBuffer
 	done chan struct{}
 	err  error // Wait's, once done is closed
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // helperCmd returns the command of a helper in mode ("hog", "idle",
@@ -99,7 +80,7 @@ func helperCmd(mode string, argv ...string) *exec.Cmd {
 // Group.Add when add is set) and reaps it in the background.
 func startIn(t *testing.T, g *Group, cmd *exec.Cmd, add bool) *child {
 	t.Helper()
-	c := &child{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	c := &child{cmd: cmd, out: &testutil.SyncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = c.out, c.out
 	var err error
 	if add {
@@ -148,29 +129,6 @@ func (c *child) waitExit(t *testing.T) syscall.Signal {
 		return ws.Signal()
 	}
 	return 0
-}
-
-// waitFor polls cond every 20 ms for up to 60 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 60 s waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// unavailable skips t, or fails it when privileged tests are required
-// (as testutil does).
-func unavailable(t *testing.T, format string, args ...any) {
-	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if os.Getenv(testutil.PrivilegedEnv) == "1" {
-		t.Fatalf("%s (and %s=1 requires it)", msg, testutil.PrivilegedEnv)
-	}
-	t.Skip(msg)
 }
 
 // fileOf reads file from whichever of g's directories has it.

@@ -25,7 +25,7 @@ func TestHostLive(t *testing.T) {
 	testutil.RequiresRoot(t)
 	h, err := Detect()
 	if err != nil {
-		unavailable(t, "no usable cgroup hierarchy: %v", err)
+		testutil.Unavailable(t, "no usable cgroup hierarchy: %v", err)
 	}
 	t.Logf("host layout: %s", h.Mode)
 	runConformance(t, suite{live: true, newManager: func(t *testing.T) *Manager { return liveManager(t, h, nil) }})
@@ -39,7 +39,7 @@ func TestV2LiveUnifiedPlacement(t *testing.T) {
 	testutil.RequiresRoot(t)
 	h, err := Detect()
 	if err != nil {
-		unavailable(t, "no usable cgroup hierarchy: %v", err)
+		testutil.Unavailable(t, "no usable cgroup hierarchy: %v", err)
 	}
 	if h.Mode == ModeV2 {
 		t.Skip("pure cgroup v2 host: TestHostLive tests v2 for real")
@@ -95,7 +95,7 @@ func liveManager(t *testing.T, h *Hierarchy, require []Controller) *Manager {
 	m, err := New(Config{Parent: parent, Hierarchy: h, Require: require})
 	switch {
 	case errors.Is(err, fs.ErrPermission) || errors.Is(err, unix.EROFS) || errdefs.IsFailedPrecondition(err):
-		unavailable(t, "cgroup %s hierarchy not usable here: %v", h.Mode, err)
+		testutil.Unavailable(t, "cgroup %s hierarchy not usable here: %v", h.Mode, err)
 	case err != nil:
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func testOOMKillAlone(t *testing.T, m *Manager) {
 		t.Fatal(err)
 	}
 	sib := startIn(t, sibG, helperCmd("idle"), false)
-	waitFor(t, "the sibling to start", func() bool { return strings.Contains(sib.out.String(), "idle: up") })
+	testutil.WaitFor(t, "the sibling to start", func() bool { return strings.Contains(sib.out.String(), "idle: up") })
 	events, err := oomG.WatchOOM(ctx60(t))
 	if err != nil {
 		t.Fatal(err)
@@ -166,7 +166,7 @@ func testPidsMax(t *testing.T, m *Manager) {
 		t.Fatal(err)
 	}
 	c := startIn(t, g, helperCmd("", sh, "-c", `i=0; while [ $i -lt 16 ]; do sleep 600 & i=$((i+1)); done; wait`), false)
-	waitFor(t, "a fork refused by pids.max", func() bool {
+	testutil.WaitFor(t, "a fork refused by pids.max", func() bool {
 		st, err := g.Stats()
 		return err == nil && st.PidsLimitHits > 0
 	})
@@ -206,7 +206,7 @@ func testCPUQuota(t *testing.T, m *Manager) {
 	began := time.Now()
 	startIn(t, g, helperCmd("spin"), false)
 	var st Stats
-	waitFor(t, "300 ms of throttled CPU time", func() bool {
+	testutil.WaitFor(t, "300 ms of throttled CPU time", func() bool {
 		st, err = g.Stats()
 		return err == nil && st.CPUUsage >= 300*time.Millisecond && st.CPUThrottled > 0
 	})

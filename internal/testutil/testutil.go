@@ -27,8 +27,9 @@ const (
 	capSysAdmin = 21
 )
 
-// unavailable skips t, or fails it when privileged tests were requested.
-func unavailable(t testing.TB, format string, args ...any) {
+// Unavailable skips t, or fails it when privileged tests were requested
+// (PrivilegedEnv): for a test whose host lacks what it needs.
+func Unavailable(t testing.TB, format string, args ...any) {
 	t.Helper()
 	msg := fmt.Sprintf(format, args...)
 	if os.Getenv(PrivilegedEnv) == "1" {
@@ -43,7 +44,7 @@ func RequiresRoot(t testing.TB) {
 	t.Helper()
 	caps, err := effectiveCaps()
 	if err != nil {
-		unavailable(t, "requires root: reading capabilities: %v", err)
+		Unavailable(t, "requires root: reading capabilities: %v", err)
 		return
 	}
 	for _, c := range []struct {
@@ -51,7 +52,7 @@ func RequiresRoot(t testing.TB) {
 		name string
 	}{{capSysAdmin, "CAP_SYS_ADMIN"}, {capNetAdmin, "CAP_NET_ADMIN"}} {
 		if caps&(1<<c.bit) == 0 {
-			unavailable(t, "requires root (%s; running as uid %d)", c.name, os.Geteuid())
+			Unavailable(t, "requires root (%s; running as uid %d)", c.name, os.Geteuid())
 			return
 		}
 	}
@@ -78,7 +79,7 @@ func RequiresBinary(t testing.TB, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
-		unavailable(t, "requires %s in PATH", name)
+		Unavailable(t, "requires %s in PATH", name)
 	}
 	return p
 }
@@ -89,7 +90,7 @@ func RequiresKVM(t testing.TB) {
 	t.Helper()
 	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
 	if err != nil {
-		unavailable(t, "requires a usable /dev/kvm for uid %d: %v", os.Geteuid(), err)
+		Unavailable(t, "requires a usable /dev/kvm for uid %d: %v", os.Geteuid(), err)
 		return
 	}
 	f.Close()

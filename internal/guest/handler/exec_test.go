@@ -15,6 +15,7 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/testutil"
 )
 
 func TestExecOutputAndExitCode(t *testing.T) {
@@ -181,7 +182,7 @@ func TestExecTimeoutKillsProcessGroup(t *testing.T) {
 	}
 	for _, f := range fields {
 		pid, _ := strconv.Atoi(f)
-		waitFor(t, fmt.Sprintf("background sleep %d to die after the timeout", pid), func() bool { return !alive(pid) })
+		testutil.WaitFor(t, fmt.Sprintf("background sleep %d to die after the timeout", pid), func() bool { return !alive(pid) })
 	}
 }
 
@@ -240,7 +241,7 @@ func TestExecStartErrors(t *testing.T) {
 func TestExecCutStreamIsAnError(t *testing.T) {
 	e := newEnv(t)
 	sess := e.sess
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	var once sync.Once
 	w := writerFunc(func(b []byte) (int, error) {
 		out.Write(b)

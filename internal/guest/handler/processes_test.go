@@ -13,12 +13,13 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/testutil"
 )
 
 // bgExec is an exec running in the background of a test.
 type bgExec struct {
 	pid  int
-	out  *syncBuffer
+	out  *testutil.SyncBuffer
 	done chan execOutcome
 }
 
@@ -31,7 +32,7 @@ type execOutcome struct {
 // the process started.
 func (e *env) startExec(t *testing.T, req agentapi.ExecRequest, stdin io.Reader) *bgExec {
 	t.Helper()
-	b := &bgExec{out: &syncBuffer{}, done: make(chan execOutcome, 1)}
+	b := &bgExec{out: &testutil.SyncBuffer{}, done: make(chan execOutcome, 1)}
 	started := make(chan int, 1)
 	go func() {
 		ev, err := e.c.ExecStarted(ctxT(t), req, stdin, func(pid int) { started <- pid }, b.out, io.Discard)
@@ -55,37 +56,6 @@ func (b *bgExec) wait(t *testing.T) agentapi.ExecEvent {
 		t.Fatalf("exec: %v", o.err)
 	}
 	return o.ev
-}
-
-// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// waitFor polls cond (no sleeps as assertions: it fails only after a
-// minute, which bounds a hang on a loaded machine).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func (e *env) listed(t *testing.T, pid int) (agentapi.ProcessInfo, bool) {
@@ -131,7 +101,7 @@ func TestStdinOpenWriteListClose(t *testing.T) {
 	if err := e.c.WriteStdin(ctxT(t), b.pid, strings.NewReader("one\n"), false); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "cat to echo the first write", func() bool { return b.out.String() == "one\n" })
+	testutil.WaitFor(t, "cat to echo the first write", func() bool { return b.out.String() == "one\n" })
 	if err := e.c.WriteStdin(ctxT(t), b.pid, strings.NewReader("two\n"), true); err != nil {
 		t.Fatal(err)
 	}
@@ -207,19 +177,19 @@ func TestSignalErrors(t *testing.T) {
 func TestSignalReachesTheGroup(t *testing.T) {
 	e := newEnv(t)
 	b := e.startExec(t, agentapi.ExecRequest{Shell: "sleep 100 & echo $!; wait"}, nil)
-	waitFor(t, "the child's pid", func() bool { return strings.HasSuffix(b.out.String(), "\n") })
+	testutil.WaitFor(t, "the child's pid", func() bool { return strings.HasSuffix(b.out.String(), "\n") })
 	child, _ := strconv.Atoi(strings.TrimSpace(b.out.String()))
 	if err := e.c.Signal(ctxT(t), b.pid, "SIGTERM"); err != nil {
 		t.Fatal(err)
 	}
 	b.wait(t)
-	waitFor(t, "the background child to die", func() bool { return !alive(child) })
+	testutil.WaitFor(t, "the background child to die", func() bool { return !alive(child) })
 }
 
 func TestStdinBodyThenKeptOpen(t *testing.T) {
 	e := newEnv(t)
 	b := e.startExec(t, agentapi.ExecRequest{Argv: []string{"cat"}, StdinOpen: true}, strings.NewReader("from the body\n"))
-	waitFor(t, "the body's bytes", func() bool { return b.out.String() == "from the body\n" })
+	testutil.WaitFor(t, "the body's bytes", func() bool { return b.out.String() == "from the body\n" })
 	// The body's EOF did not close stdin.
 	if info, _ := e.listed(t, b.pid); !info.StdinOpen {
 		t.Fatalf("stdin closed at the body's end: %+v", info)
