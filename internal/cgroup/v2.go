@@ -216,7 +216,7 @@ func (b *v2) create(id string, l Limits) (err error) {
 		}
 	}
 	if l.CPUMillicores != 0 {
-		w = append(w, "cpu.max", fmt.Sprintf("%d %d", l.CPUMillicores*cpuPeriodUs/1000, cpuPeriodUs))
+		w = append(w, "cpu.max", cpuMax(l.CPUMillicores))
 	}
 	if l.CPUWeight != 0 {
 		w = append(w, "cpu.weight", strconv.FormatInt(l.CPUWeight, 10))
@@ -368,5 +368,10 @@ func (b *v2) watchOOM(ctx context.Context, id string) (<-chan uint64, error) {
 
 // setCPU writes cpu.max: a quota over a 100 ms period.
 func (b *v2) setCPU(id string, millicores int64) error {
-	return write(b.dir(id), "cpu.max", fmt.Sprintf("%d %d", millicores*cpuPeriodUs/1000, cpuPeriodUs))
+	return write(b.dir(id), "cpu.max", cpuMax(millicores))
+}
+
+// cpuMax is cpu.max's value for a quota of millicores.
+func cpuMax(millicores int64) string {
+	return fmt.Sprintf("%d %d", millicores*cpuPeriodUs/1000, cpuPeriodUs)
 }

@@ -302,19 +302,19 @@ func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile str
 // spawn starts cmd, inside the network namespace when there is one, and
 // in grp unless the jail puts it there (Config.Jail).
 func (d *Driver) spawn(cmd *exec.Cmd, n *vmm.Network, grp *cgroup.Group) error {
-	start := cmd.Start
-	if grp != nil && !d.cfg.Jail {
-		start = func() error { return grp.Start(cmd, nil) }
-	}
-	if n == nil || n.NetNSPath == "" {
-		return start()
-	}
 	// Started from a thread switched into the namespace: the fork
 	// inherits it. See netns.DoPath for how the thread is restored.
-	if grp != nil && !d.cfg.Jail {
-		return grp.Start(cmd, func(f func() error) error { return netns.DoPath(n.NetNSPath, f) })
+	var inNS func(func() error) error
+	if n != nil && n.NetNSPath != "" {
+		inNS = func(f func() error) error { return netns.DoPath(n.NetNSPath, f) }
 	}
-	return netns.DoPath(n.NetNSPath, start)
+	if grp != nil && !d.cfg.Jail {
+		return grp.Start(cmd, inNS)
+	}
+	if inNS == nil {
+		return cmd.Start()
+	}
+	return inNS(cmd.Start)
 }
 
 // connect dials QMP, giving up when the process exits.
