@@ -98,7 +98,7 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 	if err != nil {
 		return nil, ctor, err
 	}
-	memDir, err := g.liveBranchSetup(d.log)
+	memDir, err := g.liveBranchSetup(d.log, drv)
 	if err != nil {
 		return nil, ctor, err
 	}
@@ -319,10 +319,14 @@ func addLiveBranchFlags(f *pflag.FlagSet, g *globals) {
 		"tmpfs or hugetlbfs directory for the memory images clones map (env FORKD_MEMORY_DIR; default with --live-branch: /dev/shm/forkd-<hash of the data dir>). On hugetlbfs a live branch pauses about 1 ms at 256 MiB and 1 GiB alike (on tmpfs it grows with memory), and each sandbox reserves its guest memory in huge pages: size /proc/sys/vm/nr_hugepages for the images plus the running and pooled VMMs")
 }
 
+// uffdNeeder is a driver that knows whether its VMMs need the host-wide
+// vm.unprivileged_userfaultfd for live branches (qemu.Driver).
+type uffdNeeder interface{ NeedsUnprivilegedUserfaultfd() bool }
+
 // liveBranchSetup returns the memory dir the engine uses ("" for the data
 // dir) and, for --live-branch, lets QEMU (an unprivileged user) create the
 // userfaultfd that background-snapshot needs.
-func (g *globals) liveBranchSetup(log *slog.Logger) (string, error) {
+func (g *globals) liveBranchSetup(log *slog.Logger, drv vmm.Driver) (string, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -349,7 +353,9 @@ func (g *globals) liveBranchSetup(log *slog.Logger) (string, error) {
 		log.Info("memory dir on hugetlbfs: each image and each sandbox (running or pooled) takes its guest memory in huge pages from the host's pool",
 			"dir", dir, "page_bytes", sfs.Bsize, "pool", "HugePages_Free in /proc/meminfo")
 	}
-	if g.liveBranch {
+	if u, ok := drv.(uffdNeeder); ok && g.liveBranch && !u.NeedsUnprivilegedUserfaultfd() {
+		log.Info("live branches: each VMM gets a userfaultfd device of its own uid in its jail; vm.unprivileged_userfaultfd is left as it is")
+	} else if g.liveBranch {
 		const knob = "/proc/sys/vm/unprivileged_userfaultfd"
 		if v, err := os.ReadFile(knob); err == nil && strings.TrimSpace(string(v)) != "1" {
 			if err := os.WriteFile(knob, []byte("1\n"), 0o644); err != nil {

@@ -47,6 +47,11 @@ type Spec struct {
 	Binds []Bind `json:"binds"`
 	// Devices are device nodes made visible (e.g. /dev/kvm, /dev/net/tun).
 	Devices []string `json:"devices"`
+	// OwnedDevices are character devices made anew inside the jail with
+	// an owner of their own (mode 0600), for a device the jailed user may
+	// open there and nowhere else: /dev/userfaultfd for one VMM's uid,
+	// while the host's node stays root's.
+	OwnedDevices []OwnedDevice `json:"owned_devices,omitempty"`
 	// Dir is the working directory inside the jail.
 	Dir string `json:"dir"`
 	// RLimits are set before the exec.
@@ -71,6 +76,14 @@ type Bind struct {
 	// Exec allows executing files under it (the VMM's binary and
 	// libraries); data is mounted noexec.
 	Exec bool `json:"exec,omitempty"`
+}
+
+// OwnedDevice is a character device node made inside the jail at Path,
+// with the host node's device number, owned by UID and GID.
+type OwnedDevice struct {
+	Path string `json:"path"`
+	UID  int    `json:"uid"`
+	GID  int    `json:"gid"`
 }
 
 // RLimit is one resource limit (unix.RLIMIT_*).

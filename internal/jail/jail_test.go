@@ -1,6 +1,7 @@
 package jail
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,7 +13,41 @@ import (
 
 func TestMain(m *testing.M) {
 	Main()
+	if os.Getenv(uffdProbeEnv) != "" {
+		os.Exit(uffdProbe())
+	}
 	os.Exit(m.Run())
+}
+
+// uffdProbeEnv makes the test binary open /dev/userfaultfd as uid
+// nobody and ask it for a userfaultfd, printing what happened.
+const uffdProbeEnv = "FORKD_JAIL_TEST_UFFD"
+
+const nobody = 65534
+
+func uffdProbe() int {
+	if err := unix.Setresgid(nobody, nobody, nobody); err != nil {
+		fmt.Println("setresgid:", err)
+		return 1
+	}
+	if err := unix.Setresuid(nobody, nobody, nobody); err != nil {
+		fmt.Println("setresuid:", err)
+		return 1
+	}
+	fd, err := unix.Open("/dev/userfaultfd", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		fmt.Println("open:", err)
+		return 0
+	}
+	const userfaultfdIOCNew = 0xAA00 // _IO(0xAA, 0x00)
+	ufd, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), userfaultfdIOCNew, unix.O_CLOEXEC)
+	if errno != 0 {
+		fmt.Println("USERFAULTFD_IOC_NEW:", errno)
+		return 0
+	}
+	unix.Close(int(ufd))
+	fmt.Println("userfaultfd: ok")
+	return 0
 }
 
 // jailed runs a shell script in a jail built from spec and returns its
@@ -151,5 +186,64 @@ func TestJailFailures(t *testing.T) {
 		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 126 {
 			t.Errorf("%s: exit %v, want 126", name, err)
 		}
+	}
+}
+
+// TestOwnedDevice gives a jailed process its own /dev/userfaultfd node:
+// uid nobody gets a userfaultfd inside the jail, and not from the host's
+// node (root's, mode 0600), whatever vm.unprivileged_userfaultfd says.
+func TestOwnedDevice(t *testing.T) {
+	needRoot(t)
+	if _, err := os.Stat("/dev/userfaultfd"); err != nil {
+		t.Skip("no /dev/userfaultfd (Linux 6.1+):", err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe := func(spec *Spec) string {
+		cmd := exec.Command(self)
+		cmd.Env = append(os.Environ(), uffdProbeEnv+"=1")
+		if spec != nil {
+			if err := Wrap(cmd, *spec, self); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("probe: %v\n%s", err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	if out := probe(nil); !strings.Contains(out, "open: permission denied") {
+		t.Fatalf("outside the jail, nobody: %q; want the host node refused", out)
+	}
+	root := t.TempDir()
+	spec := Spec{
+		Root: root,
+		Binds: []Bind{
+			{Path: "/usr", Exec: true},
+			{Path: filepath.Dir(self), Exec: true},
+		},
+		OwnedDevices: []OwnedDevice{{Path: "/dev/userfaultfd", UID: nobody, GID: nobody}},
+		Devices:      []string{"/dev/null"},
+		Dir:          "/",
+		KeepCaps:     []int{unix.CAP_SETUID, unix.CAP_SETGID},
+	}
+	if out := probe(&spec); out != "userfaultfd: ok" {
+		t.Fatalf("inside the jail, nobody: %q; want a userfaultfd", out)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat("/dev/userfaultfd", &st); err != nil || st.Uid != 0 || st.Mode&0o777 != 0o600 {
+		t.Errorf("the host's node changed: uid %d mode %o, %v", st.Uid, st.Mode&0o777, err)
+	}
+	bad := spec
+	bad.OwnedDevices = []OwnedDevice{{Path: "/dev/net/tun", UID: nobody}}
+	cmd := exec.Command(self)
+	if err := Wrap(cmd, bad, self); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "only nodes directly under /dev") {
+		t.Errorf("a nested owned device: %v %s", err, out)
 	}
 }

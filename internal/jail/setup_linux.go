@@ -84,6 +84,9 @@ func build(s *Spec) error {
 			return fmt.Errorf("mount /tmp: %w", err)
 		}
 	}
+	if err := makeOwnedDevices(root, s.OwnedDevices); err != nil {
+		return err
+	}
 	binds := slices.Clone(s.Binds)
 	for _, d := range s.Devices {
 		binds = append(binds, Bind{Path: d, Writable: true})
@@ -111,6 +114,42 @@ func build(s *Spec) error {
 	// the jailed process alone.
 	if err := unix.Mount("proc", proc, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mount /proc: %w", err)
+	}
+	return nil
+}
+
+// makeOwnedDevices makes each device node under root on a /dev tmpfs of
+// its own: the root tmpfs is nodev, and device binds made later land on
+// this one.
+func makeOwnedDevices(root string, devs []OwnedDevice) error {
+	if len(devs) == 0 {
+		return nil
+	}
+	dev := filepath.Join(root, "dev")
+	if err := os.Mkdir(dev, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
+		return fmt.Errorf("mount /dev: %w", err)
+	}
+	for _, d := range devs {
+		if filepath.Dir(d.Path) != "/dev" {
+			return fmt.Errorf("owned device %q: only nodes directly under /dev", d.Path)
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(d.Path, &st); err != nil {
+			return fmt.Errorf("owned device %s: %w", d.Path, err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFCHR {
+			return fmt.Errorf("owned device %s: not a character device", d.Path)
+		}
+		target := filepath.Join(root, d.Path)
+		if err := unix.Mknod(target, unix.S_IFCHR|0o600, int(st.Rdev)); err != nil {
+			return fmt.Errorf("owned device %s: mknod: %w", d.Path, err)
+		}
+		if err := unix.Chown(target, d.UID, d.GID); err != nil {
+			return fmt.Errorf("owned device %s: %w", d.Path, err)
+		}
 	}
 	return nil
 }

@@ -31,7 +31,9 @@ type launch struct {
 	tbSize   int       // MiB; 0 leaves QEMU's default
 	tscKHz   int64     // host TSC frequency, for the TCG kernel arguments
 	incoming bool      // Prepare: wait in -incoming defer
-	runAs    string    // -runas user, "" for none
+	runAs    string    // user to drop to (-runas or -run-with user=), "" for none
+	uid      int       // runAs's uid when it is one of the driver's (uids.go), else 0
+	feat     features
 }
 
 // memShared reports whether guest RAM is a shared mapping of the memory
@@ -89,8 +91,15 @@ func (l *launch) args() []string {
 		if l.memShared() {
 			share = "on"
 		}
-		a = append(a, "-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s",
-			c.MemoryMiB, optEscape(c.MemoryFile), share))
+		ro := ""
+		if !l.memShared() && l.feat.readonlyRAM {
+			// The file is opened read-only and mapped private and
+			// writable: the clone's VMM holds no descriptor that can
+			// write the template.
+			ro = ",readonly=on,rom=off"
+		}
+		a = append(a, "-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s%s",
+			c.MemoryMiB, optEscape(c.MemoryFile), share, ro))
 	}
 	a = append(a, "-kernel", c.Image.Kernel)
 	// A clone never boots, and QEMU would read the whole initramfs into a
@@ -140,7 +149,11 @@ func (l *launch) args() []string {
 		elevate = "allow"
 	}
 	a = append(a, "-sandbox", "on,obsolete=deny,elevateprivileges="+elevate+",spawn=deny,resourcecontrol=deny")
-	if l.runAs != "" {
+	switch {
+	case l.runAs == "":
+	case l.feat.runWith:
+		a = append(a, "-run-with", "user="+optEscape(l.runAs))
+	default:
 		a = append(a, "-runas", l.runAs)
 	}
 	return a

@@ -80,9 +80,9 @@ const (
 
 	// ramSectionID is the section id of the "ram" handler in the state
 	// files of diff and full branches. QEMU numbers its handlers in
-	// registration order (the ram handler is 2 on QEMU 7.2 x86); a
-	// loader only needs it unique among the sections before the device
-	// state, which any non-zero id is.
+	// registration order (the ram handler is 2 on QEMU 7.2 x86, 1 on
+	// 10.0); a loader only needs it unique among the sections before the
+	// device state, which any non-zero id is.
 	ramSectionID = 2
 
 	// biosBlock is the firmware RAM block, mapped just below 4 GiB.
@@ -787,15 +787,15 @@ func branchBlockList(blocks []hmpRAMBlock) []ramBlockInfo {
 // writeBranchPrefix writes what precedes the device state in a branch's
 // state file: header, configuration, and the ram sections with the block
 // list and the pages of the small blocks in roms.
-func writeBranchPrefix(sw *streamWriter, blocks []hmpRAMBlock, roms map[string][]byte) {
+func writeBranchPrefix(sw *streamWriter, ramID uint32, blocks []hmpRAMBlock, roms map[string][]byte) {
 	sw.header()
 	sw.config(branchConfig())
-	sw.sectionHeader(sectionHeader{Type: secStart, ID: ramSectionID, Name: ramSectionName, Version: ramSectionVersion})
+	sw.sectionHeader(sectionHeader{Type: secStart, ID: ramID, Name: ramSectionName, Version: ramSectionVersion})
 	sw.blockList(branchBlockList(blocks), true)
 	sw.eos()
-	sw.footer(ramSectionID)
+	sw.footer(ramID)
 	if len(roms) > 0 {
-		sw.sectionHeader(sectionHeader{Type: secPart, ID: ramSectionID})
+		sw.sectionHeader(sectionHeader{Type: secPart, ID: ramID})
 		for _, b := range blocks {
 			data, ok := roms[b.Name]
 			if !ok || b.Name == memBlockName {
@@ -806,11 +806,11 @@ func writeBranchPrefix(sw *streamWriter, blocks []hmpRAMBlock, roms map[string][
 			}
 		}
 		sw.eos()
-		sw.footer(ramSectionID)
+		sw.footer(ramID)
 	}
-	sw.sectionHeader(sectionHeader{Type: secEnd, ID: ramSectionID})
+	sw.sectionHeader(sectionHeader{Type: secEnd, ID: ramID})
 	sw.eos()
-	sw.footer(ramSectionID)
+	sw.footer(ramID)
 }
 
 // vmDescription ends a state file like QEMU's own: loaders read and
@@ -829,7 +829,7 @@ func writeBranchState(f *os.File, blocks []hmpRAMBlock, roms map[string][]byte, 
 		return 0, streamErr("device state does not start with a device section and end with EOF")
 	}
 	sw := newStreamWriter(f)
-	writeBranchPrefix(sw, blocks, roms)
+	writeBranchPrefix(sw, ramSectionID, blocks, roms)
 	sw.write(body)
 	sw.u8(secVMDescription)
 	sw.be32(uint32(len(vmDescription)))

@@ -37,7 +37,9 @@ func (m *Machine) LiveBranchSupport() error {
 // anonymous, shmem and hugetlb memory only (not for a private mapping of a
 // file on a disk file system), and lets a process without CAP_SYS_PTRACE
 // create a userfaultfd only with vm.unprivileged_userfaultfd=1 (QEMU 7.2
-// neither uses /dev/userfaultfd nor asks for user-mode-only faults). id is
+// neither uses /dev/userfaultfd nor asks for user-mode-only faults), or
+// through /dev/userfaultfd: QEMU 8.1+ in its jail gets a node of its own
+// uid (jailSpec). id is
 // the memory file's identity when the machine started (Machine.memID), by
 // which a file removed since is still found.
 func liveSupport(pid int, memFile string, id *fileID) error {
@@ -61,7 +63,7 @@ func liveSupport(pid int, memFile string, id *fileID) error {
 	if err != nil {
 		return err
 	}
-	if uid == 0 {
+	if uid == 0 || ownsUffdDevice(pid, uid) {
 		return nil
 	}
 	v, err := os.ReadFile("/proc/sys/vm/unprivileged_userfaultfd")
@@ -70,6 +72,16 @@ func liveSupport(pid int, memFile string, id *fileID) error {
 	}
 	return fmt.Errorf("QEMU runs as uid %d and vm.unprivileged_userfaultfd is not 1: it cannot create the userfaultfd that background-snapshot needs (run QEMU as root, Config.RunAs empty, or set the sysctl); use a diff branch: %w",
 		uid, errdefs.ErrFailedPrecondition)
+}
+
+// ownsUffdDevice reports whether the jail of process pid holds a
+// userfaultfd device node of its uid (jailSpec), seen through its root.
+func ownsUffdDevice(pid, uid int) bool {
+	var st unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/root%s", pid, uffdDevice), &st); err != nil {
+		return false
+	}
+	return st.Mode&unix.S_IFMT == unix.S_IFCHR && int(st.Uid) == uid
 }
 
 // procUID is the effective uid of a process.

@@ -132,12 +132,6 @@ func binaryVersion(ctx context.Context, binary string) (string, error) {
 	return ParseVersion(string(out))
 }
 
-// majorVersion returns the leading number of a version string.
-func majorVersion(v string) int {
-	n, _ := strconv.Atoi(strings.SplitN(v, ".", 2)[0])
-	return n
-}
-
 // resolveAccel turns AccelAuto into KVM or TCG and checks an explicit KVM.
 func resolveAccel(a vmm.Accel) (vmm.Accel, error) {
 	switch a {

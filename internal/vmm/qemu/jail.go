@@ -8,6 +8,7 @@ package qemu
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -53,6 +54,11 @@ func jailSpec(l *launch, bin string) jail.Spec {
 		Hostname: "forkd-vmm",
 		TmpBytes: 1 << 20,
 	}
+	if l.feat.readonlyRAM {
+		// QEMU opens the template's memory file (0400) read-only: root's
+		// own files need no override.
+		s.KeepCaps = slices.DeleteFunc(s.KeepCaps, func(c int) bool { return c == unix.CAP_DAC_OVERRIDE })
+	}
 	if !strings.HasPrefix(bin, "/usr/") {
 		s.Binds = append(s.Binds, jail.Bind{Path: filepath.Dir(bin), Exec: true})
 	}
@@ -68,9 +74,11 @@ func jailSpec(l *launch, bin string) jail.Spec {
 		s.Binds = append(s.Binds, jail.Bind{Path: c.Image.Rootfs})
 	}
 	if c.MemoryFile != "" {
-		// QEMU 7.2 opens guest RAM files read-write even for a private
-		// mapping (docs/SECURITY.md, "Template memory").
-		s.Binds = append(s.Binds, jail.Bind{Path: c.MemoryFile, Writable: true})
+		// A template writes its memory file. A clone's QEMU opens it
+		// read-only where it can (features.readonlyRAM); QEMU 7.2 opens
+		// it read-write even for a private mapping (docs/SECURITY.md,
+		// "Template memory").
+		s.Binds = append(s.Binds, jail.Bind{Path: c.MemoryFile, Writable: l.memShared() || !l.feat.readonlyRAM})
 	}
 	if c.Network != nil {
 		s.Devices = append(s.Devices, "/dev/net/tun")
@@ -83,5 +91,28 @@ func jailSpec(l *launch, bin string) jail.Spec {
 		// CAP_SYS_PTRACE unless vm.unprivileged_userfaultfd is 1.
 		s.KeepCaps = append(s.KeepCaps, unix.CAP_SYS_PTRACE)
 	}
+	if l.feat.uffdDevice && l.uid != 0 && l.incoming && onShmem(c.MemoryFile) {
+		// A clone that can be branched live gets a userfaultfd from a
+		// /dev/userfaultfd node of its own uid (QEMU 8.1+ tries the
+		// device first): the host needs no vm.unprivileged_userfaultfd,
+		// and no other process gains anything.
+		s.OwnedDevices = append(s.OwnedDevices, jail.OwnedDevice{Path: uffdDevice, UID: l.uid, GID: l.uid})
+	}
 	return s
+}
+
+// uffdDevice is the kernel's userfaultfd device (Linux 6.1+).
+const uffdDevice = "/dev/userfaultfd"
+
+// onShmem reports whether path is on tmpfs or hugetlbfs, where a live
+// branch's write-protection works (see liveSupport).
+func onShmem(path string) bool {
+	var sfs unix.Statfs_t
+	if path == "" || unix.Statfs(path, &sfs) != nil {
+		return false
+	}
+	if _, err := os.Stat(uffdDevice); err != nil {
+		return false
+	}
+	return sfs.Type == unix.TMPFS_MAGIC || sfs.Type == unix.HUGETLBFS_MAGIC
 }

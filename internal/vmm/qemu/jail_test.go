@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,8 +10,11 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/testutil/testguest"
+	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
 // TestJailedVMM checks, from the host, the jail of a running clone's QEMU
@@ -74,6 +78,8 @@ func TestJailedVMM(t *testing.T) {
 	}
 	if bnd, err := strconv.ParseUint(fields["CapBnd"], 16, 64); err != nil || bnd&^(1<<1|1<<6|1<<7|1<<12) != 0 {
 		t.Errorf("bounding set %s", fields["CapBnd"])
+	} else if d.feat.readonlyRAM && bnd&(1<<1) != 0 {
+		t.Errorf("bounding set %s keeps dac_override, which a QEMU that opens the template read-only does not need", fields["CapBnd"])
 	}
 	limits, _ := os.ReadFile(proc("limits"))
 	if !strings.Contains(string(limits), fmt.Sprintf("Max open files            %-21d%-21d", jailNoFile, jailNoFile)) {
@@ -196,4 +202,120 @@ func TestVMMOOMKilled(t *testing.T) {
 		t.Errorf("SetCPULimit(1): %v, want invalid argument", err)
 	}
 	checkRunning(t, sib, sa, "template")
+}
+
+// TestLiveBranchOwnUserfaultfd branches live a clone whose QEMU runs as a
+// uid of its own: the userfaultfd comes from a /dev/userfaultfd node of
+// that uid inside its jail (QEMU opens it: inotify sees the open), not
+// from vm.unprivileged_userfaultfd; the host's node stays root's.
+func TestLiveBranchOwnUserfaultfd(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("jails need root")
+	}
+	if _, err := os.Stat(uffdDevice); err != nil {
+		t.Skip("no /dev/userfaultfd (Linux 6.1+):", err)
+	}
+	sf := buildShmTemplate(t)
+	d := newTestDriver(t, Config{UIDs: UIDRange{First: 2_000_200_100, Count: 2}})
+	if !d.feat.uffdDevice {
+		t.Skipf("QEMU %s does not open /dev/userfaultfd (8.1+)", d.version)
+	}
+	if d.NeedsUnprivilegedUserfaultfd() {
+		t.Error("a jailed driver with uids of its own says it needs vm.unprivileged_userfaultfd")
+	}
+	c, ca := sf.src.restore(t, d, "uffd")
+	node := fmt.Sprintf("/proc/%d/root%s", c.PID(), uffdDevice)
+	var st unix.Stat_t
+	if err := unix.Stat(node, &st); err != nil {
+		t.Fatalf("the jail has no %s: %v", uffdDevice, err)
+	}
+	if int(st.Uid) != c.uid || st.Uid == 0 || st.Mode&0o777 != 0o600 || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+		t.Fatalf("the jail's %s: uid %d (QEMU's %d), mode %o", uffdDevice, st.Uid, c.uid, st.Mode)
+	}
+	if err := unix.Stat(uffdDevice, &st); err != nil || st.Uid != 0 || st.Mode&0o777 != 0o600 {
+		t.Errorf("the host's %s: uid %d mode %o %v", uffdDevice, st.Uid, st.Mode&0o777, err)
+	}
+	if err := c.LiveBranchSupport(); err != nil {
+		t.Fatal(err)
+	}
+	in, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(in)
+	if _, err := unix.InotifyAddWatch(in, node, unix.IN_OPEN); err != nil {
+		t.Fatal(err)
+	}
+	call(t, ca, "set own-uffd", "ok")
+	out, err := os.MkdirTemp("/dev/shm", "forkd-branch-out-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(out) })
+	ctx, cancel := context.WithTimeout(context.Background(), vmTimeout)
+	defer cancel()
+	res, err := c.Snapshot(ctx, branchSpec(out, "u1", vmm.SnapshotLive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	if n, err := unix.Read(in, buf); err != nil || n < unix.SizeofInotifyEvent {
+		t.Errorf("QEMU did not open its %s during the live branch: %d bytes, %v", uffdDevice, n, err)
+	}
+	t.Logf("live branch as uid %d: paused %v, %d pages", c.uid, res.Paused, res.DirtyPages)
+	checkRunning(t, c, ca, "own-uffd")
+}
+
+// TestTemplateMemoryReadOnly takes, from outside, the descriptor a clone's
+// QEMU holds of the template's memory file (pidfd_getfd, as a compromised
+// VMM would hold it) and writes through it: the write fails, and the
+// template is unchanged. In its jail the file is bound read-only too.
+func TestTemplateMemoryReadOnly(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("jails and pidfd_getfd need root")
+	}
+	f := template(t)
+	d := newTestDriver(t, Config{UIDs: UIDRange{First: 2_000_200_200, Count: 1}})
+	if !d.feat.readonlyRAM {
+		t.Skipf("QEMU %s opens guest RAM files read-write (readonly=on,rom=off needs 8.2): docs/SECURITY.md, Template memory", d.version)
+	}
+	m, _ := f.clone(t, d, "romem")
+	pid := m.PID()
+	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(fdDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fds []int
+	for _, e := range ents {
+		if target, err := os.Readlink(filepath.Join(fdDir, e.Name())); err == nil && target == f.memFile {
+			n, _ := strconv.Atoi(e.Name())
+			fds = append(fds, n)
+		}
+	}
+	if len(fds) == 0 {
+		t.Fatalf("QEMU %d holds no descriptor of %s", pid, f.memFile)
+	}
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(pidfd)
+	for _, n := range fds {
+		fd, err := unix.PidfdGetfd(pidfd, n, 0)
+		if err != nil {
+			t.Fatalf("pidfd_getfd %d: %v", n, err)
+		}
+		if _, err := unix.Pwrite(fd, []byte("forkd"), 4096); err != unix.EBADF {
+			t.Errorf("a write through QEMU's descriptor %d of the template: %v, want EBADF", n, err)
+		}
+		if err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, 4096); err != unix.EBADF {
+			t.Errorf("punching a hole through QEMU's descriptor %d: %v, want EBADF", n, err)
+		}
+		unix.Close(fd)
+	}
+	if _, err := os.OpenFile(fmt.Sprintf("/proc/%d/root%s", pid, f.memFile), os.O_WRONLY, 0); !errors.Is(err, unix.EROFS) {
+		t.Errorf("the template opened for writing inside the jail: %v, want EROFS", err)
+	}
+	checkTemplateUnchanged(t, f.memFile, f.memHash)
 }

@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -371,29 +372,30 @@ type hmpRAMBlock struct {
 	Total  uint64
 }
 
-// parseRAMBlocks parses HMP "info ramblock":
+// parseRAMBlocks parses HMP "info ramblock" (QEMU 8.0 added the HVA and
+// RO columns):
 //
-//	Block Name    PSize              Offset               Used              Total
+//	Block Name    PSize              Offset               Used              Total [HVA RO]
 //	       mem    4 KiB  0x0000000000000000 0x0000000010000000 0x0000000010000000
 func parseRAMBlocks(out string) ([]hmpRAMBlock, error) {
 	var blocks []hmpRAMBlock
 	for _, line := range strings.Split(out, "\n") {
 		f := strings.Fields(line)
-		if len(f) < 6 || !strings.HasPrefix(f[len(f)-1], "0x") {
+		// Name, then the page size as "4 KiB" (two fields), then Offset,
+		// Used and Total. Names have no spaces (QEMU ids and paths).
+		first := slices.IndexFunc(f, func(s string) bool { return strings.HasPrefix(s, "0x") })
+		if first < 3 || len(f) < first+3 {
 			continue
 		}
-		n := len(f)
 		var vals [3]uint64
 		for i := range vals {
-			v, err := strconv.ParseUint(strings.TrimPrefix(f[n-3+i], "0x"), 16, 64)
+			v, err := strconv.ParseUint(strings.TrimPrefix(f[first+i], "0x"), 16, 64)
 			if err != nil {
 				return nil, fmt.Errorf("info ramblock line %q: %w", line, err)
 			}
 			vals[i] = v
 		}
-		// Name, then the page size as "4 KiB" (two fields), then the
-		// three numbers. Names have no spaces (QEMU ids and paths).
-		blocks = append(blocks, hmpRAMBlock{Name: strings.Join(f[:n-5], " "), Offset: vals[0], Used: vals[1], Total: vals[2]})
+		blocks = append(blocks, hmpRAMBlock{Name: strings.Join(f[:first-2], " "), Offset: vals[0], Used: vals[1], Total: vals[2]})
 	}
 	if len(blocks) == 0 {
 		return nil, fmt.Errorf("info ramblock: no blocks in %q", out)

@@ -172,9 +172,9 @@ type Driver struct {
 	cgMu       sync.Mutex
 	cgManagers map[string]*cgroup.Manager
 
-	// mu guards version.
-	mu      sync.Mutex
-	version string
+	version    string   // the binary's, from --version
+	versionErr error    // why version is unknown
+	feat       features // what that version can do
 }
 
 var _ vmm.Driver = (*Driver)(nil)
@@ -268,6 +268,13 @@ func New(cfg Config) (*Driver, error) {
 		log = slog.Default()
 	}
 	d := &Driver{cfg: cfg, binary: path, log: log.With("vmm", Name), jailHelper: helper}
+	// What the binary can do follows from its version; one that does not
+	// say (a wrapper script) is taken for the oldest supported, 7.2.
+	d.version, d.versionErr = binaryVersion(context.Background(), path)
+	d.feat = featuresOf(d.version)
+	if d.versionErr != nil {
+		d.log.Warn("QEMU version unknown; using only what QEMU 7.2 can do", "binary", path, "err", d.versionErr)
+	}
 	if cfg.UIDs.Count != 0 {
 		d.uids = newUIDPool(cfg.UIDs)
 	}
@@ -295,17 +302,20 @@ func (d *Driver) Binary() string { return d.binary }
 // Version returns the QEMU version, e.g. "7.2.22 (Debian
 // 1:7.2+dfsg-7+deb12u18+b3)".
 func (d *Driver) Version(ctx context.Context) (string, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.version != "" {
-		return d.version, nil
+	if d.versionErr != nil {
+		return "", fmt.Errorf("qemu: %w", d.versionErr)
 	}
-	v, err := binaryVersion(ctx, d.binary)
-	if err != nil {
-		return "", fmt.Errorf("qemu: %w", err)
-	}
-	d.version = v
-	return v, nil
+	return d.version, nil
+}
+
+// NeedsUnprivilegedUserfaultfd reports whether live branches need the
+// host-wide vm.unprivileged_userfaultfd=1: when QEMU runs unprivileged and
+// gets no /dev/userfaultfd node of its own in its jail (QEMU older than
+// 8.1, no jail, or a RunAs user instead of a uid of its own).
+func (d *Driver) NeedsUnprivilegedUserfaultfd() bool {
+	unprivileged := d.uids != nil || d.cfg.RunAs != ""
+	ownDevice := d.cfg.Jail && d.feat.uffdDevice && d.uids != nil
+	return unprivileged && !ownDevice
 }
 
 // Accel resolves the accelerator a machine with the given setting gets.

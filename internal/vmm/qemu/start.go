@@ -174,14 +174,14 @@ func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile str
 		}
 	}()
 
-	l := &launch{cfg: cfg, accel: accel, cpu: d.cfg.CPU, incoming: incoming, runAs: d.cfg.RunAs}
+	l := &launch{cfg: cfg, accel: accel, cpu: d.cfg.CPU, incoming: incoming, runAs: d.cfg.RunAs, feat: d.feat}
 	var uid int
 	if d.uids != nil {
 		if uid, err = d.uids.take(); err != nil {
 			return nil, fmt.Errorf("qemu %s: %w", cfg.ID, err)
 		}
 		// Held until the reaper sees the process exit (or the spawn fails).
-		l.runAs = fmt.Sprintf("%d:%d", uid, uid)
+		l.runAs, l.uid = fmt.Sprintf("%d:%d", uid, uid), uid
 	}
 	if l.cpu == "" {
 		l.cpu = "max"

@@ -279,6 +279,14 @@ func TestParseRAMBlocks(t *testing.T) {
 	if !slices.Equal(b, want) {
 		t.Errorf("got %+v", b)
 	}
+	// QEMU 8.0 and later add HVA and RO columns (10.0.2 here).
+	out10 := "              Block Name    PSize              Offset               Used              Total                HVA  RO\r\n" +
+		"                     mem    4 KiB  0x0000000000000000 0x0000000010000000 0x0000000010000000 0x00007fd857fff000  rw\r\n" +
+		"    /rom@etc/acpi/tables    4 KiB  0x0000000010040000 0x0000000000001000 0x0000000000200000 0x00007fd871e00000  ro\r\n" +
+		"                 pc.bios    4 KiB  0x0000000010000000 0x0000000000010000 0x0000000000010000 0x00007fd872200000  rw\r\n"
+	if b, err := parseRAMBlocks(out10); err != nil || !slices.Equal(b, want) {
+		t.Errorf("QEMU 10 format: got %+v, %v", b, err)
+	}
 	if _, err := parseRAMBlocks("nothing"); err == nil {
 		t.Error("no error for garbage")
 	}

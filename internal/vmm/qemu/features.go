@@ -1,0 +1,61 @@
+package qemu
+
+import (
+	"strconv"
+	"strings"
+)
+
+// features are what the QEMU binary can do that forkd uses when it can,
+// decided once from its version. QEMU 7.2 (Debian 12) is the oldest
+// supported; Debian 13 and bookworm-backports ship 10.0.
+type features struct {
+	// version is the binary's version ("10.0.2 (Debian …)").
+	version string
+	// runWith: drop privileges with -run-with user=UID:GID (9.1 added it
+	// and deprecated -runas; 10.0 removed -runas).
+	runWith bool
+	// readonlyRAM: a clone maps the template's memory file from a
+	// read-only descriptor (memory-backend-file readonly=on,rom=off,
+	// 8.2+): a compromised VMM cannot write the template. 7.2 opens the
+	// file read-write even for a private mapping.
+	readonlyRAM bool
+	// uffdDevice: QEMU gets its userfaultfd from /dev/userfaultfd when it
+	// can open it (8.1+), so a live branch needs no host-wide
+	// vm.unprivileged_userfaultfd: the jail gives each VMM a device node
+	// of its own uid.
+	uffdDevice bool
+}
+
+// featuresOf decides the features of a version string.
+func featuresOf(version string) features {
+	f := features{version: version}
+	at := func(major, minor int) bool {
+		maj, min := versionNumbers(version)
+		return maj > major || maj == major && min >= minor
+	}
+	f.runWith = at(9, 1)
+	f.readonlyRAM = at(8, 2)
+	f.uffdDevice = at(8, 1)
+	return f
+}
+
+// versionNumbers returns the major and minor numbers of a version string
+// (0, 0 if it does not start with them).
+func versionNumbers(v string) (major, minor int) {
+	f := strings.Fields(v)
+	if len(f) == 0 {
+		return 0, 0
+	}
+	parts := strings.SplitN(f[0], ".", 3)
+	major, _ = strconv.Atoi(parts[0])
+	if len(parts) > 1 {
+		minor, _ = strconv.Atoi(parts[1])
+	}
+	return major, minor
+}
+
+// majorVersion returns the leading number of a version string.
+func majorVersion(v string) int {
+	major, _ := versionNumbers(v)
+	return major
+}
