@@ -43,6 +43,31 @@ if [ "${#need[@]}" -gt 0 ]; then
   echo "forkd: installing ${need[*]}" >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+# QEMU 8.2+ lets forkd confine VMMs further: a clone's QEMU opens the
+# template's memory read-only, and takes its userfaultfd (live branches)
+# from a device node in its jail instead of needing the host-wide
+# vm.unprivileged_userfaultfd (docs/SECURITY.md). Debian 12 ships 7.2;
+# bookworm-backports has Debian 13's 10.0. FORKD_QEMU_BACKPORTS=0 keeps 7.2.
+qemu_version() { qemu-system-x86_64 --version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9]*\)\.\([0-9]*\).*/\1 \2/p'; }
+read -r qmaj qmin < <(qemu_version; echo 0 0) || true
+codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+if [ "${FORKD_QEMU_BACKPORTS:-1}" != 0 ] && [ "$codename" = bookworm ] &&
+   { [ "${qmaj:-0}" -lt 8 ] || { [ "${qmaj:-0}" -eq 8 ] && [ "${qmin:-0}" -lt 2 ]; }; }; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "forkd: QEMU ${qmaj}.${qmin} is older than 8.2; run as root to install 10.0 from bookworm-backports (or FORKD_QEMU_BACKPORTS=0)" >&2
+  else
+    src=/etc/apt/sources.list.d/forkd-bookworm-backports.sources
+    if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+      echo "forkd: adding Debian's bookworm-backports ($src) for QEMU 10.0" >&2
+      printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' >"$src.tmp"
+      mv "$src.tmp" "$src"
+    fi
+    apt-get update -qq
+    echo "forkd: installing QEMU from bookworm-backports (installed: ${qmaj}.${qmin})" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -t bookworm-backports \
+      qemu-system-x86 qemu-system-data qemu-system-common >/dev/null
+  fi
+fi
 # Go: Debian's golang is too old for this module; fetch the pinned one.
 "$(dirname "$0")/install-go.sh"
 for m in tun; do
