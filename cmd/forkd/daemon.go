@@ -312,9 +312,9 @@ func serveCmd(g *globals) *cobra.Command {
 // --no-vmm-jail.
 func addLiveBranchFlags(f *pflag.FlagSet, g *globals) {
 	f.BoolVar(&g.noJail, "no-vmm-jail", os.Getenv("FORKD_NO_VMM_JAIL") == "1",
-		"run VMMs without their jail and cgroup (private root, PID, IPC and UTS namespaces, rlimits, capabilities; memory, CPU and task limits; env FORKD_NO_VMM_JAIL=1): weaker isolation, for hosts that lack a namespace or cgroup controller; `forkd doctor` reports it")
+		"run VMMs without their jail and cgroup (private root, PID, IPC and UTS namespaces, rlimits, capabilities; memory, CPU and task limits; env FORKD_NO_VMM_JAIL=1): weaker isolation, for hosts that lack a namespace or cgroup controller; forkd doctor reports it")
 	f.BoolVar(&g.liveBranch, "live-branch", os.Getenv("FORKD_LIVE_BRANCH") == "1",
-		"enable live branches (env FORKD_LIVE_BRANCH=1): clones map memory images kept on tmpfs (--memory-dir, RAM), and QEMU may create a userfaultfd (sets vm.unprivileged_userfaultfd=1)")
+		"enable live branches (env FORKD_LIVE_BRANCH=1): clones map memory images kept on tmpfs (--memory-dir, RAM), and QEMU may create a userfaultfd (QEMU 8.1+ in its jail: from a /dev/userfaultfd node of its own uid; QEMU 7.2 or --no-vmm-jail: sets vm.unprivileged_userfaultfd=1)")
 	f.StringVar(&g.memoryDir, "memory-dir", os.Getenv("FORKD_MEMORY_DIR"),
 		"tmpfs or hugetlbfs directory for the memory images clones map (env FORKD_MEMORY_DIR; default with --live-branch: /dev/shm/forkd-<hash of the data dir>). On hugetlbfs a live branch pauses about 1 ms at 256 MiB and 1 GiB alike (on tmpfs it grows with memory), and each sandbox reserves its guest memory in huge pages: size /proc/sys/vm/nr_hugepages for the images plus the running and pooled VMMs")
 }

@@ -40,11 +40,15 @@ func Checks(ctx context.Context, opts vmm.Options) []vmm.Check {
 	})
 	if err == nil {
 		v, err := binaryVersion(ctx, path)
+		detail := orErr(v, err)
+		if err == nil && !featuresOf(v).readonlyRAM {
+			detail += "; older than 8.2: a clone's VMM holds the template's memory read-write, and live branches need vm.unprivileged_userfaultfd=1 (scripts/install-deps.sh installs 10.0 from bookworm-backports)"
+		}
 		checks = append(checks, vmm.Check{
 			Name:   "qemu version",
 			OK:     err == nil && majorVersion(v) >= 7,
-			Detail: orErr(v, err),
-			Fix:    "install QEMU 7.2 or newer (apt-get install qemu-system-x86 on Debian 12)",
+			Detail: detail,
+			Fix:    "install QEMU 8.2 or newer (Debian 13's qemu-system-x86, or bookworm-backports on Debian 12); 7.2 is the oldest that runs",
 		})
 	}
 
@@ -129,9 +133,9 @@ func userfaultfdCheck() vmm.Check {
 	if len(notes) == 0 {
 		notes = append(notes, "no /dev/userfaultfd and no vm.unprivileged_userfaultfd sysctl")
 	}
-	// QEMU runs unprivileged and QEMU 7.2 creates its userfaultfd with the
-	// syscall, so live branches need the sysctl whatever the daemon's uid.
-	notes = append(notes, "live branches: `forkd serve --live-branch` (clone memory on tmpfs, sysctl set to 1)")
+	// QEMU runs unprivileged: 8.1+ in its jail opens a /dev/userfaultfd of
+	// its own uid; 7.2 uses the syscall and needs the sysctl.
+	notes = append(notes, "live branches: `forkd serve --live-branch` (clone memory on tmpfs; with QEMU 7.2 or --no-vmm-jail the sysctl is set to 1)")
 	c.Detail = strings.Join(notes, ", ")
 	return c
 }
