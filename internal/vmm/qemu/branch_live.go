@@ -192,7 +192,7 @@ func (b *brancher) live(ctx context.Context) (err error) {
 	if err != nil {
 		return m.failure("hand over the stream spool", err)
 	}
-	err = m.qmp.Execute(ctx, "migrate-set-capabilities", backgroundSnapshot(true), nil)
+	err = m.enableBackgroundSnapshot(ctx)
 	if err == nil {
 		err = hook("capabilities") // tests: as though ctx cut the reply off
 	}
@@ -253,6 +253,38 @@ func (b *brancher) live(ctx context.Context) (err error) {
 		r.StateBytes, time.Since(tDone).Round(time.Millisecond))
 	return nil
 }
+
+// enableBackgroundSnapshot switches background-snapshot on. QEMU checks
+// then that it can write-protect guest RAM, by registering a userfaultfd
+// on it; right after an earlier background snapshot completed (this
+// daemon's, or an orphan an adopted machine finished) the earlier one may
+// still be registered for a moment (QEMU 10 reports "completed" before it
+// cleans up), and the check fails. That is retried until it passes or
+// compatRetry has passed: a memory QEMU really cannot write-protect is
+// refused before (liveSupport).
+func (m *Machine) enableBackgroundSnapshot(ctx context.Context) error {
+	deadline := time.Now().Add(compatRetry)
+	t := time.NewTicker(pollInterval)
+	defer t.Stop()
+	for {
+		err := m.qmp.Execute(ctx, "migrate-set-capabilities", backgroundSnapshot(true), nil)
+		var qe *qmp.Error
+		if err == nil || !errors.As(err, &qe) || !strings.Contains(qe.Desc, "not compatible") || time.Now().After(deadline) {
+			return err
+		}
+		m.d.log.Debug("background-snapshot refused; an earlier snapshot may still be cleaning up, trying again", "id", m.cfg.ID, "err", qe.Desc)
+		select {
+		case <-t.C:
+		case <-m.done:
+			return err
+		case <-ctx.Done():
+			return err
+		}
+	}
+}
+
+// compatRetry bounds enableBackgroundSnapshot's retries.
+const compatRetry = 5 * time.Second
 
 // backgroundSnapshot is migrate-set-capabilities' argument that switches
 // QEMU's background-snapshot on or off.
