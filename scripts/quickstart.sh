@@ -12,11 +12,22 @@ ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 echo "== forkd doctor"
 $forkd doctor || echo "(doctor reported problems; continuing)"
 
+# A snapshot restores only on the QEMU release that wrote it (install-deps
+# may have upgraded QEMU since it was made).
+release() { sed -n 's/^\([0-9]*\.[0-9]*\).*/\1/p'; }
+qemu_rel=$(qemu-system-x86_64 --version | sed -n 's/^QEMU emulator version //p' | release)
+if info=$($forkd snapshot info py-pandas --json 2>/dev/null); then
+  snap_rel=$(printf '%s' "$info" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("vmm_version",""))' | release)
+  if [ -n "$snap_rel" ] && [ "$snap_rel" != "$qemu_rel" ]; then
+    echo "== snapshot py-pandas was made with QEMU $snap_rel; this host runs QEMU $qemu_rel, which cannot restore it: creating it again"
+    $forkd rmi --cascade py-pandas
+  else
+    echo "== snapshot py-pandas exists"
+  fi
+fi
 if ! $forkd snapshot info py-pandas >/dev/null 2>&1; then
   echo "== creating snapshot py-pandas (first time: builds the image with mmdebstrap, a few minutes)"
   $forkd snapshot create --tag py-pandas --recipe py-pandas
-else
-  echo "== snapshot py-pandas exists"
 fi
 $forkd snapshots
 

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -306,5 +307,41 @@ func TestRecipeByNameOrContentNeverByHostPath(t *testing.T) {
 	}
 	if _, err := e.ResolveRecipe("", ""); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("neither given: %v", err)
+	}
+}
+
+// TestForkRefusesAnotherVMMRelease: a snapshot written by a VMM release
+// the driver cannot restore is refused before any VMM starts, naming
+// why, and its pool is not warmed.
+func TestForkRefusesAnotherVMMRelease(t *testing.T) {
+	d := &fakeDriver{restorable: func(v string) error {
+		if v == "old" {
+			return fmt.Errorf("written by old, this host runs new: %w", errdefs.ErrFailedPrecondition)
+		}
+		return nil
+	}}
+	e, _ := newFakeEngine(t, d, 0)
+	st, err := e.Store().Stage("old-base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{snapshot.StateFile, snapshot.MemoryFile} {
+		os.WriteFile(filepath.Join(st.Dir, f), []byte(f), 0o600)
+	}
+	if _, err := st.Commit(snapshot.Manifest{VMM: snapshot.VMMRef{Kind: "fake", Version: "old"}, MemoryMiB: 64, VCPUs: 1}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.Fork(context.Background(), "old-base", 1)
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), `snapshot "old-base": written by old`) {
+		t.Errorf("fork of a snapshot of another release: %v", err)
+	}
+	if err := e.Warm("old-base"); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("warming its pool: %v", err)
+	}
+	if n := d.alive(); n != 0 {
+		t.Errorf("%d VMMs started for a snapshot that cannot be restored", n)
+	}
+	if _, err := e.Fork(context.Background(), "base", 1); err != nil {
+		t.Errorf("a snapshot of this release: %v", err)
 	}
 }

@@ -41,8 +41,19 @@ type fakeDriver struct {
 	holdRestore int64
 	holdGate    chan struct{}
 
+	// restorable, if set, is CanRestore's answer for a snapshot's
+	// version (restoreChecker); unset, every version restores.
+	restorable func(version string) error
+
 	mu       sync.Mutex
 	machines []*fakeMachine
+}
+
+func (d *fakeDriver) CanRestore(version string) error {
+	if d.restorable == nil {
+		return nil
+	}
+	return d.restorable(version)
 }
 
 var _ vmm.Driver = (*fakeDriver)(nil)

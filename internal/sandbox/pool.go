@@ -46,6 +46,9 @@ func (e *Engine) Warm(tag string) error {
 	if err != nil {
 		return err
 	}
+	if err := e.canRestore(snap); err != nil {
+		return err // its VMMs would wait for a restore that fails
+	}
 	e.poolFor(snap).refill()
 	return nil
 }

@@ -125,6 +125,26 @@ func (e *Engine) prepare(ctx context.Context, snap *snapshot.Snapshot, nice int)
 	return &prepared{id: id, snap: snap, machine: m, netns: ns.Name(), net: sn, conn: conn, teardown: cl.Release(), took: took}, nil
 }
 
+// restoreChecker is a driver that knows which versions of its VMM wrote
+// snapshots it can restore (qemu.Driver).
+type restoreChecker interface {
+	CanRestore(version string) error
+}
+
+// canRestore checks that this engine's driver can restore snap: the same
+// VMM, and a version it can read.
+func (e *Engine) canRestore(snap *snapshot.Snapshot) error {
+	if snap.VMM.Kind != e.cfg.Driver.Name() {
+		return fmt.Errorf("snapshot %q was made by VMM %q, this daemon runs %q: %w", snap.Tag, snap.VMM.Kind, e.cfg.Driver.Name(), errdefs.ErrFailedPrecondition)
+	}
+	if rc, ok := e.cfg.Driver.(restoreChecker); ok {
+		if err := rc.CanRestore(snap.VMM.Version); err != nil {
+			return fmt.Errorf("snapshot %q: %w", snap.Tag, err)
+		}
+	}
+	return nil
+}
+
 // Fork creates n children of the snapshot tagged tag and returns once every
 // child's agent answers. If any child fails, every child of the request is
 // torn down and the first error is returned; the same happens when ctx ends
@@ -165,8 +185,8 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) ([]*Sandbox, er
 	if err := checkCPU(opts.CPUMillicores, snap.VCPUs); err != nil {
 		return nil, err
 	}
-	if snap.VMM.Kind != e.cfg.Driver.Name() {
-		return nil, fmt.Errorf("snapshot %q was made by VMM %q, this daemon runs %q: %w", tag, snap.VMM.Kind, e.cfg.Driver.Name(), errdefs.ErrFailedPrecondition)
+	if err := e.canRestore(snap); err != nil {
+		return nil, err
 	}
 	releaseQuota, err := e.reserveTenant(opts.Tenant, opts.Quota, n, snap.MemoryMiB)
 	if err != nil {

@@ -1,8 +1,11 @@
 package qemu
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/forkd-dev/forkd/internal/errdefs"
 )
 
 // features are what the QEMU binary can do that forkd uses when it can,
@@ -58,4 +61,32 @@ func versionNumbers(v string) (major, minor int) {
 func majorVersion(v string) int {
 	major, _ := versionNumbers(v)
 	return major
+}
+
+// CanRestore says whether this QEMU can restore a snapshot that QEMU
+// version wrote. microvm has no versioned machine types, so QEMU keeps no
+// promise of migration compatibility for it across releases, and indeed
+// 10.0 refuses 7.2's state (its firmware block is twice the size): the
+// major and minor versions must match. An unknown version on either side
+// is let through (QEMU's own check then decides).
+func (d *Driver) CanRestore(version string) error {
+	if version == "" || d.versionErr != nil {
+		return nil
+	}
+	wantMaj, wantMin := versionNumbers(version)
+	maj, min := versionNumbers(d.version)
+	if wantMaj == maj && wantMin == min {
+		return nil
+	}
+	return fmt.Errorf("it was written by QEMU %s, and this host runs QEMU %s, which cannot restore it "+
+		"(a microvm's saved state is tied to its QEMU release): create it again on this host "+
+		"(forkd snapshot create --tag TAG --recipe RECIPE; branches of it too), or run QEMU %d.%d: %w",
+		firstField(version), firstField(d.version), wantMaj, wantMin, errdefs.ErrFailedPrecondition)
+}
+
+func firstField(s string) string {
+	if f := strings.Fields(s); len(f) > 0 {
+		return f[0]
+	}
+	return s
 }

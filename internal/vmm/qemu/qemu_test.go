@@ -275,3 +275,40 @@ func TestValidateRefusesOptionInjection(t *testing.T) {
 		}
 	}
 }
+
+// TestCanRestore: a snapshot restores only on the QEMU release (major and
+// minor) that wrote it; 10.0 refuses 7.2's state.
+func TestCanRestore(t *testing.T) {
+	d := &Driver{version: "10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)"}
+	for _, ok := range []string{"10.0.2 (Debian 1:10.0.2+ds-2)", "10.0.7", ""} {
+		if err := d.CanRestore(ok); err != nil {
+			t.Errorf("CanRestore(%q): %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"7.2.22 (Debian 1:7.2+dfsg-7+deb12u18+b3)", "10.1.0", "9.0.0"} {
+		err := d.CanRestore(bad)
+		if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "forkd snapshot create") ||
+			!strings.Contains(err.Error(), "this host runs QEMU 10.0.2") {
+			t.Errorf("CanRestore(%q) = %v", bad, err)
+		}
+	}
+	if err := (&Driver{versionErr: errdefs.ErrInternal}).CanRestore("7.2.22"); err != nil {
+		t.Errorf("unknown own version: %v", err)
+	}
+}
+
+func TestFeaturesOf(t *testing.T) {
+	for v, want := range map[string]features{
+		"7.2.22 (Debian 1:7.2+dfsg-7+deb12u18+b3)": {},
+		"8.1.0":  {uffdDevice: true},
+		"8.2.2":  {uffdDevice: true, readonlyRAM: true},
+		"9.1.0":  {uffdDevice: true, readonlyRAM: true, runWith: true},
+		"10.0.2": {uffdDevice: true, readonlyRAM: true, runWith: true},
+		"":       {},
+	} {
+		want.version = v
+		if got := featuresOf(v); got != want {
+			t.Errorf("featuresOf(%q) = %+v, want %+v", v, got, want)
+		}
+	}
+}
