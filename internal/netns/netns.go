@@ -6,7 +6,8 @@
 // forkd-<id> ...` into it. Inside it, lo is up and a persistent tap device
 // (default "tap0") carries HostAddr/30; the guest is GuestAddr in every
 // namespace and every clone of a template, with the same GuestMAC, which is
-// safe because no two guests share a namespace.
+// safe because no two guests share a namespace. Sandbox networking is
+// IPv4 only, and IPv6 is off in the namespace (see disableIPv6).
 //
 // # Egress
 //
@@ -111,6 +112,9 @@ func Create(ctx context.Context, name string, opts Options) (*NS, error) {
 	ns := &NS{name: name, tap: opts.TapName}
 	// One thread makes the namespace and sets it up from inside.
 	if err := createNamed(name, func() error {
+		if err := disableIPv6(); err != nil {
+			return err
+		}
 		if err := createTap(opts.TapName, opts.TapUID, opts.TapGID); err != nil {
 			return err
 		}

@@ -159,3 +159,20 @@ func unmountNamed(path string) error {
 	}
 	return fmt.Errorf("unmount %s: %w", path, err)
 }
+
+// disableIPv6 turns IPv6 off in the calling thread's network namespace,
+// for the devices there and those made later (a sandbox's tap and its
+// uplink's inner end). Sandbox networking is IPv4 only: with IPv6 on, each
+// device would get a link-local address, duplicate address detection,
+// router solicitations and multicast reports (timers and packets for
+// nothing), and a guest a second protocol its egress rules do not cover.
+// A kernel without IPv6 has nothing to turn off.
+func disableIPv6() error {
+	for _, conf := range []string{"all", "default"} {
+		p := "/proc/sys/net/ipv6/conf/" + conf + "/disable_ipv6"
+		if err := os.WriteFile(p, []byte("1\n"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("disable IPv6: %w", err)
+		}
+	}
+	return nil
+}

@@ -16,6 +16,10 @@ import (
 // UplinkName is the namespace's side of its uplink veth.
 const UplinkName = "up0"
 
+// ip6AddrGenModeNone is IN6_ADDR_GEN_MODE_NONE: no IPv6 link-local
+// address, so no addrconf on the link.
+const ip6AddrGenModeNone = 1
+
 // Uplink is a veth pair from the host into a sandbox namespace: HostName
 // (in the host namespace) carries HostAddr, UplinkName in the sandbox's
 // NSAddr, and the sandbox's default route points at HostAddr.
@@ -64,8 +68,11 @@ func (ns *NS) AddUplink(hostNS string, u Uplink) (err error) {
 	}
 	defer inner.Close()
 
+	// The inner end is made in the namespace, where IPv6 is off
+	// (disableIPv6); the host end gets no IPv6 address either, so
+	// addrconf never starts on it: it is brought up after that is set.
 	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: u.HostName, Flags: net.FlagUp}, // created up
+		LinkAttrs:     netlink.LinkAttrs{Name: u.HostName},
 		PeerName:      UplinkName,
 		PeerNamespace: netlink.NsFd(int(target)),
 	}
@@ -77,6 +84,12 @@ func (ns *NS) AddUplink(hostNS string, u Uplink) (err error) {
 			host.LinkDel(veth)
 		}
 	}()
+	if err := host.LinkSetIP6AddrGenMode(veth, ip6AddrGenModeNone); err != nil && !errors.Is(err, unix.EAFNOSUPPORT) {
+		return fmt.Errorf("netns %s: uplink %s: no IPv6 address: %w", ns.name, u.HostName, err)
+	}
+	if err := host.LinkSetUp(veth); err != nil {
+		return fmt.Errorf("netns %s: uplink %s up: %w", ns.name, u.HostName, err)
+	}
 	// LinkAdd filled in the host side's index.
 	if err := host.AddrAdd(veth, &netlink.Addr{IPNet: ipnet(u.HostAddr)}); err != nil {
 		return fmt.Errorf("netns %s: uplink %s address: %w", ns.name, u.HostName, err)
