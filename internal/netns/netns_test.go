@@ -269,3 +269,79 @@ func TestInvalidNames(t *testing.T) {
 		t.Errorf("long tap name: %v", err)
 	}
 }
+
+// TestNoIPv6: sandbox networking is IPv4 only; no device of a namespace,
+// nor an uplink's host end, has an IPv6 address, and the namespace refuses
+// IPv6 on devices made later.
+func TestNoIPv6(t *testing.T) {
+	testutil.RequiresRoot(t)
+	if _, err := os.Stat("/proc/sys/net/ipv6"); err != nil {
+		t.Skip("no IPv6 in this kernel")
+	}
+	host, err := Create(context.Background(), testName(t)+"-h", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { host.Remove() })
+	// The host's namespace runs IPv6, as a host's usually does.
+	if err := host.Do(func() error {
+		for _, c := range []string{"all", "default"} {
+			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+c+"/disable_ipv6", []byte("0"), 0); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := Create(context.Background(), testName(t), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Remove() })
+	const hostEnd = "fkt-v6-0"
+	if err := ns.AddUplink(host.Path(), Uplink{HostName: hostEnd,
+		HostAddr: netip.MustParsePrefix("10.250.0.5/30"), NSAddr: netip.MustParsePrefix("10.250.0.6/30")}); err != nil {
+		t.Fatal(err)
+	}
+	v6 := func(nsPath, link string) []string {
+		h, err := RouteHandle(nsPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		var l netlink.Link
+		if link != "" {
+			if l, err = h.LinkByName(link); err != nil {
+				t.Fatal(err)
+			}
+		}
+		addrs, err := h.AddrList(l, netlink.FAMILY_V6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s []string
+		for _, a := range addrs {
+			s = append(s, a.IPNet.String())
+		}
+		return s
+	}
+	if a := v6(ns.Path(), ""); len(a) != 0 {
+		t.Errorf("IPv6 addresses in the sandbox namespace: %v", a)
+	}
+	if a := v6(host.Path(), "lo"); len(a) == 0 {
+		t.Error("the host namespace has no IPv6 on lo: the test cannot tell")
+	}
+	if a := v6(host.Path(), hostEnd); len(a) != 0 {
+		t.Errorf("IPv6 addresses on the uplink's host end: %v", a)
+	}
+	if err := ns.Do(func() error {
+		b, err := os.ReadFile("/proc/sys/net/ipv6/conf/default/disable_ipv6")
+		if err == nil && strings.TrimSpace(string(b)) != "1" {
+			err = fmt.Errorf("default/disable_ipv6 = %q", b)
+		}
+		return err
+	}); err != nil {
+		t.Error(err)
+	}
+}
