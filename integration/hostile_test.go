@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/snapshot"
@@ -193,4 +194,33 @@ func sandboxInfo(t *testing.T, c *cli, id string) apiv1.Sandbox {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestDiskReadLimited: a daemon run with --disk-read-mbps (here through
+// its environment variable) caps what a guest reads from its root disk:
+// 8 MiB read with O_DIRECT at 2 MiB/s cannot take less than about 3.5 s
+// (QEMU's bucket allows a tenth of a second's burst). Only a lower bound
+// on time is asserted: a loaded machine only makes it slower.
+func TestDiskReadLimited(t *testing.T) {
+	c := newCLI(t)
+	c.env = append(c.env, "FORKD_DISK_READ_MBPS=2")
+	tag := "it-diskread-" + snapshot.NewID()
+	c.ok("snapshot", "create", "--tag", tag, "--recipe", "minimal")
+	defer c.run("rmi", tag)
+	var fr apiv1.ForkResponse
+	if err := json.Unmarshal([]byte(c.ok("fork", "--tag", tag, "--json")), &fr); err != nil {
+		t.Fatal(err)
+	}
+	id := fr.Sandboxes[0].ID
+	defer c.run("kill", id)
+	start := time.Now()
+	out := c.ok("exec", id, "--", "dd", "if=/dev/vda", "of=/dev/null", "bs=1M", "count=8", "iflag=direct")
+	took := time.Since(start)
+	t.Logf("8 MiB read at 2 MiB/s in %v: %q", took, tail(out, 200))
+	if took < 2500*time.Millisecond {
+		t.Errorf("8 MiB read in %v: the 2 MiB/s limit did not hold", took)
+	}
+	if out := c.ok("exec", id, "--", "echo", "still here"); out != "still here\n" {
+		t.Errorf("after the read: %q", out)
+	}
 }

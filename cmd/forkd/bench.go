@@ -45,7 +45,7 @@ func benchCmd(g *globals) *cobra.Command {
 	f.IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, "pre-started VMMs per snapshot")
 	f.StringVar(&g.vmmName, "vmm", envOr("FORKD_VMM", "qemu"), "VMM driver")
 	f.StringVar(&g.accel, "accel", os.Getenv("FORKD_ACCEL"), "accelerator (kvm, tcg, auto)")
-	addLiveBranchFlags(f, g) // --memory-dir: where clones' memory images live, as a daemon has it
+	addVMMFlags(f, g) // --memory-dir: where clones' memory images live, as a daemon has it
 	addNetworkFlags(f, &g.network)
 	cmd.AddCommand(spawn)
 	cmd.AddCommand(benchAPICmd(g))

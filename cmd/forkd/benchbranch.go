@@ -70,7 +70,7 @@ func benchBranchCmds(g *globals) []*cobra.Command {
 		c.Flags().IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, "pre-started VMMs per snapshot")
 		c.Flags().StringVar(&g.vmmName, "vmm", envOr("FORKD_VMM", "qemu"), "VMM driver")
 		c.Flags().StringVar(&g.accel, "accel", os.Getenv("FORKD_ACCEL"), "accelerator (kvm, tcg, auto)")
-		addLiveBranchFlags(c.Flags(), g)
+		addVMMFlags(c.Flags(), g)
 	}
 	return []*cobra.Command{branch, chain}
 }

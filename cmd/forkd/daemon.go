@@ -110,6 +110,10 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 	if err != nil {
 		return nil, ctor, err
 	}
+	if g.diskReadMiBps < 0 || g.diskReadMiBps > 1<<20 || g.diskReadIOPS < 0 || g.diskReadIOPS > 1<<30 {
+		return nil, ctor, fmt.Errorf("--disk-read-mbps %d, --disk-read-iops %d: want 0 (no limit) to 1048576 MiB/s and 0 to 2^30 reads/s: %w",
+			g.diskReadMiBps, g.diskReadIOPS, errdefs.ErrInvalidArgument)
+	}
 	e, err := sandbox.New(sandbox.Config{
 		MemoryDir: memDir,
 		DataDir:   g.dataDir, RunDir: d.runDir, Driver: drv, Accel: vmm.Accel(g.accel),
@@ -117,7 +121,8 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 		NetNSPrefix: d.netnsPrefix, Logger: d.log, MaxForkCount: g.maxFork, MaxSandboxes: g.maxSandboxes, MaxGuestMemoryMiB: maxGuestMiB,
 		MaxConcurrentBuilds: g.maxBuilds, Metrics: d.metrics, OnEvent: d.onEvent,
 		State: d.state, KeepSandboxesOnClose: d.state != nil && !g.stopSandboxes,
-		Network: netCfg,
+		Network:  netCfg,
+		DiskRead: vmm.RateLimit{BytesPerSec: g.diskReadMiBps << 20, OpsPerSec: g.diskReadIOPS},
 	})
 	return e, ctor, err
 }
@@ -301,7 +306,7 @@ func serveCmd(g *globals) *cobra.Command {
 		maxConnsEnvErr = f.Lookup("max-connections").Value.Set(v)
 	}
 	f.BoolVar(&g.stopSandboxes, "stop-sandboxes", false, "stop every sandbox when the daemon stops (default: they keep running and the next daemon re-adopts them)")
-	addLiveBranchFlags(f, g)
+	addVMMFlags(f, g)
 	addNetworkFlags(f, &g.network)
 	f.StringVar(&trustedKeys, "trusted-keys", "", "import policy: refuse archives (`forkd unpack`, POST /v1/snapshots/import) not signed by one of these ed25519 public keys: comma-separated KEYBASE.pub files of `forkd pack keygen`, or directories of them")
 	f.StringVar(&portDomain, "port-domain", "", "route requests for the host PORT-ID.DOMAIN (e.g. 8080-sb-0123456789.sandbox.example.com, a wildcard DNS name pointing at --listen) to that sandbox's port, whole paths included")
@@ -310,9 +315,13 @@ func serveCmd(g *globals) *cobra.Command {
 
 // addLiveBranchFlags adds --live-branch and --memory-dir, and
 // --no-vmm-jail.
-func addLiveBranchFlags(f *pflag.FlagSet, g *globals) {
+func addVMMFlags(f *pflag.FlagSet, g *globals) {
 	f.BoolVar(&g.noJail, "no-vmm-jail", os.Getenv("FORKD_NO_VMM_JAIL") == "1",
 		"run VMMs without their jail and cgroup (private root, PID, IPC and UTS namespaces, rlimits, capabilities; memory, CPU and task limits; env FORKD_NO_VMM_JAIL=1): weaker isolation, for hosts that lack a namespace or cgroup controller; forkd doctor reports it")
+	f.Int64Var(&g.diskReadMiBps, "disk-read-mbps", envInt64("FORKD_DISK_READ_MBPS", defaultDiskReadMiBps),
+		"most MiB per second a sandbox reads from its root disk (env FORKD_DISK_READ_MBPS; 0: no limit); its disk is read-only, its writes stay in its memory")
+	f.Int64Var(&g.diskReadIOPS, "disk-read-iops", envInt64("FORKD_DISK_READ_IOPS", defaultDiskReadIOPS),
+		"most reads per second a sandbox makes from its root disk (env FORKD_DISK_READ_IOPS; 0: no limit)")
 	f.BoolVar(&g.liveBranch, "live-branch", os.Getenv("FORKD_LIVE_BRANCH") == "1",
 		"enable live branches (env FORKD_LIVE_BRANCH=1): clones map memory images kept on tmpfs (--memory-dir, RAM), and QEMU may create a userfaultfd (QEMU 8.1+ in its jail: from a /dev/userfaultfd node of its own uid; QEMU 7.2 or --no-vmm-jail: sets vm.unprivileged_userfaultfd=1)")
 	f.StringVar(&g.memoryDir, "memory-dir", os.Getenv("FORKD_MEMORY_DIR"),
@@ -409,6 +418,21 @@ func warnIfEmulated(log *slog.Logger, drv vmm.Driver, accel vmm.Accel) {
 // cold VM, docs/BENCHMARKS.md), but a default without any bound would let
 // a fan-out commit many times the host and end in its OOM killer.
 const defaultGuestMemShare = 1.5
+
+// Default per-sandbox disk read limits: well above what a sandbox reading
+// its image needs, well below what one disk gives a host.
+const (
+	defaultDiskReadMiBps = 256
+	defaultDiskReadIOPS  = 10000
+)
+
+// envInt64 is the integer in environment variable name, else def.
+func envInt64(name string, def int64) int64 {
+	if v, err := strconv.ParseInt(os.Getenv(name), 10, 64); err == nil {
+		return v
+	}
+	return def
+}
 
 // guestMemoryLimit turns --guest-memory-share into MiB of this host's
 // RAM (0: no limit).

@@ -54,6 +54,9 @@ type globals struct {
 	// may create a userfaultfd, so live branches work.
 	liveBranch bool
 	memoryDir  string
+	// diskReadMiBps and diskReadIOPS cap each sandbox's disk reads
+	// (--disk-read-mbps, --disk-read-iops; 0: no limit).
+	diskReadMiBps, diskReadIOPS int64
 	// noJail runs VMMs without their jail (--no-vmm-jail).
 	noJail  bool
 	network networkFlags

@@ -52,6 +52,9 @@ type Config struct {
 	MaxGuestMemoryMiB int64
 	// SpawnConcurrency bounds children restored at once (0: 2 x CPUs).
 	SpawnConcurrency int
+	// DiskRead caps each sandbox's reads of its root disk (zero fields: no
+	// limit). Templates boot without it: a build reads its whole image.
+	DiskRead vmm.RateLimit
 	// MaxConcurrentBuilds bounds image builds and snapshot creations running
 	// at once (0: 2); more are refused as ResourceExhausted, not queued.
 	MaxConcurrentBuilds int

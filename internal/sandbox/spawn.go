@@ -61,6 +61,7 @@ func (e *Engine) machineConfig(id string, snap *snapshot.Snapshot, runDir, memFi
 		Accel:      vmm.Accel(snap.VMM.Accel),
 		MemoryFile: memFile,
 		ConsoleLog: filepath.Join(runDir, "console.log"),
+		DiskRead:   e.cfg.DiskRead,
 	}
 }
 

@@ -100,6 +100,16 @@ type MachineConfig struct {
 	// Pool refills start VMMs at a low priority so they yield to running
 	// sandboxes; Prioritizer resets it when one is taken.
 	Nice int
+	// DiskRead caps the guest's reads of its root disk (the only disk,
+	// read-only: a guest's writes stay in its memory); zero fields set no
+	// limit. Firecracker: the drive's rate_limiter.
+	DiskRead RateLimit
+}
+
+// RateLimit is a token bucket's rate: bytes and operations per second.
+type RateLimit struct {
+	BytesPerSec int64
+	OpsPerSec   int64
 }
 
 // BootSpec starts a fresh VM.

@@ -111,9 +111,16 @@ func (l *launch) args() []string {
 	}
 	a = append(a, "-append", l.kernelArgs())
 	if c.Image.Rootfs != "" {
-		a = append(a,
-			"-drive", "file="+optEscape(c.Image.Rootfs)+",format=raw,if=none,id=d0,readonly=on",
-			"-device", "virtio-blk-device,drive=d0")
+		drive := "file=" + optEscape(c.Image.Rootfs) + ",format=raw,if=none,id=d0,readonly=on"
+		// QEMU's block throttling: a leaky bucket per second, with a
+		// burst of one second's worth (QEMU's default).
+		if r := c.DiskRead.BytesPerSec; r > 0 {
+			drive += ",throttling.bps-read=" + strconv.FormatInt(r, 10)
+		}
+		if r := c.DiskRead.OpsPerSec; r > 0 {
+			drive += ",throttling.iops-read=" + strconv.FormatInt(r, 10)
+		}
+		a = append(a, "-drive", drive, "-device", "virtio-blk-device,drive=d0")
 	}
 	a = append(a,
 		// The listening socket QEMU inherits, bound by start: see

@@ -319,3 +319,54 @@ func TestTemplateMemoryReadOnly(t *testing.T) {
 	}
 	checkTemplateUnchanged(t, f.memFile, f.memHash)
 }
+
+// TestDiskReadLimit: a machine's DiskRead becomes QEMU's throttling of its
+// root disk, as QEMU reports it (query-block).
+func TestDiskReadLimit(t *testing.T) {
+	f := template(t)
+	d := newTestDriver(t, Config{UIDs: UIDRange{First: 2_000_200_300, Count: 1}})
+	dir := shortDir(t, "forkd-disk")
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	rootfs := filepath.Join(dir, "root.img")
+	if err := os.WriteFile(rootfs, make([]byte, 1<<20), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	img := f.image
+	img.Rootfs = rootfs
+	ctx, cancel := context.WithTimeout(context.Background(), vmTimeout)
+	defer cancel()
+	m, err := d.Boot(ctx, vmm.BootSpec{MachineConfig: vmm.MachineConfig{
+		ID: "disk", RunDir: filepath.Join(dir, "run"), Image: img, MemoryMiB: testMemMiB,
+		DiskRead: vmm.RateLimit{BytesPerSec: 4 << 20, OpsPerSec: 300},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Kill(); <-m.Done() })
+	var blocks []struct {
+		Device   string `json:"device"`
+		Inserted *struct {
+			File   string `json:"file"`
+			BpsRd  int64  `json:"bps_rd"`
+			IopsRd int64  `json:"iops_rd"`
+			BpsWr  int64  `json:"bps_wr"`
+			RO     bool   `json:"ro"`
+		} `json:"inserted"`
+	}
+	if err := m.(*Machine).QMP().Execute(ctx, "query-block", nil, &blocks); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, b := range blocks {
+		if b.Inserted == nil || b.Inserted.File != rootfs {
+			continue
+		}
+		found = true
+		if b.Inserted.BpsRd != 4<<20 || b.Inserted.IopsRd != 300 || b.Inserted.BpsWr != 0 || !b.Inserted.RO {
+			t.Errorf("root disk %+v: want 4 MiB/s and 300 reads/s, read-only", *b.Inserted)
+		}
+	}
+	if !found {
+		t.Fatalf("no block device with %s in %+v", rootfs, blocks)
+	}
+}
