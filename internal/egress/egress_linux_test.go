@@ -192,6 +192,30 @@ func TestPublic(t *testing.T) {
 	}
 }
 
+// TestNamespaceClosedToGuest: a service listening on every address of a
+// sandbox's own namespace is not the guest's to reach, at the tap's
+// address or the uplink's, under any policy; its DNS still is, and the
+// refusals are counted.
+func TestNamespaceClosedToGuest(t *testing.T) {
+	w := newWorld(t)
+	sb := w.sandbox(t, Policy{Mode: ModePublic})
+	testnet.ServeHTTP(t, sb.ns, "0.0.0.0:7070")
+	before, err := sb.rules.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb.mustNotGet(t, netns.HostAddr+":7070")
+	sb.mustNotGet(t, sb.link.NS.String()+":7070")
+	if resp, err := sb.lookup(netns.HostAddr+":53", "api.example.org"); err != nil || len(resp.Answer) != 1 {
+		t.Errorf("DNS from the guest: %v, %v", resp, err)
+	}
+	sb.mustGet(t, webA)
+	after, err := sb.rules.Stats()
+	if err != nil || after.Denied < before.Denied+2 {
+		t.Errorf("denied %d -> %d (%v); want both refusals counted", before.Denied, after.Denied, err)
+	}
+}
+
 func TestAllowList(t *testing.T) {
 	w := newWorld(t)
 	sb := w.sandbox(t, Policy{Mode: ModeAllow, Allow: []string{"198.51.100.20:8080/tcp", "allowed.example.com", "*.example.org", "rebind.example.com"}})

@@ -145,10 +145,21 @@ func (r *Rules) Install(c *Compiled) error {
 	add(fwd, cat(l4proto(tcp), []expr.Any{count(ctrDenied), rejectTCP()})...)
 	add(fwd, count(ctrDenied), rejectICMP())
 
-	// input: the namespace itself answers its guest (the resolver) and
-	// nothing from the uplink but replies.
+	// input: from the uplink nothing but replies; from the guest, replies
+	// (the port proxy dials into it), its DNS queries (redirected to the
+	// resolver below), ICMP (a ping of its gateway) and nothing else: a
+	// socket some day bound to any address in the namespace is not the
+	// guest's to reach. Refused like forwarded traffic, and counted.
 	add(in, cat(ifname(true, up, false), ctEstablished(), []expr.Any{verdict(expr.VerdictAccept)})...)
 	add(in, cat(ifname(true, up, false), []expr.Any{verdict(expr.VerdictDrop)})...)
+	add(in, cat(ifname(true, tap, false), ctEstablished(), []expr.Any{verdict(expr.VerdictAccept)})...)
+	for _, p := range []byte{udp, tcp} {
+		add(in, cat(ifname(true, tap, false), ipaddr(false, netip.PrefixFrom(r.l.Resolver, 32), false), l4proto(p),
+			dports(ResolverPort, ResolverPort), []expr.Any{verdict(expr.VerdictAccept)})...)
+	}
+	add(in, cat(ifname(true, tap, false), l4proto(unix.IPPROTO_ICMP), []expr.Any{verdict(expr.VerdictAccept)})...)
+	add(in, cat(ifname(true, tap, false), l4proto(tcp), []expr.Any{count(ctrDenied), rejectTCP()})...)
+	add(in, cat(ifname(true, tap, false), []expr.Any{count(ctrDenied), rejectICMP()})...)
 
 	// prerouting: every DNS query goes to forkd's resolver, whatever
 	// server the guest asked.
