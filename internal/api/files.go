@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/forkd-dev/forkd/internal/agentclient"
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/httpquery"
@@ -49,14 +50,21 @@ func (l *lazyWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
+// guestPath is a files request's ?path= and its sandbox's agent; ok is
+// false once the problem is answered.
+func (s *Server) guestPath(w http.ResponseWriter, r *http.Request) (path string, agent *agentclient.Client, ok bool) {
 	path, err := queryPath(r)
 	if err != nil {
 		writeProblem(w, r, err)
-		return
+		return "", nil, false
 	}
-	agent := s.agentOf(w, r)
-	if agent == nil {
+	agent = s.agentOf(w, r)
+	return path, agent, agent != nil
+}
+
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
+	path, agent, ok := s.guestPath(w, r)
+	if !ok {
 		return
 	}
 	lw := &lazyWriter{w: w}
@@ -120,13 +128,8 @@ func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
-	path, err := queryPath(r)
-	if err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	agent := s.agentOf(w, r)
-	if agent == nil {
+	path, agent, ok := s.guestPath(w, r)
+	if !ok {
 		return
 	}
 	list, err := agent.ListFiles(r.Context(), path)
@@ -138,13 +141,8 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) statFile(w http.ResponseWriter, r *http.Request) {
-	path, err := queryPath(r)
-	if err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	agent := s.agentOf(w, r)
-	if agent == nil {
+	path, agent, ok := s.guestPath(w, r)
+	if !ok {
 		return
 	}
 	fi, err := agent.Stat(r.Context(), path)

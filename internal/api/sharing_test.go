@@ -9,11 +9,11 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/audit"
 	"github.com/forkd-dev/forkd/internal/sandbox"
+	"github.com/forkd-dev/forkd/internal/testutil"
 )
 
 func snapshotOf(t *testing.T, a answer) apiv1.Snapshot {
@@ -189,15 +189,13 @@ func TestAuditRecordsNameTenantAndToken(t *testing.T) {
 		"ops":    {"default", "PUT /v1/tenants/{tenant}/quota", "ok"},
 	}
 	var recs []audit.Record
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	testutil.WaitFor(t, "the audit records of the four calls", func() bool {
 		var err error
 		if recs, err = audit.Tail(tk.auditDir, 100); err != nil {
 			t.Fatal(err)
 		}
-		if len(recs) >= len(want) {
-			break
-		}
-	}
+		return len(recs) >= len(want)
+	})
 	seen := map[string]bool{}
 	for _, r := range recs {
 		w, ok := want[r.Token]
