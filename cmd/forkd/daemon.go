@@ -82,6 +82,13 @@ type engineDeps struct {
 // newEngine builds the engine the daemon (and `forkd bench`) runs. With a
 // state store, sandboxes are recorded and re-adopted across restarts.
 func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, error) {
+	if err := errors.Join(g.envErrs...); err != nil {
+		return nil, vmm.Constructor{}, err
+	}
+	if g.diskReadMiBps < 0 || g.diskReadMiBps > 1<<20 || g.diskReadIOPS < 0 || g.diskReadIOPS > 1<<30 {
+		return nil, vmm.Constructor{}, fmt.Errorf("--disk-read-mbps %d, --disk-read-iops %d: want 0 (no limit) to 1048576 MiB/s and 0 to 2^30 reads/s: %w",
+			g.diskReadMiBps, g.diskReadIOPS, errdefs.ErrInvalidArgument)
+	}
 	if os.Geteuid() != 0 {
 		return nil, vmm.Constructor{}, fmt.Errorf("the forkd daemon needs root (network namespaces, tap devices); run it with sudo: %w", errdefs.ErrFailedPrecondition)
 	}
@@ -109,10 +116,6 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 	maxGuestMiB, err := guestMemoryLimit(g.guestMemShare)
 	if err != nil {
 		return nil, ctor, err
-	}
-	if g.diskReadMiBps < 0 || g.diskReadMiBps > 1<<20 || g.diskReadIOPS < 0 || g.diskReadIOPS > 1<<30 {
-		return nil, ctor, fmt.Errorf("--disk-read-mbps %d, --disk-read-iops %d: want 0 (no limit) to 1048576 MiB/s and 0 to 2^30 reads/s: %w",
-			g.diskReadMiBps, g.diskReadIOPS, errdefs.ErrInvalidArgument)
 	}
 	e, err := sandbox.New(sandbox.Config{
 		MemoryDir: memDir,
@@ -318,10 +321,21 @@ func serveCmd(g *globals) *cobra.Command {
 func addVMMFlags(f *pflag.FlagSet, g *globals) {
 	f.BoolVar(&g.noJail, "no-vmm-jail", os.Getenv("FORKD_NO_VMM_JAIL") == "1",
 		"run VMMs without their jail and cgroup (private root, PID, IPC and UTS namespaces, rlimits, capabilities; memory, CPU and task limits; env FORKD_NO_VMM_JAIL=1): weaker isolation, for hosts that lack a namespace or cgroup controller; forkd doctor reports it")
-	f.Int64Var(&g.diskReadMiBps, "disk-read-mbps", envInt64("FORKD_DISK_READ_MBPS", defaultDiskReadMiBps),
+	f.Int64Var(&g.diskReadMiBps, "disk-read-mbps", defaultDiskReadMiBps,
 		"most MiB per second a sandbox reads from its root disk (env FORKD_DISK_READ_MBPS; 0: no limit); its disk is read-only, its writes stay in its memory")
-	f.Int64Var(&g.diskReadIOPS, "disk-read-iops", envInt64("FORKD_DISK_READ_IOPS", defaultDiskReadIOPS),
+	f.Int64Var(&g.diskReadIOPS, "disk-read-iops", defaultDiskReadIOPS,
 		"most reads per second a sandbox makes from its root disk (env FORKD_DISK_READ_IOPS; 0: no limit)")
+	for _, fe := range [][2]string{{"disk-read-mbps", "FORKD_DISK_READ_MBPS"}, {"disk-read-iops", "FORKD_DISK_READ_IOPS"}} {
+		flag, env := fe[0], fe[1]
+		// The default, as for --max-connections: the config file and the
+		// command line still win; a value that does not parse fails the
+		// engine's start (newEngine).
+		if v := os.Getenv(env); v != "" {
+			if err := f.Lookup(flag).Value.Set(v); err != nil {
+				g.envErrs = append(g.envErrs, fmt.Errorf("%s=%q: %v: %w", env, v, err, errdefs.ErrInvalidArgument))
+			}
+		}
+	}
 	f.BoolVar(&g.liveBranch, "live-branch", os.Getenv("FORKD_LIVE_BRANCH") == "1",
 		"enable live branches (env FORKD_LIVE_BRANCH=1): clones map memory images kept on tmpfs (--memory-dir, RAM), and QEMU may create a userfaultfd (QEMU 8.1+ in its jail: from a /dev/userfaultfd node of its own uid; QEMU 7.2 or --no-vmm-jail: sets vm.unprivileged_userfaultfd=1)")
 	f.StringVar(&g.memoryDir, "memory-dir", os.Getenv("FORKD_MEMORY_DIR"),
@@ -425,14 +439,6 @@ const (
 	defaultDiskReadMiBps = 256
 	defaultDiskReadIOPS  = 10000
 )
-
-// envInt64 is the integer in environment variable name, else def.
-func envInt64(name string, def int64) int64 {
-	if v, err := strconv.ParseInt(os.Getenv(name), 10, 64); err == nil {
-		return v
-	}
-	return def
-}
 
 // guestMemoryLimit turns --guest-memory-share into MiB of this host's
 // RAM (0: no limit).

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spf13/pflag"
+
 	"github.com/forkd-dev/forkd/internal/api"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/vmm"
@@ -100,4 +102,40 @@ func TestGuestMemoryLimit(t *testing.T) {
 			t.Errorf("share %g: %v", bad, err)
 		}
 	}
+}
+
+// TestDiskReadFlags: the disk read limits come from the environment unless
+// a flag says otherwise; a value that does not parse, or is out of range,
+// stops the engine's start naming it (never a silent default).
+func TestDiskReadFlags(t *testing.T) {
+	flags := func(args ...string) *globals {
+		t.Helper()
+		g := &globals{}
+		f := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		addVMMFlags(f, g)
+		if err := f.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	if g := flags(); g.diskReadMiBps != defaultDiskReadMiBps || g.diskReadIOPS != defaultDiskReadIOPS {
+		t.Errorf("defaults %d, %d", g.diskReadMiBps, g.diskReadIOPS)
+	}
+	t.Setenv("FORKD_DISK_READ_MBPS", "8")
+	if g := flags(); g.diskReadMiBps != 8 {
+		t.Errorf("from the environment: %d", g.diskReadMiBps)
+	}
+	if g := flags("--disk-read-mbps", "16"); g.diskReadMiBps != 16 {
+		t.Errorf("the flag over the environment: %d", g.diskReadMiBps)
+	}
+	refused := func(g *globals, says string) {
+		t.Helper()
+		_, _, err := g.newEngine(engineDeps{})
+		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), says) {
+			t.Errorf("%v, want invalid argument saying %q", err, says)
+		}
+	}
+	refused(flags("--disk-read-iops", "-1"), "--disk-read-iops -1")
+	t.Setenv("FORKD_DISK_READ_MBPS", "fast")
+	refused(flags(), `FORKD_DISK_READ_MBPS="fast"`)
 }

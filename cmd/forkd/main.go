@@ -57,6 +57,8 @@ type globals struct {
 	// diskReadMiBps and diskReadIOPS cap each sandbox's disk reads
 	// (--disk-read-mbps, --disk-read-iops; 0: no limit).
 	diskReadMiBps, diskReadIOPS int64
+	// envErrs are environment values of flags that did not parse.
+	envErrs []error
 	// noJail runs VMMs without their jail (--no-vmm-jail).
 	noJail  bool
 	network networkFlags
