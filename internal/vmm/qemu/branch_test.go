@@ -206,34 +206,18 @@ func TestBranchPrefixMatchesQEMU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl, err := os.ReadFile(f.state)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The ram section's id is QEMU's registration order, which differs
-	// between versions (see ramSectionID): use the template's.
-	sr := newStreamReader(strings.NewReader(string(tmpl)))
-	sr.header()
-	sr.u8()
-	sr.config()
-	ty, _ := sr.u8()
-	ramHdr, err := sr.sectionHeader(ty)
-	if err != nil || ramHdr.Name != ramSectionName {
-		t.Fatalf("template state: first section %+v, %v; want %s", ramHdr, err, ramSectionName)
-	}
-	var buf strings.Builder
-	sw := newStreamWriter(&buf)
-	writeBranchPrefix(sw, ramHdr.ID, blocks, nil)
-	sw.flush()
-	ours := []byte(buf.String())
-	// Header, configuration and start section, up to the start footer.
-	startEnd := func(b []byte) int {
+	// Header, configuration and start section, up to the start footer:
+	// its length and the start section's header.
+	startEnd := func(b []byte) (int, sectionHeader) {
 		sr := newStreamReader(strings.NewReader(string(b)))
 		sr.header()
 		sr.u8()
 		sr.config()
 		ty, _ := sr.u8()
-		h, _ := sr.sectionHeader(ty)
+		h, err := sr.sectionHeader(ty)
+		if err != nil || h.Name != ramSectionName {
+			t.Fatalf("first section %+v, %v; want %s", h, err, ramSectionName)
+		}
 		for {
 			rec, err := sr.record()
 			if err != nil {
@@ -247,9 +231,21 @@ func TestBranchPrefixMatchesQEMU(t *testing.T) {
 			}
 		}
 		sr.footer(h.ID)
-		return int(sr.n)
+		return int(sr.n), h
 	}
-	n, k := startEnd(tmpl), startEnd(ours)
+	tmpl, err := os.ReadFile(f.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, ramHdr := startEnd(tmpl)
+	// The ram section's id is QEMU's registration order, which differs
+	// between versions (see ramSectionID): use the template's.
+	var buf strings.Builder
+	sw := newStreamWriter(&buf)
+	writeBranchPrefix(sw, ramHdr.ID, blocks, nil)
+	sw.flush()
+	ours := []byte(buf.String())
+	k, _ := startEnd(ours)
 	if n != k || string(tmpl[:n]) != string(ours[:k]) {
 		t.Errorf("prefix differs from QEMU's:\n qemu %x\n ours %x", tmpl[:n], ours[:k])
 	}
