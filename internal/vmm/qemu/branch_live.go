@@ -55,7 +55,7 @@ func liveSupport(pid int, memFile string, id *fileID) error {
 	if err != nil {
 		return fmt.Errorf("memory file: %w", err)
 	}
-	if sfs.Type != unix.TMPFS_MAGIC && sfs.Type != unix.HUGETLBFS_MAGIC {
+	if !shmemFS(&sfs) {
 		return fmt.Errorf("the clone's memory file %s is not on tmpfs or hugetlbfs (file system magic %#x): QEMU's background-snapshot write-protects guest RAM with userfaultfd, which Linux supports for shmem and hugetlb mappings, not for private mappings of files on disk; use a diff branch: %w",
 			memFile, sfs.Type, errdefs.ErrFailedPrecondition)
 	}

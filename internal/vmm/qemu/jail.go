@@ -91,7 +91,7 @@ func jailSpec(l *launch, bin string) jail.Spec {
 		// CAP_SYS_PTRACE unless vm.unprivileged_userfaultfd is 1.
 		s.KeepCaps = append(s.KeepCaps, unix.CAP_SYS_PTRACE)
 	}
-	if l.feat.uffdDevice && l.uid != 0 && l.incoming && onShmem(c.MemoryFile) {
+	if l.feat.uffdDevice && l.uid != 0 && l.incoming && onShmem(c.MemoryFile) && exists(uffdDevice) {
 		// A clone that can be branched live gets a userfaultfd from a
 		// /dev/userfaultfd node of its own uid (QEMU 8.1+ tries the
 		// device first): the host needs no vm.unprivileged_userfaultfd,
@@ -108,11 +108,15 @@ const uffdDevice = "/dev/userfaultfd"
 // branch's write-protection works (see liveSupport).
 func onShmem(path string) bool {
 	var sfs unix.Statfs_t
-	if path == "" || unix.Statfs(path, &sfs) != nil {
-		return false
-	}
-	if _, err := os.Stat(uffdDevice); err != nil {
-		return false
-	}
+	return path != "" && unix.Statfs(path, &sfs) == nil && shmemFS(&sfs)
+}
+
+// shmemFS reports whether a file system is tmpfs or hugetlbfs.
+func shmemFS(sfs *unix.Statfs_t) bool {
 	return sfs.Type == unix.TMPFS_MAGIC || sfs.Type == unix.HUGETLBFS_MAGIC
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
