@@ -295,7 +295,7 @@ func serveCmd(g *globals) *cobra.Command {
 	f.IntVar(&g.maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: no limit)")
 	f.Float64Var(&g.guestMemShare, "guest-memory-share", defaultGuestMemShare,
 		"most guest memory committed to sandboxes running, starting and pooled, as a multiple of the host's RAM; a fork past it is refused (429) with the numbers. Above 1 because clones share their parent's memory copy-on-write and few touch all of theirs. 0: no limit")
-	f.IntVar(&g.maxBuilds, "max-builds", 2, "most image builds and snapshot creations at once")
+	f.IntVar(&g.maxBuilds, "max-builds", 2, "most image builds and snapshot creations at once (a tenant without a max_builds quota: all but one)")
 	f.StringVar(&listen, "listen", "", "also serve the API on TCP HOST:PORT (bearer tokens always; TLS required off loopback)")
 	f.StringVar(&tlsCert, "tls-cert", "", "PEM certificate (chain) for --listen")
 	f.StringVar(&tlsKey, "tls-key", "", "PEM private key for --listen")

@@ -74,21 +74,24 @@ func tenantCmd(g *globals) *cobra.Command {
 			if g.jsonOut {
 				return printJSON(list)
 			}
-			tw := table("TENANT\tSANDBOXES\tMEMORY\tQUOTA")
+			tw := table("TENANT\tSANDBOXES\tMEMORY\tBUILDS\tQUOTA")
 			for _, t := range list {
-				fmt.Fprintf(tw, "%s\t%d\t%d MiB\t%s\n", t.Name, t.Usage.Sandboxes, t.Usage.MemoryMiB, quotaText(t))
+				fmt.Fprintf(tw, "%s\t%d\t%d MiB\t%d\t%s\n", t.Name, t.Usage.Sandboxes, t.Usage.MemoryMiB, t.Usage.Builds, quotaText(t))
 			}
 			return tw.Flush()
 		},
 	}
-	var maxSandboxes int
+	var maxSandboxes, maxBuilds int
 	var maxMemory int64
 	quota := &cobra.Command{
-		Use:   "quota TENANT [--max-sandboxes N] [--max-memory-mib MIB]",
+		Use:   "quota TENANT [--max-sandboxes N] [--max-memory-mib MIB] [--max-builds N]",
 		Short: "Show or set a tenant's quota ('*': the default for tenants without one; 0: no bound); admin only",
-		Long: "Show or set a tenant's quota: its running and starting sandboxes, and the guest memory they\n" +
-			"commit. A fork past it is refused (429). Flags not given keep their value; 0 removes a bound.\n" +
-			"TENANT '*' is the default quota of every tenant without its own. Admins are never held to one.",
+		Long: "Show or set a tenant's quota: its running and starting sandboxes, the guest memory they\n" +
+			"commit, and its snapshot creations (and image builds) at once. A fork or creation past it is\n" +
+			"refused (429). Without --max-builds a tenant may hold all of the daemon's --max-builds slots\n" +
+			"but one (at least one), so that it cannot starve the others; --max-builds replaces that rule.\n" +
+			"Flags not given keep their value; 0 removes a bound. TENANT '*' is the default quota of every\n" +
+			"tenant without its own. Admins are never held to one.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client(cmd.Context())
@@ -100,7 +103,7 @@ func tenantCmd(g *globals) *cobra.Command {
 				return err
 			}
 			f := cmd.Flags()
-			if f.Changed("max-sandboxes") || f.Changed("max-memory-mib") {
+			if f.Changed("max-sandboxes") || f.Changed("max-memory-mib") || f.Changed("max-builds") {
 				q := cur.Quota
 				if cur.QuotaDefault {
 					q = apiv1.Quota{} // the tenant's own starts empty
@@ -111,6 +114,9 @@ func tenantCmd(g *globals) *cobra.Command {
 				if f.Changed("max-memory-mib") {
 					q.MaxMemoryMiB = maxMemory
 				}
+				if f.Changed("max-builds") {
+					q.MaxBuilds = maxBuilds
+				}
 				if cur, err = c.SetQuota(cmd.Context(), args[0], q); err != nil {
 					return err
 				}
@@ -118,12 +124,13 @@ func tenantCmd(g *globals) *cobra.Command {
 			if g.jsonOut {
 				return printJSON(cur)
 			}
-			fmt.Printf("tenant %s: %s; in use: %d sandboxes, %d MiB\n", cur.Name, quotaText(cur), cur.Usage.Sandboxes, cur.Usage.MemoryMiB)
+			fmt.Printf("tenant %s: %s; in use: %d sandboxes, %d MiB, %d builds\n", cur.Name, quotaText(cur), cur.Usage.Sandboxes, cur.Usage.MemoryMiB, cur.Usage.Builds)
 			return nil
 		},
 	}
 	quota.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "most running and starting sandboxes (0: no bound)")
 	quota.Flags().Int64Var(&maxMemory, "max-memory-mib", 0, "most guest memory they commit, in MiB (0: no bound)")
+	quota.Flags().IntVar(&maxBuilds, "max-builds", 0, "most snapshot creations and image builds at once (0: all the daemon's slots but one)")
 	cmd.AddCommand(ls, quota)
 	return cmd
 }
@@ -140,7 +147,11 @@ func quotaText(t apiv1.Tenant) string {
 		}
 		return fmt.Sprintf("%d%s", n, unit)
 	}
-	s := fmt.Sprintf("max %s sandboxes, max %s", bound(int64(q.MaxSandboxes), ""), bound(q.MaxMemoryMiB, " MiB"))
+	builds := "builds: the daemon's slots but one"
+	if q.MaxBuilds > 0 {
+		builds = fmt.Sprintf("max %d builds", q.MaxBuilds)
+	}
+	s := fmt.Sprintf("max %s sandboxes, max %s, %s", bound(int64(q.MaxSandboxes), ""), bound(q.MaxMemoryMiB, " MiB"), builds)
 	if t.QuotaDefault {
 		s += " (the default quota)"
 	}

@@ -33,7 +33,7 @@ func TestBuildsRefusedBeforeAnswering(t *testing.T) {
 	}
 	const recipe = `"recipe_toml":"name = 'tiny'\nbase = 'busybox'\n"`
 
-	slot, err := e.TryAcquireBuild("held by the test")
+	slot, err := e.TryAcquireBuild("held by the test", "", sandbox.TenantQuota{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestBuildsRefusedBeforeAnswering(t *testing.T) {
 		}
 	}
 	// None of them kept the slot.
-	s, err := e.TryAcquireBuild("after the refusals")
+	s, err := e.TryAcquireBuild("after the refusals", "", sandbox.TenantQuota{})
 	if err != nil {
 		t.Fatalf("build slot leaked by a refused request: %v", err)
 	}

@@ -172,9 +172,11 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// The slot is taken before the 202, so a daemon already building
-	// --max-builds images answers 429 (with Retry-After) instead of an
-	// operation that fails at once; the build releases it.
-	slot, err := s.Engine.TryAcquireBuild("build image " + rcp.Name)
+	// --max-builds images, or a tenant at its bound of builds, answers
+	// 429 (with Retry-After) instead of an operation that fails at once;
+	// the build releases it.
+	tenant, quota := s.buildOwner(r)
+	slot, err := s.Engine.TryAcquireBuild("build image "+rcp.Name, tenant, quota)
 	if err != nil {
 		writeProblem(w, r, err)
 		return

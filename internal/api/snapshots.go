@@ -99,12 +99,14 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	// Validate everything that can be checked before committing to a
 	// stream (tag, recipe, memory, vCPUs, warm-up code, disk space), and
 	// take the build slot, so bad input is a plain 4xx and a full daemon
-	// a 429 with Retry-After, not a 200 that fails later.
+	// (or a tenant at its bound of builds) a 429 with Retry-After, not a
+	// 200 that fails later.
 	if err := s.Engine.CheckCreateSnapshot(opts); err != nil {
 		writeProblem(w, r, err)
 		return
 	}
-	slot, err := s.Engine.TryAcquireBuild("create snapshot " + req.Tag)
+	opts.Tenant, opts.Quota = s.buildOwner(r)
+	slot, err := s.Engine.TryAcquireBuild("create snapshot "+req.Tag, opts.Tenant, opts.Quota)
 	if err != nil {
 		writeProblem(w, r, err)
 		return

@@ -14,7 +14,8 @@ import (
 
 // Tenants and their quotas. A tenant is a name that tokens act for
 // (auth.Principal); its quota (auth.Quota, kept in the token store) bounds
-// its sandboxes, and admins, who are the operator, are held to none.
+// its sandboxes and builds, and admins, who are the operator, are held to
+// none.
 
 // quotaOf is the quota that applies to tenant: its own, else the default,
 // else none (and none without a token store).
@@ -23,7 +24,20 @@ func (s *Server) quotaOf(tenant string) sandbox.TenantQuota {
 		return sandbox.TenantQuota{}
 	}
 	q, _ := s.Tokens.QuotaOf(tenant)
-	return sandbox.TenantQuota{MaxSandboxes: q.MaxSandboxes, MaxMemoryMiB: q.MaxMemoryMiB}
+	return sandbox.TenantQuota{MaxSandboxes: q.MaxSandboxes, MaxMemoryMiB: q.MaxMemoryMiB, MaxBuilds: q.MaxBuilds}
+}
+
+// buildOwner is whom a build r asks for runs for: an admin's is the
+// operator's (tenant "", held to --max-builds only); anyone else's is its
+// tenant's, bound by its quota's max_builds or, without one, by the
+// engine's fairness rule (sandbox/builds.go).
+func (s *Server) buildOwner(r *http.Request) (tenant string, q sandbox.TenantQuota) {
+	p := s.principalOf(r)
+	if p.Admin() {
+		return "", sandbox.TenantQuota{}
+	}
+	tenant = auth.TenantOf(p.Tenant)
+	return tenant, s.quotaOf(tenant)
 }
 
 // tenantInfo renders one tenant: its quota and what its sandboxes hold.
@@ -31,12 +45,12 @@ func (s *Server) tenantInfo(name string) apiv1.Tenant {
 	out := apiv1.Tenant{Name: name}
 	if s.Tokens != nil {
 		q, own := s.Tokens.QuotaOf(name)
-		out.Quota = apiv1.Quota{MaxSandboxes: q.MaxSandboxes, MaxMemoryMiB: q.MaxMemoryMiB}
+		out.Quota = apiv1.Quota{MaxSandboxes: q.MaxSandboxes, MaxMemoryMiB: q.MaxMemoryMiB, MaxBuilds: q.MaxBuilds}
 		out.QuotaDefault = !own && name != apiv1.QuotaDefaultTenant && !q.IsZero()
 	}
 	if name != apiv1.QuotaDefaultTenant {
 		u := s.Engine.TenantUsage(name)
-		out.Usage = apiv1.TenantUsage{Sandboxes: u.Sandboxes, MemoryMiB: u.MemoryMiB}
+		out.Usage = apiv1.TenantUsage{Sandboxes: u.Sandboxes, MemoryMiB: u.MemoryMiB, Builds: u.Builds}
 	}
 	return out
 }
@@ -94,7 +108,7 @@ func (s *Server) putQuota(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, fmt.Errorf("quotas are kept in the token store, and this daemon has none: start it with --listen (and tokens for the tenants): %w", errdefs.ErrFailedPrecondition))
 		return
 	}
-	if err := s.Tokens.SetQuota(name, auth.Quota{MaxSandboxes: req.MaxSandboxes, MaxMemoryMiB: req.MaxMemoryMiB}); err != nil {
+	if err := s.Tokens.SetQuota(name, auth.Quota{MaxSandboxes: req.MaxSandboxes, MaxMemoryMiB: req.MaxMemoryMiB, MaxBuilds: req.MaxBuilds}); err != nil {
 		writeProblem(w, r, err)
 		return
 	}

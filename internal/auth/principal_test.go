@@ -78,6 +78,7 @@ func TestStoreRefusesWhatItCannotTrust(t *testing.T) {
 		"bad tenant":    `{"version":2,"tokens":[{"name":"x","sha256":"` + hexSum("a") + `","created":"2024-01-01T00:00:00Z","role":"user","tenant":"a b"}]}`,
 		"newer version": `{"version":3,"tokens":[]}`,
 		"bad quota":     `{"version":2,"tokens":[],"quotas":{"acme":{"max_sandboxes":-1}}}`,
+		"bad builds":    `{"version":2,"tokens":[],"quotas":{"acme":{"max_builds":1001}}}`,
 	} {
 		path := filepath.Join(t.TempDir(), StoreFile)
 		os.WriteFile(path, []byte(body), 0o600)
@@ -185,6 +186,8 @@ func TestQuotas(t *testing.T) {
 		{Quota{MaxSandboxes: -1}, "max_sandboxes -1 out of range: 0 (no limit) to 100000"},
 		{Quota{MaxSandboxes: MaxQuotaSandboxes + 1}, "max_sandboxes 100001 out of range"},
 		{Quota{MaxMemoryMiB: -5}, "max_memory_mib -5 out of range: 0 (no limit) to 1073741824"},
+		{Quota{MaxBuilds: -1}, "max_builds -1 out of range: 0 (no limit of its own) to 1000"},
+		{Quota{MaxBuilds: MaxQuotaBuilds + 1}, "max_builds 1001 out of range"},
 	} {
 		if err := tk.SetQuota("acme", c.q); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("SetQuota(%+v) = %v, want invalid argument saying %q", c.q, err, c.says)
@@ -196,7 +199,7 @@ func TestQuotas(t *testing.T) {
 	if err := tk.SetQuota(QuotaDefault, Quota{MaxSandboxes: 5}); err != nil {
 		t.Fatal(err)
 	}
-	if err := tk.SetQuota("acme", Quota{MaxSandboxes: 2, MaxMemoryMiB: 1024}); err != nil {
+	if err := tk.SetQuota("acme", Quota{MaxSandboxes: 2, MaxMemoryMiB: 1024, MaxBuilds: 1}); err != nil {
 		t.Fatal(err)
 	}
 	// Another process (the daemon) sees them; token changes keep them.
@@ -207,11 +210,18 @@ func TestQuotas(t *testing.T) {
 	if _, err := tk.Create("bob", RoleUser, ""); err != nil {
 		t.Fatal(err)
 	}
-	if q, own := other.QuotaOf("acme"); !own || q != (Quota{MaxSandboxes: 2, MaxMemoryMiB: 1024}) {
+	if q, own := other.QuotaOf("acme"); !own || q != (Quota{MaxSandboxes: 2, MaxMemoryMiB: 1024, MaxBuilds: 1}) {
 		t.Errorf("acme quota %+v %v", q, own)
 	}
 	if q, own := other.QuotaOf("bob"); own || q != (Quota{MaxSandboxes: 5}) {
 		t.Errorf("bob gets the default: %+v %v", q, own)
+	}
+	// A quota of builds alone is a quota (not the zero one that removes).
+	if err := tk.SetQuota("acme", Quota{MaxBuilds: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if q, own := other.QuotaOf("acme"); !own || q != (Quota{MaxBuilds: 3}) {
+		t.Errorf("acme's builds-only quota %+v %v", q, own)
 	}
 	if err := tk.SetQuota("acme", Quota{}); err != nil {
 		t.Fatal(err)

@@ -7,7 +7,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/errdefs"
 )
 
-// Quota bounds what one tenant's sandboxes may hold at once. Zero fields
+// Quota bounds what one tenant's sandboxes and builds may hold at once. Zero fields
 // set no bound. Quotas live in the token store, next to the tokens that
 // define the tenants, so the daemon reloads them as it reloads tokens;
 // admins are never held to one (they are the operator).
@@ -17,6 +17,11 @@ type Quota struct {
 	// MaxMemoryMiB bounds the guest memory those sandboxes commit (each
 	// guest's full size, as --guest-memory-share counts it).
 	MaxMemoryMiB int64 `json:"max_memory_mib,omitempty"`
+	// MaxBuilds bounds the tenant's image builds and snapshot creations
+	// running at once. 0: no bound of its own, and then the daemon's
+	// fairness rule holds it (internal/sandbox/builds.go): a tenant takes
+	// at most all but one of the daemon's --max-builds slots.
+	MaxBuilds int `json:"max_builds,omitempty"`
 }
 
 // Bounds of the quota values; a value past one is refused (invalid
@@ -24,13 +29,14 @@ type Quota struct {
 const (
 	MaxQuotaSandboxes = 100_000
 	MaxQuotaMemoryMiB = 1 << 30 // 1 PiB of guest memory
+	MaxQuotaBuilds    = 1000
 )
 
 // QuotaDefault is the key of the quota for tenants without their own.
 const QuotaDefault = "*"
 
 // IsZero reports whether q sets no bound.
-func (q Quota) IsZero() bool { return q.MaxSandboxes == 0 && q.MaxMemoryMiB == 0 }
+func (q Quota) IsZero() bool { return q == (Quota{}) }
 
 // checkQuota validates the quota of tenant (a tenant name or QuotaDefault).
 func checkQuota(tenant string, q Quota) error {
@@ -44,6 +50,9 @@ func checkQuota(tenant string, q Quota) error {
 	}
 	if q.MaxMemoryMiB < 0 || q.MaxMemoryMiB > MaxQuotaMemoryMiB {
 		return fmt.Errorf("quota max_memory_mib %d out of range: 0 (no limit) to %d: %w", q.MaxMemoryMiB, int64(MaxQuotaMemoryMiB), errdefs.ErrInvalidArgument)
+	}
+	if q.MaxBuilds < 0 || q.MaxBuilds > MaxQuotaBuilds {
+		return fmt.Errorf("quota max_builds %d out of range: 0 (no limit of its own) to %d: %w", q.MaxBuilds, MaxQuotaBuilds, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

@@ -111,6 +111,8 @@ type Engine struct {
 	// tenantStarting is what forks in flight reserved, by tenant
 	// (reserveTenant).
 	tenantStarting map[string]TenantUsage
+	// tenantBuilds counts the build slots each tenant holds (builds.go).
+	tenantBuilds map[string]int
 	// tainted holds, by snapshot ID, why a snapshot whose files changed
 	// after commit is refused (checkIntact).
 	tainted map[string]string
@@ -277,58 +279,19 @@ func (e *Engine) ResolveRecipe(name, toml string) (*recipe.Recipe, error) {
 	return e.LoadRecipe(name)
 }
 
-// acquireBuild takes a build slot or fails at once: builds take minutes, so
-// a client is better told to retry than left waiting in an unbounded queue.
-func (e *Engine) acquireBuild(what string) (release func(), err error) {
-	select {
-	case e.buildSem <- struct{}{}:
-		return func() { <-e.buildSem }, nil
-	default:
-		return nil, fmt.Errorf("%s: %d image builds or snapshot creations already running (forkd serve --max-builds); retry shortly: %w",
-			what, cap(e.buildSem), errdefs.ErrResourceExhausted)
-	}
-}
-
-// BuildSlot is one of the MaxConcurrentBuilds slots, taken before a
-// request answers (TryAcquireBuild) and handed to the build it starts,
-// which releases it when done.
-type BuildSlot struct {
-	release func()
-	once    sync.Once
-}
-
-// Release gives the slot back; later calls, and calls on nil, do nothing.
-func (b *BuildSlot) Release() {
-	if b != nil {
-		b.once.Do(b.release)
-	}
-}
-
-// TryAcquireBuild takes a build slot or fails at once with
-// ResourceExhausted (429 with Retry-After), so that an API handler can
-// refuse a build before it answers 202 or starts a progress stream,
-// instead of reporting the refusal later in an operation or a stream.
-// what names the build in the error ("create snapshot py").
-func (e *Engine) TryAcquireBuild(what string) (*BuildSlot, error) {
-	release, err := e.acquireBuild(what)
-	if err != nil {
-		return nil, err
-	}
-	return &BuildSlot{release: release}, nil
-}
-
 // BuildImage builds (or finds cached) the image of a recipe.
 func (e *Engine) BuildImage(ctx context.Context, r *recipe.Recipe, progress func(string)) (*image.Image, error) {
 	return e.BuildImageWith(ctx, nil, r, progress)
 }
 
 // BuildImageWith is BuildImage in a slot the caller took with
-// TryAcquireBuild; it releases the slot when it returns. A nil slot: it
-// takes one itself (or fails with ResourceExhausted).
+// TryAcquireBuild (for a tenant, with its quota); it releases the slot
+// when it returns. A nil slot: it takes one itself for the operator,
+// bound by MaxConcurrentBuilds only (or fails with ResourceExhausted).
 func (e *Engine) BuildImageWith(ctx context.Context, slot *BuildSlot, r *recipe.Recipe, progress func(string)) (*image.Image, error) {
 	if slot == nil {
 		var err error
-		if slot, err = e.TryAcquireBuild("build image " + r.Name); err != nil {
+		if slot, err = e.TryAcquireBuild("build image "+r.Name, "", TenantQuota{}); err != nil {
 			return nil, err
 		}
 	}

@@ -271,19 +271,19 @@ func TestForkOptionErrors(t *testing.T) {
 
 func TestBuildsAreCappedNotQueued(t *testing.T) {
 	e, _ := newFakeEngine(t, &fakeDriver{}, 0)
-	r1, err := e.acquireBuild("a")
+	r1, err := e.acquireBuild("a", "", TenantQuota{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r2, err := e.acquireBuild("b")
+	r2, err := e.acquireBuild("b", "", TenantQuota{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.acquireBuild("c"); !errdefs.IsResourceExhausted(err) {
+	if _, err := e.acquireBuild("c", "", TenantQuota{}); !errdefs.IsResourceExhausted(err) {
 		t.Fatalf("third build: %v, want resource exhausted", err)
 	}
 	r1()
-	r3, err := e.acquireBuild("c")
+	r3, err := e.acquireBuild("c", "", TenantQuota{})
 	if err != nil {
 		t.Fatalf("after a release: %v", err)
 	}

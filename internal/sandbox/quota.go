@@ -15,20 +15,25 @@ import (
 // size; dead and stopped sandboxes hold nothing. Sandboxes recorded before
 // tenants existed (no Tenant) count against no quota.
 
-// TenantQuota bounds one tenant's sandboxes; zero fields set no bound.
+// TenantQuota bounds one tenant's sandboxes and builds; zero fields set
+// no bound (MaxBuilds 0: the fairness rule of builds.go).
 type TenantQuota struct {
 	MaxSandboxes int
 	MaxMemoryMiB int64
+	MaxBuilds    int
 }
 
-// TenantUsage is what one tenant's sandboxes hold.
+// TenantUsage is what one tenant's sandboxes and builds hold.
 type TenantUsage struct {
 	Sandboxes int
 	MemoryMiB int64
+	// Builds counts the build slots it holds (builds.go); forks in flight
+	// (tenantStarting) reserve none.
+	Builds int
 }
 
-// TenantUsage returns what tenant's running sandboxes and forks in flight
-// hold.
+// TenantUsage returns what tenant's running sandboxes, forks in flight
+// and builds hold.
 func (e *Engine) TenantUsage(tenant string) TenantUsage {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -52,6 +57,7 @@ func (e *Engine) tenantUsageLocked(tenant string) TenantUsage {
 		}
 		s.mu.Unlock()
 	}
+	u.Builds = e.tenantBuilds[tenant]
 	return u
 }
 
@@ -59,7 +65,7 @@ func (e *Engine) tenantUsageLocked(tenant string) TenantUsage {
 // refuses the fork naming the quota, its value and the tenant's use.
 // release gives the reservation back (see reserveSlots).
 func (e *Engine) reserveTenant(tenant string, q TenantQuota, n, memMiB int) (release func(), err error) {
-	if q == (TenantQuota{}) {
+	if q.MaxSandboxes == 0 && q.MaxMemoryMiB == 0 {
 		return func() {}, nil
 	}
 	need := TenantUsage{Sandboxes: n, MemoryMiB: int64(n) * int64(memMiB)}

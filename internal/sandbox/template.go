@@ -43,8 +43,12 @@ type CreateSnapshotOptions struct {
 	Progress  func(string)
 	// Slot is a build slot the caller took with TryAcquireBuild before
 	// answering its client; CreateSnapshot releases it when it returns.
-	// Nil: CreateSnapshot takes one (or fails with ResourceExhausted).
-	Slot *BuildSlot
+	// Nil: CreateSnapshot takes one for Tenant, bound by Quota.MaxBuilds
+	// (builds.go; Tenant "": the operator's), or fails with
+	// ResourceExhausted.
+	Slot   *BuildSlot
+	Tenant string
+	Quota  TenantQuota
 	// Network is the egress policy the snapshot's children inherit; nil:
 	// the daemon's default at each fork.
 	Network *egress.Policy
@@ -133,7 +137,7 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 	}
 	r, warm := plan.recipe, plan.warm
 	if slot == nil {
-		if slot, err = e.TryAcquireBuild("create snapshot " + opts.Tag); err != nil {
+		if slot, err = e.TryAcquireBuild("create snapshot "+opts.Tag, opts.Tenant, opts.Quota); err != nil {
 			return nil, err
 		}
 		defer slot.Release()
