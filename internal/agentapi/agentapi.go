@@ -51,18 +51,19 @@ const Version = 1
 
 // Paths of the agent's HTTP API (served on each yamux stream).
 const (
-	PathInfo        = "/v1/info"         // GET -> Info
-	PathIdentity    = "/v1/identity"     // POST Identity -> Info (re-apply identity without a new session)
-	PathExec        = "/v1/exec"         // POST: header ExecHeader (JSON ExecRequest), body = stdin stream; response NDJSON ExecEvent stream
-	PathFiles       = "/v1/files"        // GET ?path= -> raw bytes; PUT ?path=&mode=0644 body raw -> FileInfo; DELETE ?path=&recursive=1
-	PathFilesList   = "/v1/files/list"   // GET ?path= -> []FileInfo
-	PathFilesStat   = "/v1/files/stat"   // GET ?path= -> FileInfo
-	PathFilesMkdir  = "/v1/files/mkdir"  // POST MkdirRequest -> FileInfo
-	PathPythonStart = "/v1/python/start" // POST PythonStartRequest -> PythonStartResponse
-	PathRunCode     = "/v1/run_code"     // POST RunCodeRequest -> RunCodeResult
-	PathQuiesce     = "/v1/quiesce"      // POST -> {} ; agent then ends the session and awaits a new HELLO
-	PathShutdown    = "/v1/shutdown"     // POST -> {} ; agent syncs and powers the VM off
-	PathProcesses   = "/v1/processes"    // GET -> []ProcessInfo (running execs); see ProcessStdinPath, ProcessSignalPath
+	PathInfo        = "/v1/info"            // GET -> Info
+	PathIdentity    = "/v1/identity"        // POST Identity -> Info (re-apply identity without a new session)
+	PathExec        = "/v1/exec"            // POST: header ExecHeader (JSON ExecRequest), body = stdin stream; response NDJSON ExecEvent stream
+	PathFiles       = "/v1/files"           // GET ?path= -> raw bytes; PUT ?path=&mode=0644 body raw -> FileInfo; DELETE ?path=&recursive=1
+	PathFilesList   = "/v1/files/list"      // GET ?path= -> []FileInfo
+	PathFilesStat   = "/v1/files/stat"      // GET ?path= -> FileInfo
+	PathFilesMkdir  = "/v1/files/mkdir"     // POST MkdirRequest -> FileInfo
+	PathPythonStart = "/v1/python/start"    // POST PythonStartRequest -> PythonStartResponse
+	PathRunCode     = "/v1/run_code"        // POST RunCodeRequest -> RunCodeResult
+	PathRehearse    = "/v1/python/rehearse" // POST RehearseRequest -> {} (runs code in a throwaway copy of the session)
+	PathQuiesce     = "/v1/quiesce"         // POST -> {} ; agent then ends the session and awaits a new HELLO
+	PathShutdown    = "/v1/shutdown"        // POST -> {} ; agent syncs and powers the VM off
+	PathProcesses   = "/v1/processes"       // GET -> []ProcessInfo (running execs); see ProcessStdinPath, ProcessSignalPath
 )
 
 // ProcessStdinPath is where raw bytes are appended to the stdin of the exec
@@ -254,6 +255,15 @@ type PythonStartResponse struct {
 // RunCodeRequest runs code in the persistent Python session. Variables persist
 // across calls.
 type RunCodeRequest struct {
+	Code          string `json:"code"`
+	TimeoutMillis int64  `json:"timeout_ms,omitempty"`
+}
+
+// RehearseRequest runs code in a throwaway copy of the Python session
+// (the runner forks; the copy's output is discarded), so that a pooled
+// child has run a first request's code before its fork is asked for. The
+// session itself is left as it was.
+type RehearseRequest struct {
 	Code          string `json:"code"`
 	TimeoutMillis int64  `json:"timeout_ms,omitempty"`
 }

@@ -396,6 +396,14 @@ func (c *Client) RunCode(ctx context.Context, req agentapi.RunCodeRequest) (agen
 	return res, err
 }
 
+// Rehearse runs code in a throwaway copy of the persistent Python session
+// (agentapi.RehearseRequest); the session itself is left as it was. An
+// agent older than the call answers errdefs.ErrNotFound.
+func (c *Client) Rehearse(ctx context.Context, req agentapi.RehearseRequest) error {
+	var out struct{}
+	return c.call(ctx, "rehearse", http.MethodPost, agentapi.PathRehearse, nil, 4<<10, req, &out)
+}
+
 // RunCodeStream runs code in the persistent Python session as RunCode
 // does, writing its output to stdout and stderr (nil discards) as it
 // appears. The result's Stdout and Stderr are empty: the output went to

@@ -92,6 +92,7 @@ func New(cfg Config) *Agent {
 	m.HandleFunc("POST "+agentapi.PathFilesMkdir, a.handleMkdir)
 	m.HandleFunc("POST "+agentapi.PathPythonStart, a.handlePythonStart)
 	m.HandleFunc("POST "+agentapi.PathRunCode, a.handleRunCode)
+	m.HandleFunc("POST "+agentapi.PathRehearse, a.handleRehearse)
 	m.HandleFunc("POST "+agentapi.PathRunCodeStream, a.handleRunCodeStream)
 	m.HandleFunc("POST "+agentapi.PathQuiesce, a.handleQuiesce)
 	m.HandleFunc("POST "+agentapi.PathShutdown, a.handleShutdown)

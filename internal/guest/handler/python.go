@@ -33,3 +33,16 @@ func (a *Agent) handleRunCode(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, res)
 }
+
+func (a *Agent) handleRehearse(w http.ResponseWriter, r *http.Request) {
+	var req agentapi.RehearseRequest
+	if err := readJSON(w, r, &req); err != nil {
+		writeProblem(w, err)
+		return
+	}
+	if err := a.py.Rehearse(r.Context(), req); err != nil {
+		writeProblem(w, err)
+		return
+	}
+	writeJSON(w, struct{}{})
+}

@@ -91,6 +91,15 @@ func (m *Manager) RunStream(ctx context.Context, req agentapi.RunCodeRequest, st
 	return res, m.classify(s, err)
 }
 
+// Rehearse runs code in a throwaway copy of the session (Session.Rehearse).
+func (m *Manager) Rehearse(ctx context.Context, req agentapi.RehearseRequest) error {
+	s := m.current()
+	if s == nil {
+		return errNoSession
+	}
+	return m.classify(s, s.Rehearse(ctx, req.Code, time.Duration(req.TimeoutMillis)*time.Millisecond))
+}
+
 // Reseed reseeds the session's generators; without a session it does
 // nothing. A session that cannot be reseeded is killed: code must never run
 // with the template's seed in a child.
@@ -124,6 +133,8 @@ func (m *Manager) classify(s *Session, err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errdefs.IsInvalidArgument(err):
+		return err // the request's fault (a rehearsal's code raised)
 	case errors.Is(err, ErrDead):
 		return fmt.Errorf("%w: %w", err, errdefs.ErrFailedPrecondition)
 	case errors.Is(err, context.DeadlineExceeded):

@@ -23,6 +23,24 @@ figure still open when it finished (rendered to PNG, then closed), so
 matplotlib draws with its Agg backend: there is no screen.
   {"id": N, "op": "reseed", "seed": "<hex>"}
       -> {"id": N}
+  {"id": N, "op": "rehearse", "code": "<source>"}
+      -> {"id": N} or {"id": N, "error": {...}} (the copy's own failure)
+
+Rehearsing. A pooled child is restored ahead of its fork, in a VMM whose
+emulator has translated none of the guest's code yet: under TCG a child's
+first request costs several times its second. "rehearse" runs code the
+way "run" does (reseed, parse, exec, display bundle, figures, the answer's
+JSON) in a throwaway copy of this process (os.fork), whose output goes to
+/dev/null and which exits when done; this process waits for it. The code
+pages both share are then translated, and nothing of the session changes:
+its globals, cell count, history, generators and open figures are the
+copy's to lose. The copy may not write to the file system (Landlock:
+every write, create, remove and rename is refused; a kernel without
+Landlock fails the rehearsal instead); what it does outside the process
+otherwise (network, child processes, writes to descriptors the session
+holds open) is not undone, so rehearsal code keeps to computation. The
+copy is interrupted like user code (SIGINT to the group) and ends on its
+own after an alarm.
 
 Reseeding. Every sandbox forked from a snapshot resumes this process with
 the template's memory, so every generator state in it is the same in all
@@ -236,6 +254,94 @@ class Runner:
         return {}
 
 
+    def rehearse(self, code):
+        """Run code as run does, in a throwaway copy of this process (see
+        the module doc); return the copy's failure, if any, as an error."""
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()  # nothing of the parent's is written twice
+            except BaseException:
+                pass
+        pid = os.fork()
+        if pid == 0:  # the copy: never returns
+            status = 1
+            try:
+                signal.alarm(_REHEARSE_ALARM)
+                devnull = os.open(os.devnull, os.O_RDWR)
+                os.dup2(devnull, 0)
+                os.dup2(devnull, 1)
+                os.dup2(devnull, 2)
+                os.close(REQ_FD)
+                os.close(RESP_FD)
+                status = 3
+                _deny_writes()
+                status = 1
+                self.reseed(os.urandom(32).hex())
+                out = self.run(code)
+                json.dumps(out)
+                status = 2 if "error" in out else 0
+            finally:
+                os._exit(status)
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                break
+            except ChildProcessError:
+                return {}
+        rc = os.waitstatus_to_exitcode(status)
+        if rc == 0:
+            return {}
+        what = {
+            2: "raised an error",
+            3: "could not be kept from writing files: the guest kernel has no Landlock",
+        }.get(rc, "ended with status %d" % rc)
+        return {"error": {"name": "RehearsalFailed", "value": "the rehearsal " + what, "traceback": ""}}
+
+
+# A rehearsal's copy ends after this many seconds whatever it runs.
+_REHEARSE_ALARM = 120
+
+# Landlock (linux/landlock.h): system call numbers (the same on every
+# architecture), and the file system rights a rehearsal's copy loses.
+_SYS_LANDLOCK_CREATE_RULESET = 444
+_SYS_LANDLOCK_RESTRICT_SELF = 446
+_LANDLOCK_CREATE_RULESET_VERSION = 1
+_PR_SET_NO_NEW_PRIVS = 38
+_LANDLOCK_WRITES = {
+    1: (1 << 1) | (1 << 4) | (1 << 5) | (1 << 6) | (1 << 7) | (1 << 8) | (1 << 9) | (1 << 10) | (1 << 11) | (1 << 12),
+    2: 1 << 13,  # REFER: links and renames across directories
+    3: 1 << 14,  # TRUNCATE
+}
+
+
+def _deny_writes():
+    """Forbid this process, for good, every write to the file system: a
+    Landlock ruleset that handles every writing right and grants none.
+    Reads, and descriptors already open, are not affected. Raises OSError
+    where the kernel has no Landlock."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    abi = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION))
+    if abi < 1:
+        raise OSError(ctypes.get_errno(), "Landlock is not available")
+    handled = 0
+    for version, rights in _LANDLOCK_WRITES.items():
+        if abi >= version:
+            handled |= rights
+    attr = ctypes.c_uint64(handled)  # struct landlock_ruleset_attr, fs rights only
+    fd = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+    try:
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+        if libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    finally:
+        os.close(fd)
+
+
 def _reseed_tempfile(seed):
     """Give tempfile's name sequence a generator derived from seed.
 
@@ -292,6 +398,8 @@ def main():
                 out = runner.run(req.get("code", ""))
             elif op == "reseed":
                 out = runner.reseed(req["seed"])
+            elif op == "rehearse":
+                out = runner.rehearse(req.get("code", ""))
             else:
                 out = {"error": {"name": "ProtocolError", "value": "unknown op %r" % (op,), "traceback": ""}}
         except BaseException as exc:
