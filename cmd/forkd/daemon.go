@@ -120,7 +120,7 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 	e, err := sandbox.New(sandbox.Config{
 		MemoryDir: memDir,
 		DataDir:   g.dataDir, RunDir: d.runDir, Driver: drv, Accel: vmm.Accel(g.accel),
-		RecipeDirs: recipeDirs(g.dataDir), AgentBinary: agent, PoolSize: g.poolSize,
+		RecipeDirs: recipeDirs(g.dataDir), AgentBinary: agent, PoolSize: g.poolSize, PoolStartOnly: g.poolStartOnly,
 		NetNSPrefix: d.netnsPrefix, Logger: d.log, MaxForkCount: g.maxFork, MaxSandboxes: g.maxSandboxes, MaxGuestMemoryMiB: maxGuestMiB,
 		MaxConcurrentBuilds: g.maxBuilds, Metrics: d.metrics, OnEvent: d.onEvent,
 		State: d.state, KeepSandboxesOnClose: d.state != nil && !g.stopSandboxes,
@@ -336,6 +336,8 @@ func addVMMFlags(f *pflag.FlagSet, g *globals) {
 			}
 		}
 	}
+	f.BoolVar(&g.poolStartOnly, "pool-start-only", os.Getenv("FORKD_POOL_START_ONLY") == "1",
+		"keep pooled VMMs started but not restored (env FORKD_POOL_START_ONLY=1). By default they are restored ahead and rehearse a first request (the snapshot's [python] rehearse code) in a throwaway copy of their session, so a child answers its fork with one identity call and its first request runs warm; each pooled child is then a running guest")
 	f.BoolVar(&g.liveBranch, "live-branch", os.Getenv("FORKD_LIVE_BRANCH") == "1",
 		"enable live branches (env FORKD_LIVE_BRANCH=1): clones map memory images kept on tmpfs (--memory-dir, RAM), and QEMU may create a userfaultfd (QEMU 8.1+ in its jail: from a /dev/userfaultfd node of its own uid; QEMU 7.2 or --no-vmm-jail: sets vm.unprivileged_userfaultfd=1)")
 	f.StringVar(&g.memoryDir, "memory-dir", os.Getenv("FORKD_MEMORY_DIR"),

@@ -30,19 +30,21 @@ var version = "dev"
 
 // globals are the flags every command shares.
 type globals struct {
-	dataDir      string
-	runDir       string
-	socket       string
-	host         string
-	token        string
-	caCert       string
-	jsonOut      bool
-	noStart      bool
-	vmmName      string
-	accel        string
-	poolSize     int
-	maxFork      int
-	maxSandboxes int
+	dataDir  string
+	runDir   string
+	socket   string
+	host     string
+	token    string
+	caCert   string
+	jsonOut  bool
+	noStart  bool
+	vmmName  string
+	accel    string
+	poolSize int
+	// poolStartOnly: pooled VMMs are not restored ahead (--pool-start-only).
+	poolStartOnly bool
+	maxFork       int
+	maxSandboxes  int
 	// guestMemShare bounds the guest memory committed to sandboxes, as
 	// a multiple of the host's RAM (0: no bound).
 	guestMemShare float64

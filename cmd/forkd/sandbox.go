@@ -59,7 +59,10 @@ func printSandbox(w io.Writer, s apiv1.Sandbox) {
 	}
 	field("created", s.Created.Local().Format(time.DateTime))
 	how := "a VMM started for it"
-	if s.Pooled {
+	switch {
+	case s.Rehearsed:
+		how = "a pooled VMM restored ahead, its first request rehearsed"
+	case s.Pooled:
 		how = "a pooled VMM"
 	}
 	field("ready", fmt.Sprintf("%.1f ms after taking its VMM (%s)", s.ReadyMillis, how))

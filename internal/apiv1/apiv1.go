@@ -282,7 +282,11 @@ type Sandbox struct {
 	// ReadyMillis is fork-to-ready: from taking a VMM to the agent answering.
 	ReadyMillis float64 `json:"ready_ms"`
 	// Pooled is true when a pre-started VMM process was used.
-	Pooled     bool   `json:"pooled"`
+	Pooled bool `json:"pooled"`
+	// Rehearsed is true when that VMM was restored ahead in the pool and
+	// rehearsed a first request there (in a throwaway copy of the Python
+	// session), so the child's first request runs warm.
+	Rehearsed  bool   `json:"rehearsed,omitempty"`
 	PID        int    `json:"pid,omitempty"`
 	NetNS      string `json:"netns,omitempty"`
 	GuestIP    string `json:"guest_ip,omitempty"`

@@ -56,6 +56,12 @@ type Recipe struct {
 type Python struct {
 	Enabled bool   `toml:"enabled"`
 	Warm    string `toml:"warm"`
+	// Rehearse is code that each pooled child runs in a throwaway copy of
+	// its session before it is handed out (the session itself is left as
+	// it was): under emulation (TCG) it translates ahead what a first
+	// request runs, so that request costs about what a second one does.
+	// Empty: a trivial expression, which still rehearses the request path.
+	Rehearse string `toml:"rehearse"`
 }
 
 var (
@@ -139,6 +145,9 @@ func (r *Recipe) Validate() error {
 	}
 	if !r.Python.Enabled && strings.TrimSpace(r.Python.Warm) != "" {
 		return bad("[python] warm code is set but enabled is false")
+	}
+	if !r.Python.Enabled && strings.TrimSpace(r.Python.Rehearse) != "" {
+		return bad("[python] rehearse code is set but enabled is false")
 	}
 	return nil
 }

@@ -43,6 +43,11 @@ type Config struct {
 	// PoolSize is the number of pre-started VMM processes kept per snapshot.
 	// 0 disables the pool (every fork starts its VMM on the critical path).
 	PoolSize int
+	// PoolStartOnly keeps pooled VMMs started but not restored: a fork
+	// then restores its VMM and the child's first request translates its
+	// code itself. By default pooled VMMs are restored ahead and rehearse
+	// their first request (ahead.go).
+	PoolStartOnly bool
 	// MaxForkCount bounds N in one fork request.
 	MaxForkCount int
 	// MaxSandboxes bounds running sandboxes (0: unlimited).

@@ -28,6 +28,9 @@ type fakeDriver struct {
 	// failRestore makes the n-th Restore (1-based) fail; 0 never.
 	failRestore int64
 	restores    atomic.Int64
+	// identities counts identities given after the hello (hand-outs of
+	// children restored ahead).
+	identities atomic.Int64
 	// restoreDelay slows every Restore (to cancel a fork mid-way).
 	restoreDelay time.Duration
 	// snapshotGate, if set, holds every Snapshot until it is closed;
@@ -132,14 +135,28 @@ func (m *fakeMachine) Restore(ctx context.Context) (vmm.RestoreTimings, error) {
 	if n == m.d.failRestore {
 		return vmm.RestoreTimings{}, fmt.Errorf("injected restore failure: %w", errdefs.ErrInternal)
 	}
-	id := ""
+	var id atomic.Value // the sandbox id of the last identity
+	id.Store("")
+	info := func() agentapi.Info {
+		return agentapi.Info{SandboxID: id.Load().(string), AgentVersion: "fake", ProtocolVersion: agentapi.Version}
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+agentapi.PathInfo, func(w http.ResponseWriter, r *http.Request) {
-		json.NewEncoder(w).Encode(agentapi.Info{SandboxID: id})
+		json.NewEncoder(w).Encode(info())
+	})
+	mux.HandleFunc("POST "+agentapi.PathIdentity, func(w http.ResponseWriter, r *http.Request) {
+		var in agentapi.Identity
+		if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		id.Store(in.SandboxID)
+		m.d.identities.Add(1)
+		json.NewEncoder(w).Encode(info())
 	})
 	go agentconn.Serve(context.Background(), m.guest, mux, func(h agentapi.Hello) (agentapi.Info, error) {
-		id = h.Identity.SandboxID
-		return agentapi.Info{SandboxID: id, AgentVersion: "fake", ProtocolVersion: agentapi.Version}, nil
+		id.Store(h.Identity.SandboxID)
+		return info(), nil
 	})
 	return vmm.RestoreTimings{}, nil
 }

@@ -66,6 +66,10 @@ func (p *pool) take() (*prepared, bool) {
 			p.e.log.Warn("pooled VMM died while waiting", "sandbox_id", pv.id, "err", pv.machine.ExitError())
 			go pv.discard(context.Background())
 			continue
+		case <-pv.sessionDone():
+			p.e.log.Warn("the agent session of a pooled child ended while waiting", "sandbox_id", pv.id)
+			go pv.discard(context.Background())
+			continue
 		default:
 		}
 		return pv, true
@@ -120,6 +124,11 @@ func (p *pool) refill() {
 				return
 			}
 			pv, err := p.e.prepare(context.Background(), p.snap, poolNice)
+			if err == nil && !p.e.cfg.PoolStartOnly {
+				if err = p.e.restoreAhead(context.Background(), pv); err != nil {
+					pv.discard(context.Background())
+				}
+			}
 			if err != nil {
 				p.e.log.Warn("pool refill failed", "tag", p.snap.Tag, "err", err)
 				p.mu.Lock()
@@ -152,4 +161,22 @@ func (p *pool) close(ctx context.Context) {
 		pv.discard(ctx)
 	}
 	p.filler.Wait()
+}
+
+// PoolPIDs returns the VMM processes waiting in a snapshot's pool (for
+// benchmarks that measure what a waiting VMM costs).
+func (e *Engine) PoolPIDs(snapshotID string) []int {
+	e.mu.Lock()
+	p := e.pools[snapshotID]
+	e.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pids := make([]int, 0, len(p.items))
+	for _, pv := range p.items {
+		pids = append(pids, pv.machine.PID())
+	}
+	return pids
 }

@@ -31,8 +31,14 @@ type Sandbox struct {
 	SnapshotID  string
 	Created     time.Time
 	ReadyMillis float64
-	Pooled      bool
-	GuestIP     string
+	// Phases splits ReadyMillis (zero: a phase the child did not go
+	// through on its fork's path).
+	Phases ReadyPhases
+	Pooled bool
+	// Rehearsed: the child was restored ahead in the pool and its first
+	// request rehearsed there (ahead.go).
+	Rehearsed bool
+	GuestIP   string
 	// Tenant is the tenant the sandbox was forked for (ForkOptions.Tenant;
 	// empty for one recorded before tenants existed). Set once.
 	Tenant string
@@ -122,7 +128,7 @@ func (s *Sandbox) Info() apiv1.Sandbox {
 	defer s.mu.Unlock()
 	return apiv1.Sandbox{
 		ID: s.ID, Tag: s.Tag, State: s.apiStateLocked(), Created: s.Created,
-		ReadyMillis: s.ReadyMillis, Pooled: s.Pooled, PID: s.pid,
+		ReadyMillis: s.ReadyMillis, Pooled: s.Pooled, Rehearsed: s.Rehearsed, PID: s.pid,
 		NetNS: s.netns, GuestIP: s.GuestIP,
 		DeadReason: s.deadReason, ConsoleTail: s.consoleTail,
 		Metadata: s.labels, IdleTimeoutSeconds: int64(s.idleTimeout / time.Second),

@@ -38,9 +38,16 @@ type prepared struct {
 	conn     net.Conn
 	teardown []func(context.Context) error
 	took     time.Duration
+	// session is set once the VMM was restored ahead in the pool
+	// (ahead.go), rehearsed once its first request was rehearsed.
+	session   *agentconn.Session
+	rehearsed bool
 }
 
 func (p *prepared) discard(ctx context.Context) {
+	if p.session != nil {
+		p.session.Close()
+	}
 	p.machine.Kill()
 	cleanup.Run(ctx, p.teardown)
 }
@@ -329,19 +336,34 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 	}
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
-	restoreStart := time.Now()
-	if _, err := pv.machine.Restore(rctx); err != nil {
-		return nil, fmt.Errorf("sandbox %s: restore: %w (console: %s)", pv.id, err, pv.machine.ConsoleTail(512))
+	var sess *agentconn.Session
+	var phases ReadyPhases
+	if !pooled {
+		phases.PrepareMillis = millis(pv.took)
 	}
-	e.cfg.Metrics.ObserveVMMStart(metrics.PhaseRestore, time.Since(restoreStart))
-	hello := agentapi.Hello{Identity: newIdentity(pv.id)}
-	sess, _, err := agentconn.Dial(rctx, pv.conn, hello)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: agent did not answer: %w (console: %s)", pv.id, err, pv.machine.ConsoleTail(512))
+	if pv.session != nil {
+		t := time.Now()
+		if sess, err = e.handOut(rctx, pv); err != nil {
+			return nil, err
+		}
+		phases.HandOutMillis = since(t)
+	} else {
+		restoreStart := time.Now()
+		if _, err := pv.machine.Restore(rctx); err != nil {
+			return nil, fmt.Errorf("sandbox %s: restore: %w (console: %s)", pv.id, err, pv.machine.ConsoleTail(512))
+		}
+		e.cfg.Metrics.ObserveVMMStart(metrics.PhaseRestore, time.Since(restoreStart))
+		phases.RestoreMillis = since(restoreStart)
+		t := time.Now()
+		hello := agentapi.Hello{Identity: newIdentity(pv.id)}
+		if sess, _, err = agentconn.Dial(rctx, pv.conn, hello); err != nil {
+			return nil, fmt.Errorf("sandbox %s: agent did not answer: %w (console: %s)", pv.id, err, pv.machine.ConsoleTail(512))
+		}
+		phases.HelloMillis = since(t)
 	}
 	s := &Sandbox{
 		ID: pv.id, Tag: p.snap.Tag, SnapshotID: p.snap.ID, Created: time.Now().UTC(),
-		ReadyMillis: since(start), Pooled: pooled, GuestIP: p.snap.Network.GuestIP, base: &p.snap.Manifest, Tenant: opts.Tenant,
+		ReadyMillis: since(start), Phases: phases, Pooled: pooled, Rehearsed: pv.rehearsed, GuestIP: p.snap.Network.GuestIP, base: &p.snap.Manifest, Tenant: opts.Tenant,
 		machine: pv.machine, pid: pv.machine.PID(), netns: pv.netns, net: pv.net, conn: pv.conn, session: sess,
 		agent: e.agentClient(sess), teardown: pv.teardown,
 		state: apiv1.StateRunning, exited: make(chan struct{}),

@@ -244,7 +244,7 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 		MemoryMiB:     r.MemoryMiB,
 		VCPUs:         r.VCPUs,
 		CPUMillicores: int64(math.Round(r.CPUs * 1000)),
-		Python:        snapshot.Python{Enabled: r.Python.Enabled, Warm: strings.TrimSpace(warm)},
+		Python:        snapshot.Python{Enabled: r.Python.Enabled, Warm: strings.TrimSpace(warm), Rehearse: strings.TrimSpace(r.Python.Rehearse)},
 		Network:       snapshot.Network{GuestMAC: netns.GuestMAC, GuestIP: netns.GuestAddr, GatewayIP: netns.HostAddr, Policy: opts.Network},
 		CreateMillis:  time.Since(start).Milliseconds(),
 	})

@@ -122,6 +122,9 @@ type VMMRef struct {
 type Python struct {
 	Enabled bool   `json:"enabled"`
 	Warm    string `json:"warm,omitempty"`
+	// Rehearse is what pooled children run in a throwaway copy of their
+	// session before hand-out (recipe.Python.Rehearse).
+	Rehearse string `json:"rehearse,omitempty"`
 }
 
 // Network is the guest side of the per-sandbox network, identical in every

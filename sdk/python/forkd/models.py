@@ -297,6 +297,9 @@ class SandboxInfo:
     """Fork-to-ready: from taking a VMM to the agent answering."""
     pooled: bool
     pid: Optional[int] = None
+    rehearsed: bool = False
+    """The pooled VMM was restored ahead and rehearsed a first request, so
+    the first ``run_code`` runs warm."""
     netns: Optional[str] = None
     guest_ip: Optional[str] = None
     dead_reason: Optional[str] = None
@@ -322,6 +325,7 @@ class SandboxInfo:
             ready_ms=float(d.get("ready_ms") or 0),
             pooled=bool(d.get("pooled")),
             pid=d.get("pid"),
+            rehearsed=bool(d.get("rehearsed")),
             netns=d.get("netns"),
             guest_ip=d.get("guest_ip"),
             dead_reason=d.get("dead_reason"),

@@ -73,6 +73,8 @@ export interface SandboxInfo {
   readyMs: number;
   /** A pre-started VMM process was used. */
   pooled: boolean;
+  /** That VMM was restored ahead and rehearsed a first request, so the first runCode runs warm. */
+  rehearsed: boolean;
   pid?: number;
   netns?: string;
   guestIp?: string;
@@ -213,6 +215,7 @@ export function sandboxFromWire(w: Wire): SandboxInfo {
     created: date(w.created),
     readyMs: w.ready_ms ?? 0,
     pooled: !!w.pooled,
+    rehearsed: !!w.rehearsed,
     metadata: w.metadata ?? {},
     lastActivity: date(w.last_activity),
   };

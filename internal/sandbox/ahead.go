@@ -1,0 +1,110 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/agentconn"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/metrics"
+)
+
+// Restore ahead: a pooled VMM is not only started but restored, its agent
+// session opened and, for a snapshot with a Python session, its first
+// request rehearsed, all in the background at pool priority. A fork that
+// takes it only gives it its identity: a fresh clock, fresh entropy for
+// the kernel's and Python's generators (the Python reseed runs before the
+// next request), the sandbox's hostname. Under emulation (TCG) the
+// rehearsal is what counts: each VMM process translates the guest code it
+// runs for itself, and a child's first request used to pay for the
+// interpreter, pandas and the agent's request path (issue #20).
+//
+// Nothing a user can observe has run in a pooled child: the rehearsal
+// runs in a throwaway copy of the session (agentapi.RehearseRequest), and
+// the identity the pool gave it is replaced at hand-out. What differs
+// from a child restored on the fork's path: its uptime counts its time in
+// the pool, and the guest's pid counter has moved past the rehearsal's
+// copy.
+
+// defaultRehearsal is rehearsed when the snapshot names no code: it still
+// runs the whole request path (agent, runner, compile, display bundle).
+const defaultRehearsal = "1"
+
+// rehearseTimeout bounds a rehearsal; past it the copy is interrupted and
+// the child is pooled unrehearsed.
+const rehearseTimeout = 2 * time.Minute
+
+// restoreAhead restores a prepared VMM, opens its agent session under a
+// pool identity and rehearses its first request. On error the caller
+// discards pv. A rehearsal whose code fails, or an agent too old to
+// rehearse, leaves the child pooled as it is, restored.
+func (e *Engine) restoreAhead(ctx context.Context, pv *prepared) error {
+	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	start := time.Now()
+	if _, err := pv.machine.Restore(rctx); err != nil {
+		return fmt.Errorf("sandbox %s: restore ahead: %w (console: %s)", pv.id, err, pv.machine.ConsoleTail(512))
+	}
+	e.cfg.Metrics.ObserveVMMStart(metrics.PhaseRestore, time.Since(start))
+	sess, _, err := agentconn.Dial(rctx, pv.conn, agentapi.Hello{Identity: newIdentity(pv.id)})
+	if err != nil {
+		return fmt.Errorf("sandbox %s: agent did not answer: %w (console: %s)", pv.id, err, pv.machine.ConsoleTail(512))
+	}
+	pv.session = sess
+	if !pv.snap.Python.Enabled {
+		return nil
+	}
+	code := pv.snap.Python.Rehearse
+	if code == "" {
+		code = defaultRehearsal
+	}
+	hctx, hcancel := context.WithTimeout(ctx, rehearseTimeout+30*time.Second)
+	defer hcancel()
+	err = e.agentClient(sess).Rehearse(hctx, agentapi.RehearseRequest{Code: code, TimeoutMillis: rehearseTimeout.Milliseconds()})
+	switch {
+	case err == nil:
+		pv.rehearsed = true
+	case errdefs.IsNotFound(err):
+		e.log.Debug("pooled child not rehearsed: its agent predates rehearsals", "tag", pv.snap.Tag, "sandbox_id", pv.id)
+	case errdefs.IsInvalidArgument(err):
+		e.log.Warn("the snapshot's rehearsal code failed; its children are pooled unrehearsed", "tag", pv.snap.Tag, "sandbox_id", pv.id, "err", err)
+	default:
+		return fmt.Errorf("sandbox %s: rehearsal: %w", pv.id, err)
+	}
+	return nil
+}
+
+// handOut gives a child restored ahead its identity; it answers as a
+// child restored now does once its agent has said READY.
+func (e *Engine) handOut(ctx context.Context, pv *prepared) (*agentconn.Session, error) {
+	select {
+	case <-pv.session.Done():
+		return nil, fmt.Errorf("sandbox %s: the agent session of a pooled child ended: %w", pv.id, errdefs.ErrUnavailable)
+	default:
+	}
+	if _, err := e.agentClient(pv.session).SetIdentity(ctx, newIdentity(pv.id)); err != nil {
+		return nil, fmt.Errorf("sandbox %s: identity: %w (console: %s)", pv.id, err, pv.machine.ConsoleTail(512))
+	}
+	return pv.session, nil
+}
+
+// sessionDone is closed when the agent session of a child restored ahead
+// ends; nil (never ready) for a VMM only started.
+func (p *prepared) sessionDone() <-chan struct{} {
+	if p.session == nil {
+		return nil
+	}
+	return p.session.Done()
+}
+
+// ReadyPhases is where a child's fork-to-ready went, in milliseconds:
+// starting its VMM (a child whose VMM was not pooled), restoring it and
+// the agent's hello (a child not restored ahead), or handing out a child
+// restored ahead (its identity call).
+type ReadyPhases struct {
+	PrepareMillis, RestoreMillis, HelloMillis, HandOutMillis float64
+}
+
+func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
