@@ -49,6 +49,7 @@ func benchCmd(g *globals) *cobra.Command {
 	addNetworkFlags(f, &g.network)
 	cmd.AddCommand(spawn)
 	cmd.AddCommand(benchAPICmd(g))
+	cmd.AddCommand(benchFirstCmd(g))
 	cmd.AddCommand(benchBranchCmds(g)...)
 	cmd.AddCommand(benchWatchdogCmd(g))
 	return cmd

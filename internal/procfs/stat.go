@@ -10,18 +10,29 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Stat is what forkd reads from /proc/PID/stat.
 type Stat struct {
 	State     byte   // field 3: R, S, D, Z (zombie), X (dead), ...
 	Flags     uint64 // field 9: PF_* flags
+	UTime     uint64 // field 14: user CPU, clock ticks, all threads
+	STime     uint64 // field 15: system CPU, clock ticks, all threads
 	StartTime uint64 // field 22: clock ticks after boot
 	ExitCode  int    // field 52: wait status of an exited process, -1 if absent
 }
 
 // PFKthread is PF_KTHREAD in Stat.Flags.
 const PFKthread = 0x00200000
+
+// clockTick is the unit of the CPU and start times in stat (USER_HZ, 100
+// on every Linux ABI).
+const clockTick = 10 * time.Millisecond
+
+// CPU is the CPU time the process has used, user and system, in all of
+// its threads (those that ended included), at a 10 ms resolution.
+func (s Stat) CPU() time.Duration { return time.Duration(s.UTime+s.STime) * clockTick }
 
 // Exited: the process has exited (a zombie not yet reaped, or dead).
 func (s Stat) Exited() bool { return s.State == 'Z' || s.State == 'X' }
@@ -51,6 +62,12 @@ func ParseStat(pid int, b []byte) (Stat, error) {
 	var err error
 	if st.Flags, err = strconv.ParseUint(f[6], 10, 64); err != nil {
 		return Stat{}, fmt.Errorf("/proc/%d/stat: flags: %w", pid, err)
+	}
+	if st.UTime, err = strconv.ParseUint(f[11], 10, 64); err != nil {
+		return Stat{}, fmt.Errorf("/proc/%d/stat: utime: %w", pid, err)
+	}
+	if st.STime, err = strconv.ParseUint(f[12], 10, 64); err != nil {
+		return Stat{}, fmt.Errorf("/proc/%d/stat: stime: %w", pid, err)
 	}
 	if st.StartTime, err = strconv.ParseUint(f[19], 10, 64); err != nil {
 		return Stat{}, fmt.Errorf("/proc/%d/stat: start time: %w", pid, err)

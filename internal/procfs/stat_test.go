@@ -3,6 +3,7 @@ package procfs
 import (
 	"os"
 	"testing"
+	"time"
 )
 
 func TestReadStatOwnProcess(t *testing.T) {
@@ -25,8 +26,8 @@ func TestParseStat(t *testing.T) {
 		kthread bool
 	}{
 		// The command name may hold spaces and parentheses.
-		{"42 (a) b (c) Z 1 42 42 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 123456 0 0 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 9\n",
-			Stat{State: 'Z', Flags: 4194560, StartTime: 123456, ExitCode: 9}, false},
+		{"42 (a) b (c) Z 1 42 42 0 -1 4194560 0 0 0 0 250 37 0 0 20 0 1 0 123456 0 0 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 9\n",
+			Stat{State: 'Z', Flags: 4194560, UTime: 250, STime: 37, StartTime: 123456, ExitCode: 9}, false},
 		// An older kernel's line stops before the exit code.
 		{"2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 7 0 0",
 			Stat{State: 'S', Flags: 2129984, StartTime: 7, ExitCode: -1}, true},
@@ -40,5 +41,8 @@ func TestParseStat(t *testing.T) {
 		if st, err := ParseStat(1, []byte(bad)); err == nil {
 			t.Errorf("%q parsed as %+v", bad, st)
 		}
+	}
+	if got := (Stat{UTime: 250, STime: 37}).CPU(); got != 2870*time.Millisecond {
+		t.Errorf("CPU of 250+37 ticks = %v", got)
 	}
 }

@@ -1,0 +1,306 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/procfs"
+	"github.com/forkd-dev/forkd/internal/sandbox"
+	"github.com/forkd-dev/forkd/internal/snapshot"
+)
+
+// forkd bench first-answer: from a fork request to a child's first real
+// answer, per phase and in CPU, for each way of pooling (issue #20).
+
+type firstOpts struct {
+	tag, recipe, code, modes string
+	sequential, concurrent   int
+	poolWait                 time.Duration
+}
+
+// poolModes are the ways of pooling first-answer compares.
+var poolModes = map[string]string{
+	"off":      "no pool: every fork starts its VMM and restores",
+	"started":  "pooled VMMs started, restored on the fork's path (--pool-start-only)",
+	"restored": "pooled VMMs restored ahead, first request rehearsed (the default)",
+}
+
+func benchFirstCmd(g *globals) *cobra.Command {
+	var o firstOpts
+	cmd := &cobra.Command{
+		Use:   "first-answer",
+		Short: "Fork → a child's first run_code answer, per phase and in CPU, with each way of pooling (runs its own engine; needs root)",
+		Long: "Runs an engine in-process for each pooling mode in turn (--modes: off, started, restored) and\n" +
+			"measures, one run: K sequential children, each forked (pool full) and asked --code twice: the\n" +
+			"fork call, the first and second answers, and the CPU its VMM used up to the fork's return (pool\n" +
+			"and hand-out included) and from there to the first answer; then N children forked at once, each\n" +
+			"asked --code: the wall clock until all answered, CPU-seconds per child (its VMM's, start to first\n" +
+			"answer), per-child PSS with the N running, and how many distinct random.random() values they draw.\n" +
+			"Also the CPU a pooled VMM burns while it waits. Needs a snapshot with a Python session.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runBenchFirst(cmd.Context(), g, o) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.tag, "tag", "bench-py", "snapshot to fork (created from --recipe if missing)")
+	f.StringVar(&o.recipe, "recipe", "py-pandas", "recipe for a missing --tag")
+	f.StringVar(&o.code, "code", `pd.DataFrame({"a":[1,2]}).sum()`, "the first request")
+	f.StringVar(&o.modes, "modes", "off,started,restored", "pooling modes to measure, in this order")
+	f.IntVar(&o.sequential, "sequential", 10, "sequential children (K)")
+	f.IntVar(&o.concurrent, "concurrent", 10, "children forked at once (N)")
+	f.DurationVar(&o.poolWait, "pool-wait", 3*time.Minute, "longest wait for the pool to fill before each fork")
+	f.IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, "pooled VMMs per snapshot in the started and restored modes")
+	f.StringVar(&g.vmmName, "vmm", envOr("FORKD_VMM", "qemu"), "VMM driver")
+	f.StringVar(&g.accel, "accel", "", "accelerator (kvm, tcg, auto)")
+	addVMMFlags(f, g)
+	addNetworkFlags(f, &g.network)
+	return cmd
+}
+
+func runBenchFirst(ctx context.Context, g *globals, o firstOpts) error {
+	var modes []string
+	for _, m := range strings.Split(o.modes, ",") {
+		m = strings.TrimSpace(m)
+		if _, ok := poolModes[m]; !ok {
+			return fmt.Errorf("--modes: unknown mode %q (off, started, restored): %w", m, errdefs.ErrInvalidArgument)
+		}
+		modes = append(modes, m)
+	}
+	if o.sequential < 1 || o.concurrent < 1 {
+		return fmt.Errorf("--sequential and --concurrent must be at least 1: %w", errdefs.ErrInvalidArgument)
+	}
+	poolSize := g.poolSize
+	var report *benchReport
+	p50s := map[string]float64{}
+	for _, mode := range modes {
+		g.poolSize, g.poolStartOnly = poolSize, mode == "started"
+		if mode == "off" {
+			g.poolSize = 0
+		}
+		env, err := newBenchEnv(g, "first", nil)
+		if err != nil {
+			return err
+		}
+		snap, err := benchSnapshot(ctx, env.e, o.tag, o.recipe, benchSay)
+		if err == nil && !snap.Python.Enabled {
+			err = fmt.Errorf("snapshot %s has no Python session: give a --tag or --recipe with one: %w", o.tag, errdefs.ErrInvalidArgument)
+		}
+		if err != nil {
+			env.close()
+			return err
+		}
+		if report == nil {
+			report = newBenchReport(ctx, env.e, "first-answer", string(snap.VMM.Accel))
+			report.Setup = fmt.Sprintf("snapshot `%s` (recipe %s, %d MiB, %d vCPU); pool %d; first request `%s`; network %s",
+				snap.Tag, snap.Image.Recipe, snap.MemoryMiB, snap.VCPUs, poolSize, o.code, g.network.policy)
+		}
+		benchSay("mode %s: %s", mode, poolModes[mode])
+		p50, err := benchFirstMode(ctx, env.e, snap, mode, g.poolSize, o, report)
+		env.close()
+		if err != nil {
+			return err
+		}
+		p50s[mode] = p50
+	}
+	if off, ok := p50s["off"]; ok {
+		for _, m := range []string{"started", "restored"} {
+			if v, ok := p50s[m]; ok && off > 0 {
+				report.row(fmt.Sprintf("fork → first answer p50, %s / off", m), fmt.Sprintf("%.2f", v/off), vals{"ratio": v / off})
+			}
+		}
+	}
+	return report.print(g.jsonOut)
+}
+
+// selfCPU is the CPU this process (the engine, in-process) has used.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// vmmCPU is the CPU a process has used so far (0 if it is gone).
+func vmmCPU(pid int) time.Duration {
+	st, err := procfs.ReadStat(pid)
+	if err != nil {
+		return 0
+	}
+	return st.CPU()
+}
+
+// waitPoolFull waits, up to limit, until the snapshot's pool holds size
+// VMMs ready to hand out.
+func waitPoolFull(e *sandbox.Engine, snapID string, size int, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for e.PoolSize(snapID) < size && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func benchFirstMode(ctx context.Context, e *sandbox.Engine, snap *snapshot.Snapshot, mode string, pool int, o firstOpts, report *benchReport) (firstP50 float64, err error) {
+	row := func(measure, value string, v vals) { report.row(mode+": "+measure, value, v) }
+	if pool > 0 {
+		if err := e.Warm(snap.Tag); err != nil {
+			return 0, err
+		}
+	}
+	ask := func(id string) (time.Duration, error) {
+		a, err := e.Agent(id)
+		if err != nil {
+			return 0, err
+		}
+		t := time.Now()
+		res, err := a.RunCode(ctx, agentapi.RunCodeRequest{Code: o.code})
+		if err == nil && res.Error != nil {
+			err = fmt.Errorf("%s: %s", res.Error.Name, res.Error.Value)
+		}
+		return time.Since(t), err
+	}
+
+	// K sequential children, the pool full before each.
+	var forks, readies, firsts, seconds, totals, cpuBefore, cpuFirst []float64
+	var prepares, restores, hellos, handOuts []float64
+	rehearsed := 0
+	for i := 0; i < o.sequential; i++ {
+		waitPoolFull(e, snap.ID, pool, o.poolWait)
+		t0 := time.Now()
+		sbs, err := e.Fork(ctx, snap.Tag, 1)
+		if err != nil {
+			return 0, err
+		}
+		fork := time.Since(t0)
+		s := sbs[0]
+		c0 := vmmCPU(s.PID())
+		first, err := ask(s.ID)
+		if err != nil {
+			return 0, fmt.Errorf("first request: %w", err)
+		}
+		total := time.Since(t0)
+		c1 := vmmCPU(s.PID())
+		second, err := ask(s.ID)
+		if err != nil {
+			return 0, fmt.Errorf("second request: %w", err)
+		}
+		if s.Rehearsed {
+			rehearsed++
+		}
+		e.Kill(ctx, []string{s.ID})
+		ph := s.Phases
+		prepares, restores = append(prepares, ph.PrepareMillis), append(restores, ph.RestoreMillis)
+		hellos, handOuts = append(hellos, ph.HelloMillis), append(handOuts, ph.HandOutMillis)
+		forks, readies = append(forks, millis(fork)), append(readies, s.ReadyMillis)
+		firsts, seconds, totals = append(firsts, millis(first)), append(seconds, millis(second)), append(totals, millis(total))
+		cpuBefore, cpuFirst = append(cpuBefore, millis(c0)), append(cpuFirst, millis(c1-c0))
+		benchSay("%s %d: fork %.0f ms (ready %.0f), first %.0f ms, second %.0f ms; VMM CPU %.0f ms before the fork returned, %.0f ms to the first answer",
+			mode, i+1, millis(fork), s.ReadyMillis, millis(first), millis(second), millis(c0), millis(c1-c0))
+	}
+	p := func(xs []float64) float64 { return percentile(xs, 0.5) }
+	firstP50 = p(totals)
+	row(fmt.Sprintf("fork → first answer, %d sequential, p50 / p90", o.sequential),
+		fmt.Sprintf("%.0f ms / %.0f ms", firstP50, percentile(totals, 0.9)), vals{"p50_ms": firstP50, "p90_ms": percentile(totals, 0.9)})
+	row("phases p50: fork call (agent ready) / first answer / second answer",
+		fmt.Sprintf("%.0f (%.0f) / %.0f / %.0f ms", p(forks), p(readies), p(firsts), p(seconds)),
+		vals{"fork_ms": p(forks), "ready_ms": p(readies), "first_ms": p(firsts), "second_ms": p(seconds)})
+	row("agent ready p50, split: VMM start / restore / hello / hand-out of a child restored ahead",
+		fmt.Sprintf("%.0f / %.0f / %.0f / %.0f ms", p(prepares), p(restores), p(hellos), p(handOuts)),
+		vals{"prepare_ms": p(prepares), "restore_ms": p(restores), "hello_ms": p(hellos), "handout_ms": p(handOuts)})
+	row("VMM CPU p50: up to the fork's return (pool, restore, hand-out) / from there to the first answer",
+		fmt.Sprintf("%.0f ms / %.0f ms", p(cpuBefore), p(cpuFirst)), vals{"before_ms": p(cpuBefore), "first_ms": p(cpuFirst)})
+	if mode == "restored" {
+		row("children rehearsed in the pool", fmt.Sprintf("%d of %d", rehearsed, o.sequential), vals{"n": float64(rehearsed)})
+	}
+
+	// What a waiting pooled VMM burns.
+	if pool > 0 {
+		waitPoolFull(e, snap.ID, pool, o.poolWait)
+		pids := e.PoolPIDs(snap.ID)
+		before := make([]time.Duration, len(pids))
+		for i, pid := range pids {
+			before[i] = vmmCPU(pid)
+		}
+		const idle = 10 * time.Second
+		time.Sleep(idle)
+		var used time.Duration
+		for i, pid := range pids {
+			used += vmmCPU(pid) - before[i]
+		}
+		if len(pids) > 0 {
+			per := used.Seconds() / idle.Seconds() / float64(len(pids)) * 100
+			row("CPU of a waiting pooled VMM", fmt.Sprintf("%.1f %% of a core", per), vals{"percent": per})
+		}
+	}
+
+	// N at once.
+	waitPoolFull(e, snap.ID, pool, o.poolWait)
+	n := o.concurrent
+	self0 := selfCPU()
+	t0 := time.Now()
+	sbs, err := e.Fork(ctx, snap.Tag, n)
+	if err != nil {
+		return 0, err
+	}
+	var ids []string
+	for _, s := range sbs {
+		ids = append(ids, s.ID)
+	}
+	defer e.Kill(ctx, ids)
+	cpu := make([]time.Duration, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, s := range sbs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = ask(s.ID)
+			cpu[i] = vmmCPU(s.PID())
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(t0)
+	engineCPU := selfCPU() - self0
+	for _, err := range errs {
+		if err != nil {
+			return 0, fmt.Errorf("N=%d: %w", n, err)
+		}
+	}
+	var cpuSum time.Duration
+	for _, c := range cpu {
+		cpuSum += c
+	}
+	row(fmt.Sprintf("N=%d forked at once, wall clock until all answered", n), fmt.Sprintf("%.2f s", wall.Seconds()), vals{"n": float64(n), "wall_s": wall.Seconds()})
+	perChild := cpuSum.Seconds() / float64(n)
+	enginePer := engineCPU.Seconds() / float64(n)
+	row("CPU-seconds per child, start to first answer (N at once): its VMM + the engine's share = total",
+		fmt.Sprintf("%.2f + %.2f = %.2f s", perChild, enginePer, perChild+enginePer),
+		vals{"vmm_cpu_s": perChild, "engine_cpu_s": enginePer, "cpu_s": perChild + enginePer})
+	var psss []float64
+	for _, s := range sbs {
+		if pss, _, err := smapsRollup(s.PID()); err == nil {
+			psss = append(psss, float64(pss)/1024)
+		}
+	}
+	row(fmt.Sprintf("per-child PSS, %d running (median)", len(psss)), fmt.Sprintf("%.1f MB", percentile(psss, 0.5)), vals{"pss_mb": percentile(psss, 0.5)})
+	seen := map[string]bool{}
+	for _, s := range sbs {
+		a, err := e.Agent(s.ID)
+		if err != nil {
+			return 0, err
+		}
+		res, err := a.RunCode(ctx, agentapi.RunCodeRequest{Code: "import random; random.random()"})
+		if err != nil {
+			return 0, err
+		}
+		seen[res.Result["text/plain"]] = true
+	}
+	row("children with distinct random.random()", fmt.Sprintf("%d of %d", len(seen), n), vals{"distinct": float64(len(seen))})
+	return firstP50, nil
+}
