@@ -68,21 +68,34 @@ func (e *Engine) restoreAhead(ctx context.Context, pv *prepared) error {
 		pv.rehearsed = true
 	case errdefs.IsNotFound(err):
 		e.log.Debug("pooled child not rehearsed: its agent predates rehearsals", "tag", pv.snap.Tag, "sandbox_id", pv.id)
-	case errdefs.IsInvalidArgument(err):
-		e.log.Warn("the snapshot's rehearsal code failed; its children are pooled unrehearsed", "tag", pv.snap.Tag, "sandbox_id", pv.id, "err", err)
-	default:
+	case hctx.Err() != nil || isClosed(sess.Done()) || isClosed(pv.machine.Done()):
+		// Its session may still be busy, or it is gone: not a child to
+		// hand out.
 		return fmt.Errorf("sandbox %s: rehearsal: %w", pv.id, err)
+	default:
+		// The agent answered: the code raised (a 400), or the session
+		// cannot run it (a template whose session died). The child is
+		// as good as one restored on a fork's path.
+		e.log.Warn("pooled child not rehearsed", "tag", pv.snap.Tag, "sandbox_id", pv.id, "err", err)
 	}
 	return nil
+}
+
+// isClosed reports whether ch is closed (without waiting).
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // handOut gives a child restored ahead its identity; it answers as a
 // child restored now does once its agent has said READY.
 func (e *Engine) handOut(ctx context.Context, pv *prepared) (*agentconn.Session, error) {
-	select {
-	case <-pv.session.Done():
+	if isClosed(pv.session.Done()) {
 		return nil, fmt.Errorf("sandbox %s: the agent session of a pooled child ended: %w", pv.id, errdefs.ErrUnavailable)
-	default:
 	}
 	if _, err := e.agentClient(pv.session).SetIdentity(ctx, newIdentity(pv.id)); err != nil {
 		return nil, fmt.Errorf("sandbox %s: identity: %w (console: %s)", pv.id, err, pv.machine.ConsoleTail(512))

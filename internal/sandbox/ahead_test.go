@@ -2,7 +2,14 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
 	"testing"
+
+	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/snapshot"
 )
 
 // A pooled VMM is restored ahead: the fork that takes it restores
@@ -69,5 +76,69 @@ func TestPooledChildWithDeadSessionIsDiscarded(t *testing.T) {
 	a, _ := e.Agent(sbs[0].ID)
 	if info, err := a.Info(context.Background()); err != nil || info.SandboxID != sbs[0].ID {
 		t.Fatalf("agent says %+v, %v", info, err)
+	}
+}
+
+// addPythonSnapshot commits a snapshot tagged tag whose children have a
+// Python session (so pooled ones are rehearsed).
+func addPythonSnapshot(t *testing.T, e *Engine, tag string) *snapshot.Snapshot {
+	t.Helper()
+	st, err := e.Store().Stage(tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{snapshot.StateFile, snapshot.MemoryFile} {
+		os.WriteFile(filepath.Join(st.Dir, f), []byte(f), 0o600)
+	}
+	snap, err := st.Commit(snapshot.Manifest{VMM: snapshot.VMMRef{Kind: "fake"}, MemoryMiB: 64, VCPUs: 1,
+		Python: snapshot.Python{Enabled: true, Rehearse: "x = 1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap
+}
+
+// A pooled child is rehearsed; one whose rehearsal the agent refuses
+// (the code raised, an agent too old to rehearse) is handed out all the
+// same, restored and not rehearsed.
+func TestPooledChildRehearsal(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		answer    http.HandlerFunc // nil: the agent has no rehearse API
+		rehearsed bool
+	}{
+		{"rehearsed", func(w http.ResponseWriter, r *http.Request) {
+			var req agentapi.RehearseRequest
+			if json.NewDecoder(r.Body).Decode(&req) != nil || req.Code != "x = 1" {
+				http.Error(w, "bad rehearse request", http.StatusBadRequest)
+				return
+			}
+			w.Write([]byte("{}"))
+		}, true},
+		{"code raised", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusBadRequest)
+			w.Write([]byte(`{"status":400,"code":"invalid_argument","detail":"rehearsal: the rehearsal raised an error"}`))
+		}, false},
+		{"old agent", nil, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := &fakeDriver{rehearse: c.answer}
+			e, _ := newFakeEngine(t, d, 1)
+			snap := addPythonSnapshot(t, e, "py")
+			e.Warm("py")
+			waitFor(t, func() bool { return e.PoolSize(snap.ID) == 1 })
+			sbs, err := e.Fork(context.Background(), "py", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := sbs[0]
+			if !s.Pooled || s.Rehearsed != c.rehearsed || d.restores.Load() != 1 {
+				t.Fatalf("pooled %v rehearsed %v after %d restores; want pooled, rehearsed %v, 1 restore", s.Pooled, s.Rehearsed, d.restores.Load(), c.rehearsed)
+			}
+			if c.answer != nil && d.rehearsals.Load() < 1 {
+				t.Fatal("no rehearsal was asked for")
+			}
+		})
 	}
 }

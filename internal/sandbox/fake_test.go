@@ -31,6 +31,10 @@ type fakeDriver struct {
 	// identities counts identities given after the hello (hand-outs of
 	// children restored ahead).
 	identities atomic.Int64
+	// rehearse, if set, answers the agent's rehearse requests (unset:
+	// 404, an agent that predates them); rehearsals counts them.
+	rehearse   http.HandlerFunc
+	rehearsals atomic.Int64
 	// restoreDelay slows every Restore (to cancel a fork mid-way).
 	restoreDelay time.Duration
 	// snapshotGate, if set, holds every Snapshot until it is closed;
@@ -154,6 +158,12 @@ func (m *fakeMachine) Restore(ctx context.Context) (vmm.RestoreTimings, error) {
 		m.d.identities.Add(1)
 		json.NewEncoder(w).Encode(info())
 	})
+	if m.d.rehearse != nil {
+		mux.HandleFunc("POST "+agentapi.PathRehearse, func(w http.ResponseWriter, r *http.Request) {
+			m.d.rehearsals.Add(1)
+			m.d.rehearse(w, r)
+		})
+	}
 	go agentconn.Serve(context.Background(), m.guest, mux, func(h agentapi.Hello) (agentapi.Info, error) {
 		id.Store(h.Identity.SandboxID)
 		return info(), nil
