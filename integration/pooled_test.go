@@ -91,3 +91,26 @@ func sameError(a, b *agentapi.CodeError) bool {
 	}
 	return a.Name == b.Name && a.Value == b.Value && a.Traceback == b.Traceback
 }
+
+// TestPooledChildWithoutPythonRehearsesExec: a pooled child of a snapshot
+// without a Python session rehearses an exec of `true`, and answers as
+// its own sandbox.
+func TestPooledChildWithoutPythonRehearsesExec(t *testing.T) {
+	e := newEngine(t, 1)
+	snap := newTemplate(t, e, "minimal")
+	if err := e.Warm(snap.Tag); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "the pool to hold a rehearsed child", func() bool { return e.PoolSize(snap.ID) == 1 })
+	sbs, err := e.Fork(context.Background(), snap.Tag, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbs[0]
+	if !s.Pooled || !s.Rehearsed {
+		t.Fatalf("pooled %v rehearsed %v, want both", s.Pooled, s.Rehearsed)
+	}
+	if got := run(t, agentOf(t, e, s.ID), "hostname"); got != s.ID {
+		t.Fatalf("hostname %q, want %s", got, s.ID)
+	}
+}

@@ -285,7 +285,8 @@ type Sandbox struct {
 	Pooled bool `json:"pooled"`
 	// Rehearsed is true when that VMM was restored ahead in the pool and
 	// rehearsed a first request there (in a throwaway copy of the Python
-	// session), so the child's first request runs warm.
+	// session; without one, an exec of `true`), so the child's first
+	// request runs warm.
 	Rehearsed  bool   `json:"rehearsed,omitempty"`
 	PID        int    `json:"pid,omitempty"`
 	NetNS      string `json:"netns,omitempty"`

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
@@ -12,8 +13,9 @@ import (
 )
 
 // Restore ahead: a pooled VMM is not only started but restored, its agent
-// session opened and, for a snapshot with a Python session, its first
-// request rehearsed, all in the background at pool priority. A fork that
+// session opened and its first request rehearsed (a snapshot with a Python
+// session: its rehearse code in a throwaway copy of the session; one
+// without: an exec of `true`), all in the background at pool priority. A fork that
 // takes it only gives it its identity: a fresh clock, fresh entropy for
 // the kernel's and Python's generators (the Python reseed runs before the
 // next request), the sandbox's hostname. Under emulation (TCG) the
@@ -54,7 +56,7 @@ func (e *Engine) restoreAhead(ctx context.Context, pv *prepared) error {
 	}
 	pv.session = sess
 	if !pv.snap.Python.Enabled {
-		return nil
+		return e.rehearseExec(ctx, pv)
 	}
 	code := pv.snap.Python.Rehearse
 	if code == "" {
@@ -89,6 +91,27 @@ func isClosed(ch <-chan struct{}) bool {
 	default:
 		return false
 	}
+}
+
+// rehearseExec rehearses the first request of a child without a Python
+// session, an exec: `true` runs once, through the agent's HTTP and exec
+// paths (the hand-out's identity call is the child's first HTTP request
+// otherwise, and pays for translating the agent's HTTP server). Nothing of
+// it stays but the guest's pid counter. A guest without `true` is pooled
+// as it is.
+func (e *Engine) rehearseExec(ctx context.Context, pv *prepared) error {
+	hctx, cancel := context.WithTimeout(ctx, rehearseTimeout)
+	defer cancel()
+	ev, err := e.agentClient(pv.session).Exec(hctx, agentapi.ExecRequest{Argv: []string{"true"}}, nil, io.Discard, io.Discard)
+	switch {
+	case err == nil && ev.ExitCode == 0:
+		pv.rehearsed = true
+	case hctx.Err() != nil || isClosed(pv.session.Done()) || isClosed(pv.machine.Done()):
+		return fmt.Errorf("sandbox %s: rehearsal: %w", pv.id, err)
+	default:
+		e.log.Debug("pooled child not rehearsed", "tag", pv.snap.Tag, "sandbox_id", pv.id, "exit_code", ev.ExitCode, "err", err)
+	}
+	return nil
 }
 
 // handOut gives a child restored ahead its identity; it answers as a
