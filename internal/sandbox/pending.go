@@ -99,6 +99,9 @@ func (e *Engine) BranchAsync(id string, opts BranchOptions) (PendingSnapshot, er
 		return PendingSnapshot{}, fmt.Errorf("snapshot %q already exists (pending): %w", opts.Tag, errdefs.ErrAlreadyExists)
 	}
 	e.pending[opts.Tag] = p
+	// What is returned is copied under mu: the branch below may fail,
+	// and mark p failed, before this function returns.
+	ret := *p
 	// Added under mu, where Close sets closed before it waits: no Add
 	// can race that Wait.
 	e.bg.Add(1)
@@ -126,7 +129,7 @@ func (e *Engine) BranchAsync(id string, opts BranchOptions) (PendingSnapshot, er
 			e.cfg.OnEvent(ev)
 		}
 	}()
-	return *p, nil
+	return ret, nil
 }
 
 // pruneFailedLocked forgets the oldest failed branches beyond
