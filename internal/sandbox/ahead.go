@@ -27,8 +27,13 @@ import (
 // runs in a throwaway copy of the session (agentapi.RehearseRequest), and
 // the identity the pool gave it is replaced at hand-out. What differs
 // from a child restored on the fork's path: its uptime counts its time in
-// the pool, and the guest's pid counter has moved past the rehearsal's
-// copy.
+// the pool; the guest's pid counter has moved past the rehearsal's copy,
+// whose CPU the session's child-process times include; processes a
+// branch snapshot left running have run on; its egress counters include
+// the pool wait; and Rehearsed and Phases are not kept across a daemon
+// restart. A fork that asks for another network policy than the pooled
+// one does not take a child restored ahead (it has run under the pooled
+// policy).
 
 // defaultRehearsal is rehearsed when the snapshot names no code: it still
 // runs the whole request path (agent, runner, compile, display bundle).
@@ -36,7 +41,12 @@ const defaultRehearsal = "1"
 
 // rehearseTimeout bounds a rehearsal; past it the copy is interrupted and
 // the child is pooled unrehearsed.
-const rehearseTimeout = 2 * time.Minute
+const rehearseTimeout = 30 * time.Second
+
+// handOutTimeout bounds the identity call that hands out a child restored
+// ahead; one that does not answer in time is discarded and the fork
+// restores another VMM.
+const handOutTimeout = 10 * time.Second
 
 // restoreAhead restores a prepared VMM, opens its agent session under a
 // pool identity and rehearses its first request. On error the caller
@@ -70,15 +80,15 @@ func (e *Engine) restoreAhead(ctx context.Context, pv *prepared) error {
 		pv.rehearsed = true
 	case errdefs.IsNotFound(err):
 		e.log.Debug("pooled child not rehearsed: its agent predates rehearsals", "tag", pv.snap.Tag, "sandbox_id", pv.id)
-	case hctx.Err() != nil || isClosed(sess.Done()) || isClosed(pv.machine.Done()):
-		// Its session may still be busy, or it is gone: not a child to
-		// hand out.
-		return fmt.Errorf("sandbox %s: rehearsal: %w", pv.id, err)
-	default:
-		// The agent answered: the code raised (a 400), or the session
-		// cannot run it (a template whose session died). The child is
-		// as good as one restored on a fork's path.
+	case errdefs.IsInvalidArgument(err) && hctx.Err() == nil && !isClosed(sess.Done()):
+		// The rehearsal's code raised (or was stopped at its deadline):
+		// the session is as it was, the child as good as one restored
+		// on a fork's path.
 		e.log.Warn("pooled child not rehearsed", "tag", pv.snap.Tag, "sandbox_id", pv.id, "err", err)
+	default:
+		// The session may be busy still, dead (killed for ignoring
+		// interrupts), or gone: not a child to hand out.
+		return fmt.Errorf("sandbox %s: rehearsal: %w", pv.id, err)
 	}
 	return nil
 }
@@ -120,8 +130,14 @@ func (e *Engine) handOut(ctx context.Context, pv *prepared) (*agentconn.Session,
 	if isClosed(pv.session.Done()) {
 		return nil, fmt.Errorf("sandbox %s: the agent session of a pooled child ended: %w", pv.id, errdefs.ErrUnavailable)
 	}
-	if _, err := e.agentClient(pv.session).SetIdentity(ctx, newIdentity(pv.id)); err != nil {
+	ctx, cancel := context.WithTimeout(ctx, handOutTimeout)
+	defer cancel()
+	info, err := e.agentClient(pv.session).SetIdentity(ctx, newIdentity(pv.id))
+	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: identity: %w (console: %s)", pv.id, err, pv.machine.ConsoleTail(512))
+	}
+	if pv.snap.Python.Enabled && !info.Python {
+		return nil, fmt.Errorf("sandbox %s: its Python session ended in the pool: %w", pv.id, errdefs.ErrUnavailable)
 	}
 	return pv.session, nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/snapshot"
@@ -140,5 +141,54 @@ func TestPooledChildRehearsal(t *testing.T) {
 				t.Fatal("no rehearsal was asked for")
 			}
 		})
+	}
+}
+
+// A pooled child whose rehearsal left its session unusable (the agent
+// answers 412: the session was killed) is not handed out.
+func TestPooledChildWithDeadSessionAfterRehearsal(t *testing.T) {
+	d := &fakeDriver{rehearse: func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusPreconditionFailed)
+		w.Write([]byte(`{"status":412,"code":"failed_precondition","detail":"the Python session was killed"}`))
+	}}
+	e, _ := newFakeEngine(t, d, 1)
+	snap := addPythonSnapshot(t, e, "py")
+	e.Warm("py")
+	p := e.poolFor(snap)
+	waitFor(t, func() bool {
+		_, preparing := p.counts()
+		return d.rehearsals.Load() >= 1 && preparing == 0
+	})
+	if n := e.PoolSize(snap.ID); n != 0 {
+		t.Fatalf("%d children pooled after a rehearsal that killed the session", n)
+	}
+	sbs, err := e.Fork(context.Background(), "py", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sbs[0].Pooled {
+		t.Fatal("the fork took a pooled child whose session was killed")
+	}
+}
+
+// Closing a pool does not wait for a rehearsal in flight.
+func TestPoolCloseCancelsRestoreAhead(t *testing.T) {
+	d := &fakeDriver{rehearse: func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done() // a rehearsal that never ends on its own
+	}}
+	e, _ := newFakeEngine(t, d, 1)
+	snap := addPythonSnapshot(t, e, "py")
+	e.Warm("py")
+	waitFor(t, func() bool { return d.rehearsals.Load() >= 1 })
+	done := make(chan struct{})
+	go func() {
+		e.DropPool(context.Background(), snap.ID)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(rehearseTimeout / 2):
+		t.Fatal("closing the pool waited for the rehearsal")
 	}
 }

@@ -142,7 +142,7 @@ func (m *fakeMachine) Restore(ctx context.Context) (vmm.RestoreTimings, error) {
 	var id atomic.Value // the sandbox id of the last identity
 	id.Store("")
 	info := func() agentapi.Info {
-		return agentapi.Info{SandboxID: id.Load().(string), AgentVersion: "fake", ProtocolVersion: agentapi.Version}
+		return agentapi.Info{SandboxID: id.Load().(string), AgentVersion: "fake", ProtocolVersion: agentapi.Version, Python: true}
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+agentapi.PathInfo, func(w http.ResponseWriter, r *http.Request) {

@@ -18,6 +18,10 @@ type pool struct {
 	// filler tracks the background refill, so close can wait for a VMM
 	// being prepared and discard it instead of leaking it.
 	filler sync.WaitGroup
+	// ctx ends when the pool is closed: a refill restoring ahead (up to
+	// minutes for a rehearsal) gives up instead of holding close up.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	// mu guards the fields below.
 	mu      sync.Mutex
@@ -35,6 +39,7 @@ func (e *Engine) poolFor(snap *snapshot.Snapshot) *pool {
 	p := e.pools[snap.ID]
 	if p == nil {
 		p = &pool{e: e, snap: snap, size: e.cfg.PoolSize}
+		p.ctx, p.cancel = context.WithCancel(context.Background())
 		e.pools[snap.ID] = p
 	}
 	return p
@@ -123,9 +128,9 @@ func (p *pool) refill() {
 				p.mu.Unlock()
 				return
 			}
-			pv, err := p.e.prepare(context.Background(), p.snap, poolNice)
+			pv, err := p.e.prepare(p.ctx, p.snap, poolNice)
 			if err == nil && !p.e.cfg.PoolStartOnly {
-				if err = p.e.restoreAhead(context.Background(), pv); err != nil {
+				if err = p.e.restoreAhead(p.ctx, pv); err != nil {
 					pv.discard(context.Background())
 				}
 			}
@@ -157,6 +162,7 @@ func (p *pool) close(ctx context.Context) {
 	items := p.items
 	p.items = nil
 	p.mu.Unlock()
+	p.cancel()
 	for _, pv := range items {
 		pv.discard(ctx)
 	}

@@ -303,6 +303,15 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 
 	start := time.Now()
 	pv, pooled := p.take()
+	if pv != nil && pv.session != nil && opts.Network != nil {
+		// A child restored ahead has run under the pooled policy, and a
+		// connection opened then would outlive a change of rules: a fork
+		// that asks for another policy gets a VMM restored now.
+		if pol, _, err := e.net.resolve(opts.Network, p.snap.Network.Policy); err == nil && !samePolicy(pol, pv.net.Policy()) {
+			go pv.discard(context.Background())
+			pv, pooled = nil, false
+		}
+	}
 	if pv == nil {
 		if pv, err = e.prepare(ctx, p.snap, 0); err != nil {
 			return nil, err
@@ -323,7 +332,8 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 		return nil, err
 	}
 	if opts.Network != nil {
-		// Before the guest runs: it never sends under the pooled policy.
+		// Before the guest runs (a child restored ahead under another
+		// policy was not taken, above): it never sends under the pooled one.
 		pol, compiled, err := e.net.resolve(opts.Network, p.snap.Network.Policy)
 		if err != nil {
 			return nil, err

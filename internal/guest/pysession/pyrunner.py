@@ -34,13 +34,16 @@ JSON) in a throwaway copy of this process (os.fork), whose output goes to
 /dev/null and which exits when done; this process waits for it. The code
 pages both share are then translated, and nothing of the session changes:
 its globals, cell count, history, generators and open figures are the
-copy's to lose. The copy may not write to the file system (Landlock:
-every write, create, remove and rename is refused; a kernel without
-Landlock fails the rehearsal instead); what it does outside the process
-otherwise (network, child processes, writes to descriptors the session
-holds open) is not undone, so rehearsal code keeps to computation. The
-copy is interrupted like user code (SIGINT to the group) and ends on its
-own after an alarm.
+copy's to lose, and the copy collects no garbage (finalizers of objects
+the session dropped do not run twice). The copy may not write to the file
+system: Landlock refuses writing, creating, removing and renaming files
+(a kernel without Landlock fails the rehearsal instead). Landlock does not
+refuse metadata changes (chmod, utime, xattrs), truncation on kernels
+before 6.2 (ABI 3; the guest's 6.1 has ABI 2), signals, network, child
+processes or writes to descriptors the session holds open: none of that
+is undone, so rehearsal code keeps to computation. It is the snapshot
+author's code, in the author's own guest. The copy is killed (its pid
+alone) past the request's timeout, and ends on its own after an alarm.
 
 Reseeding. Every sandbox forked from a snapshot resumes this process with
 the template's memory, so every generator state in it is the same in all
@@ -71,12 +74,14 @@ so a late interrupt never kills the session.
 
 import ast
 import base64
+import gc
 import json
 import linecache
 import os
 import random
 import signal
 import sys
+import time
 import traceback
 
 REQ_FD = 3
@@ -254,9 +259,11 @@ class Runner:
         return {}
 
 
-    def rehearse(self, code):
+    def rehearse(self, code, timeout_ms=0):
         """Run code as run does, in a throwaway copy of this process (see
-        the module doc); return the copy's failure, if any, as an error."""
+        the module doc); return the copy's failure, if any, as an error.
+        This process waits for the copy, and kills it (SIGKILL, its pid
+        only) past timeout_ms: the session is never interrupted for it."""
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()  # nothing of the parent's is written twice
@@ -266,6 +273,9 @@ class Runner:
         if pid == 0:  # the copy: never returns
             status = 1
             try:
+                # No collection in the copy: the finalizers of garbage the
+                # session has not collected yet must not run twice.
+                gc.disable()
                 signal.alarm(_REHEARSE_ALARM)
                 devnull = os.open(os.devnull, os.O_RDWR)
                 os.dup2(devnull, 0)
@@ -282,20 +292,33 @@ class Runner:
                 status = 2 if "error" in out else 0
             finally:
                 os._exit(status)
+        deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms else None
+        killed = False
         while True:
             try:
-                _, status = os.waitpid(pid, 0)
+                done, status = os.waitpid(pid, os.WNOHANG if deadline else 0)
+            except ChildProcessError:  # SIGCHLD ignored by user code
+                return _rehearsal_error("could not be waited for")
+            if done:
                 break
-            except ChildProcessError:
-                return {}
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                deadline, killed = None, True
+                continue
+            time.sleep(0.01)
         rc = os.waitstatus_to_exitcode(status)
         if rc == 0:
             return {}
-        what = {
+        if killed:
+            return _rehearsal_error("was stopped at its deadline (%d ms)" % timeout_ms)
+        return _rehearsal_error({
             2: "raised an error",
             3: "could not be kept from writing files: the guest kernel has no Landlock",
-        }.get(rc, "ended with status %d" % rc)
-        return {"error": {"name": "RehearsalFailed", "value": "the rehearsal " + what, "traceback": ""}}
+        }.get(rc, "ended with status %d" % rc))
+
+
+def _rehearsal_error(what):
+    return {"error": {"name": "RehearsalFailed", "value": "the rehearsal " + what, "traceback": ""}}
 
 
 # A rehearsal's copy ends after this many seconds whatever it runs.
@@ -399,7 +422,7 @@ def main():
             elif op == "reseed":
                 out = runner.reseed(req["seed"])
             elif op == "rehearse":
-                out = runner.rehearse(req.get("code", ""))
+                out = runner.rehearse(req.get("code", ""), int(req.get("timeout_ms") or 0))
             else:
                 out = {"error": {"name": "ProtocolError", "value": "unknown op %r" % (op,), "traceback": ""}}
         except BaseException as exc:

@@ -625,31 +625,3 @@ func (s *Session) deadOr(err error) error {
 	}
 	return err
 }
-
-// Rehearse runs code in a throwaway copy of the session (the runner's
-// "rehearse": it forks, the copy runs code as run_code would with its
-// output discarded, and exits), so that a pooled child's emulator has
-// translated the code a first request runs before there is one. The
-// session's own state is untouched. A pending reseed is sent first, as
-// before any request. The copy's failure (its code raised, or it was
-// interrupted at timeout) is an error; the session lives on either way.
-func (s *Session) Rehearse(ctx context.Context, code string, timeout time.Duration) error {
-	if err := s.acquire(ctx); err != nil {
-		return err
-	}
-	defer s.release()
-	if err := s.sendPendingSeed(ctx); err != nil {
-		return err
-	}
-	r, _, err := s.call(ctx, map[string]any{"op": "rehearse", "code": code}, timeout)
-	s.stdout.take(true) // the copy's output went to /dev/null; the
-	s.stderr.take(true) // runner's markers are all there is
-	if err != nil {
-		return err
-	}
-	if r.Error != nil {
-		// The code's fault, not the session's: it is fine.
-		return fmt.Errorf("rehearsal: %s: %s: %w", r.Error.Name, r.Error.Value, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
