@@ -210,7 +210,7 @@ func (b *brancher) live(ctx context.Context) (err error) {
 		return err
 	}
 	tStart := time.Now()
-	err = m.qmp.Execute(ctx, "migrate", map[string]string{"uri": "fd:" + branchFD}, nil)
+	err = m.startMigration(ctx)
 	if err == nil {
 		err = hook("migrate") // tests: as though ctx cut the reply off
 	}
@@ -259,20 +259,38 @@ func (b *brancher) live(ctx context.Context) (err error) {
 // on it; right after an earlier background snapshot completed (this
 // daemon's, or an orphan an adopted machine finished) the earlier one may
 // still be registered for a moment (QEMU 10 reports "completed" before it
-// cleans up), and the check fails. That is retried until it passes or
-// compatRetry has passed: a memory QEMU really cannot write-protect is
-// refused before (liveSupport).
+// cleans up), and the check fails. That is retried (retryCleanup): a
+// memory QEMU really cannot write-protect is refused before (liveSupport).
 func (m *Machine) enableBackgroundSnapshot(ctx context.Context) error {
+	return m.retryCleanup(ctx, "not compatible", func() error {
+		return m.qmp.Execute(ctx, "migrate-set-capabilities", backgroundSnapshot(true), nil)
+	})
+}
+
+// startMigration starts the live branch's migration to the state fd. In
+// the same window as above, QEMU 10 may still hold the earlier
+// migration's yank instance and refuse a new one ("duplicate yank
+// instance", before it takes the fd): retried too.
+func (m *Machine) startMigration(ctx context.Context) error {
+	return m.retryCleanup(ctx, "duplicate yank instance", func() error {
+		return m.qmp.Execute(ctx, "migrate", map[string]string{"uri": "fd:" + branchFD}, nil)
+	})
+}
+
+// retryCleanup runs call until it succeeds, fails with another error than
+// a QMP error whose description holds match (what an earlier migration
+// still cleaning up causes), or compatRetry has passed.
+func (m *Machine) retryCleanup(ctx context.Context, match string, call func() error) error {
 	deadline := time.Now().Add(compatRetry)
 	t := time.NewTicker(pollInterval)
 	defer t.Stop()
 	for {
-		err := m.qmp.Execute(ctx, "migrate-set-capabilities", backgroundSnapshot(true), nil)
+		err := call()
 		var qe *qmp.Error
-		if err == nil || !errors.As(err, &qe) || !strings.Contains(qe.Desc, "not compatible") || time.Now().After(deadline) {
+		if err == nil || !errors.As(err, &qe) || !strings.Contains(qe.Desc, match) || time.Now().After(deadline) {
 			return err
 		}
-		m.d.log.Debug("background-snapshot refused; an earlier snapshot may still be cleaning up, trying again", "id", m.cfg.ID, "err", qe.Desc)
+		m.d.log.Debug("refused while an earlier migration may still be cleaning up, trying again", "id", m.cfg.ID, "err", qe.Desc)
 		select {
 		case <-t.C:
 		case <-m.done:
@@ -283,7 +301,7 @@ func (m *Machine) enableBackgroundSnapshot(ctx context.Context) error {
 	}
 }
 
-// compatRetry bounds enableBackgroundSnapshot's retries.
+// compatRetry bounds retryCleanup's retries.
 const compatRetry = 5 * time.Second
 
 // backgroundSnapshot is migrate-set-capabilities' argument that switches
