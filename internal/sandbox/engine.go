@@ -350,4 +350,4 @@ func (e *Engine) PoolSize(snapshotID string) int {
 	return p.ready()
 }
 
-func since(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
+func since(t time.Time) float64 { return millis(time.Since(t)) }
