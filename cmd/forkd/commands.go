@@ -381,7 +381,7 @@ func forkCmd(g *globals) *cobra.Command {
 			}
 			resp, err := c.Fork(cmd.Context(), apiv1.ForkRequest{
 				Tag: tag, Count: n, Metadata: meta, Network: pol, CPUs: cpus,
-				TimeoutSeconds: int64(timeout / time.Second), IdleTimeoutSeconds: int64(idle / time.Second),
+				TimeoutSeconds: lifetimeFlag(cmd, "timeout", timeout), IdleTimeoutSeconds: wholeSeconds(idle),
 			})
 			if err != nil {
 				return err
@@ -407,7 +407,7 @@ func forkCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&tag, "tag", "", "snapshot tag to fork from")
 	cmd.Flags().IntVarP(&n, "count", "n", 1, "number of sandboxes")
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only the sandbox ids")
-	cmd.Flags().DurationVar(&timeout, "timeout", 0, "end each sandbox this long after creation (e.g. 30m; 0: never)")
+	cmd.Flags().DurationVar(&timeout, "timeout", 0, "end each sandbox this long after creation (e.g. 30m; 0: never; default: the daemon's --sandbox-timeout, 1h unless set); change it later with `forkd sandbox timeout`")
 	cmd.Flags().DurationVar(&idle, "idle-timeout", 0, "end a sandbox after this long without requests (0: never)")
 	cmd.Flags().Float64Var(&cpus, "cpus", 0, "CPU limit of each sandbox, e.g. 0.5 (from 0.1 to the snapshot's vCPUs; default: one CPU per vCPU plus half a CPU for its VMM)")
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "metadata label key=value (repeatable)")
@@ -415,6 +415,22 @@ func forkCmd(g *globals) *cobra.Command {
 	addLimitFlags(cmd.Flags(), &limits)
 	cmd.MarkFlagRequired("tag")
 	return cmd
+}
+
+// lifetimeFlag is a duration flag as the API's seconds: nil when not
+// given (the daemon's default applies), else whole seconds, rounded up so
+// that 500ms is not "never".
+func lifetimeFlag(cmd *cobra.Command, name string, d time.Duration) *int64 {
+	if !cmd.Flags().Changed(name) {
+		return nil
+	}
+	s := wholeSeconds(d)
+	return &s
+}
+
+// wholeSeconds is d in seconds, a part of one counting as one.
+func wholeSeconds(d time.Duration) int64 {
+	return int64((d + time.Second - 1) / time.Second)
 }
 
 // parseLabels reads repeated key=value flags.

@@ -122,7 +122,7 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 		DataDir:   g.dataDir, RunDir: d.runDir, Driver: drv, Accel: vmm.Accel(g.accel),
 		RecipeDirs: recipeDirs(g.dataDir), AgentBinary: agent, PoolSize: g.poolSize, PoolStartOnly: g.poolStartOnly,
 		NetNSPrefix: d.netnsPrefix, Logger: d.log, MaxForkCount: g.maxFork, MaxSandboxes: g.maxSandboxes, MaxGuestMemoryMiB: maxGuestMiB,
-		MaxConcurrentBuilds: g.maxBuilds, Metrics: d.metrics, OnEvent: d.onEvent,
+		MaxConcurrentBuilds: g.maxBuilds, Metrics: d.metrics, OnEvent: d.onEvent, DeadRetention: g.deadRetention,
 		State: d.state, KeepSandboxesOnClose: d.state != nil && !g.stopSandboxes,
 		Network:  netCfg,
 		DiskRead: vmm.RateLimit{BytesPerSec: g.diskReadMiBps << 20, OpsPerSec: g.diskReadIOPS},
@@ -204,7 +204,8 @@ func serveCmd(g *globals) *cobra.Command {
 			// The server exists before the engine: lifecycle events go
 			// through its audit gate (a failed write refuses mutating
 			// requests until one succeeds) from the first adoption on.
-			srv := &api.Server{Version: version, Log: log, Metrics: m, Audit: alog, PortDomain: strings.ToLower(strings.Trim(portDomain, ".")), TrustedKeys: trusted}
+			srv := &api.Server{Version: version, Log: log, Metrics: m, Audit: alog, PortDomain: strings.ToLower(strings.Trim(portDomain, ".")), TrustedKeys: trusted,
+				DefaultTimeout: g.sandboxTimeout}
 			if len(trusted) > 0 {
 				log.Info("import policy: archives must be signed by a trusted key", "keys", len(trusted))
 			}
@@ -296,6 +297,10 @@ func serveCmd(g *globals) *cobra.Command {
 	f.Float64Var(&g.guestMemShare, "guest-memory-share", defaultGuestMemShare,
 		"most guest memory committed to sandboxes running, starting and pooled, as a multiple of the host's RAM; a fork past it is refused (429) with the numbers. Above 1 because clones share their parent's memory copy-on-write and few touch all of theirs. 0: no limit")
 	f.IntVar(&g.maxBuilds, "max-builds", 2, "most image builds and snapshot creations at once (a tenant without a max_builds quota: all but one)")
+	f.DurationVar(&g.sandboxTimeout, "sandbox-timeout", api.DefaultSandboxTimeout,
+		"lifetime of a sandbox whose fork names none (fork --timeout, the API's timeout_s): a leaked one is reclaimed; 0: no limit")
+	f.DurationVar(&g.deadRetention, "dead-retention", time.Hour,
+		"how long a sandbox whose VMM died stays listed, with why it died, before it is forgotten (0: until killed)")
 	f.StringVar(&listen, "listen", "", "also serve the API on TCP HOST:PORT (bearer tokens always; TLS required off loopback)")
 	f.StringVar(&tlsCert, "tls-cert", "", "PEM certificate (chain) for --listen")
 	f.StringVar(&tlsKey, "tls-key", "", "PEM private key for --listen")

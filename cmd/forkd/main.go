@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -49,6 +50,9 @@ type globals struct {
 	// a multiple of the host's RAM (0: no bound).
 	guestMemShare float64
 	maxBuilds     int
+	// sandboxTimeout is the lifetime of a sandbox whose fork names none;
+	// deadRetention how long a dead one stays listed.
+	sandboxTimeout, deadRetention time.Duration
 	// stopSandboxes: serve stops sandboxes on exit instead of leaving them
 	// for the next daemon.
 	stopSandboxes bool

@@ -5,12 +5,14 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -40,8 +42,69 @@ func sandboxCmd(g *globals) *cobra.Command {
 	}
 	ls := lsCmd(g)
 	ls.Aliases = []string{"list"}
-	cmd.AddCommand(info, ls, sandboxNetworkCmd(g))
+	cmd.AddCommand(info, ls, sandboxNetworkCmd(g), sandboxTimeoutCmd(g))
 	return cmd
+}
+
+// sandboxTimeoutCmd extends or shortens a running sandbox's life.
+func sandboxTimeoutCmd(g *globals) *cobra.Command {
+	var idle time.Duration
+	cmd := &cobra.Command{
+		Use:   "timeout ID DURATION [--idle DURATION]",
+		Short: "End a running sandbox DURATION from now (e.g. 30m; 0: never), whatever its timeout was",
+		Example: "  forkd sandbox timeout sb-0123456789 2h\n" +
+			"  forkd sandbox timeout sb-0123456789 0            # no limit: kill it yourself\n" +
+			"  forkd sandbox timeout sb-0123456789 1h --idle 10m",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			d, err := parseLifetime(args[1])
+			if err != nil {
+				return err
+			}
+			secs := wholeSeconds(d)
+			c, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			s, err := c.SetLifetime(cmd.Context(), args[0], apiv1.SandboxPatch{
+				TimeoutSeconds: &secs, IdleTimeoutSeconds: lifetimeFlag(cmd, "idle", idle),
+			})
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return printJSON(s)
+			}
+			if s.ExpiresAt == nil {
+				fmt.Printf("%s: no timeout\n", s.ID)
+			} else {
+				fmt.Printf("%s: ends at %s (in %s)\n", s.ID, s.ExpiresAt.Local().Format(time.DateTime), time.Until(*s.ExpiresAt).Round(time.Second))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&idle, "idle", 0, "also set the idle timeout: end it after this long without requests (0: never)")
+	return cmd
+}
+
+// maxLifetimeArg bounds what parseLifetime accepts before the daemon's own
+// check (7 days): far above it, far below a Duration's overflow.
+const maxLifetimeArg = 100 * 365 * 24 * time.Hour
+
+// parseLifetime reads a timeout argument: a Go duration ("90s", "2h30m")
+// or a bare number of seconds; "0" and "never" mean no limit.
+func parseLifetime(s string) (time.Duration, error) {
+	if s == "never" || s == "none" {
+		return 0, nil
+	}
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil && n >= 0 && n <= int64(maxLifetimeArg/time.Second) {
+		return time.Duration(n) * time.Second, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("timeout %q: want a duration such as 90s, 30m or 2h (0 or never: no limit): %w", s, errdefs.ErrInvalidArgument)
+	}
+	return d, nil
 }
 
 // printSandbox writes every field of s, multi-line ones (a dead reason, the
@@ -58,6 +121,9 @@ func printSandbox(w io.Writer, s apiv1.Sandbox) {
 		field("dead reason", vmm.EscapeConsole(s.DeadReason))
 	}
 	field("created", s.Created.Local().Format(time.DateTime))
+	if s.EndedAt != nil {
+		field("ended", s.EndedAt.Local().Format(time.DateTime))
+	}
 	how := "a VMM started for it"
 	switch {
 	case s.Rehearsed:

@@ -188,7 +188,7 @@ func TestWrongMethodIs405(t *testing.T) {
 	h := (&Server{}).Handler()
 	for _, c := range []struct{ method, path, allow string }{
 		{http.MethodDelete, "/v1/sandboxes", "GET, HEAD, POST"},
-		{http.MethodPatch, "/v1/sandboxes/sb-1", "GET, HEAD, DELETE"},
+		{http.MethodPut, "/v1/sandboxes/sb-1", "GET, HEAD, PATCH, DELETE"},
 		{http.MethodGet, "/v1/sandboxes/sb-1/exec", "POST"},
 		{http.MethodPost, "/v1/healthz", "GET, HEAD"},
 	} {

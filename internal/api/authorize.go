@@ -89,6 +89,7 @@ var routePolicies = map[string]policy{
 
 	"GET /v1/sandboxes/{id}":                           {reader, sandboxScope},
 	"DELETE /v1/sandboxes/{id}":                        {writer, sandboxScope},
+	"PATCH /v1/sandboxes/{id}":                         {writer, sandboxScope},
 	"POST /v1/sandboxes/{id}/exec":                     {writer, sandboxScope},
 	"GET /v1/sandboxes/{id}/processes":                 {reader, sandboxScope},
 	"POST /v1/sandboxes/{id}/processes/{pid}/stdin":    {writer, sandboxScope},

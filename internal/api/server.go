@@ -67,6 +67,9 @@ type Server struct {
 	// TrustedKeys, if any, is the import policy: an archive must be
 	// signed by one of them (403 otherwise; archive.go).
 	TrustedKeys []ed25519.PublicKey
+	// DefaultTimeout is the lifetime of a sandbox whose fork names none
+	// (0: no limit); see lifetime.go.
+	DefaultTimeout time.Duration
 
 	proxyOnce   sync.Once
 	proxy       *httputil.ReverseProxy
@@ -119,6 +122,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/kill", s.kill)
 	mux.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
+	mux.HandleFunc("PATCH /v1/sandboxes/{id}", s.patchSandbox)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", s.exec)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/processes", s.listProcesses)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/processes/{pid}/stdin", s.processStdin)
@@ -308,8 +312,8 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	p := s.principalOf(r)
 	opts := sandbox.ForkOptions{
 		Tag: req.Tag, Count: req.Count, Labels: req.Metadata, RequestID: requestID(r), Network: policyOf(req.Network),
-		Timeout:     time.Duration(req.TimeoutSeconds) * time.Second,
-		IdleTimeout: time.Duration(req.IdleTimeoutSeconds) * time.Second,
+		Timeout:     s.forkTimeout(req.TimeoutSeconds),
+		IdleTimeout: secondsOf(req.IdleTimeoutSeconds),
 		Tenant:      auth.TenantOf(p.Tenant),
 	}
 	if req.CPUs != 0 {

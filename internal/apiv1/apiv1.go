@@ -192,13 +192,24 @@ type FileEntry struct {
 	SHA256 string `json:"sha256"`
 }
 
+// SandboxPatch is PATCH /v1/sandboxes/{id}: a running sandbox's new
+// lifetime. Absent fields stay as they are.
+type SandboxPatch struct {
+	// TimeoutSeconds ends the sandbox this long from now (0: never),
+	// whatever its timeout was: E2B's set_timeout.
+	TimeoutSeconds *int64 `json:"timeout_s,omitempty"`
+	// IdleTimeoutSeconds is its new idle timeout (0: none).
+	IdleTimeoutSeconds *int64 `json:"idle_timeout_s,omitempty"`
+}
+
 // ForkRequest is POST /v1/sandboxes: N children of a snapshot tag.
 type ForkRequest struct {
 	Tag   string `json:"tag"`
 	Count int    `json:"count"`
-	// TimeoutSeconds ends each sandbox this long after it was created
-	// (0: no limit).
-	TimeoutSeconds int64 `json:"timeout_s,omitempty"`
+	// TimeoutSeconds ends each sandbox this long after it was created;
+	// 0: no limit; absent: the daemon's default (forkd serve
+	// --sandbox-timeout, one hour unless set).
+	TimeoutSeconds *int64 `json:"timeout_s,omitempty"`
 	// IdleTimeoutSeconds ends a sandbox that received no request (exec,
 	// files, run_code) for this long (0: no limit).
 	IdleTimeoutSeconds int64 `json:"idle_timeout_s,omitempty"`
@@ -296,6 +307,9 @@ type Sandbox struct {
 	Metadata map[string]string `json:"metadata,omitempty"`
 	// ExpiresAt is when the sandbox's absolute timeout ends it (zero: never).
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	// EndedAt is when a dead sandbox was found dead; it leaves the list
+	// the daemon's retention period (--dead-retention) later.
+	EndedAt *time.Time `json:"ended_at,omitempty"`
 	// IdleTimeoutSeconds ends the sandbox after that long without requests.
 	IdleTimeoutSeconds int64     `json:"idle_timeout_s,omitempty"`
 	LastActivity       time.Time `json:"last_activity"`

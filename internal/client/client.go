@@ -485,6 +485,13 @@ func (c *Client) SetNetwork(ctx context.Context, id string, p apiv1.NetworkPolic
 	return out, c.call(ctx, http.MethodPut, "/v1/sandboxes/"+url.PathEscape(id)+"/network", nil, p, &out)
 }
 
+// SetLifetime changes a running sandbox's timeout (from now) or idle
+// timeout (PATCH /v1/sandboxes/{id}).
+func (c *Client) SetLifetime(ctx context.Context, id string, p apiv1.SandboxPatch) (apiv1.Sandbox, error) {
+	var out apiv1.Sandbox
+	return out, c.call(ctx, http.MethodPatch, "/v1/sandboxes/"+url.PathEscape(id), nil, p, &out)
+}
+
 // Port says where a sandbox's TCP port is served (the proxy path, and the
 // host when the daemon routes PORT-ID.DOMAIN).
 func (c *Client) Port(ctx context.Context, id string, port int) (apiv1.Port, error) {

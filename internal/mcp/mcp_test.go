@@ -563,8 +563,14 @@ func TestCreateDefaults(t *testing.T) {
 	mustOK(t, "fork", res)
 	var fo ForkOutput
 	structured(t, res, &fo)
-	if len(got) != 3 || got[0].TimeoutSeconds != 3600 || got[0].Metadata["task"] != "t1" || got[0].Count != 1 ||
-		got[1].TimeoutSeconds != 0 || got[2].Count != 3 || got[2].TimeoutSeconds != 60 || got[2].IdleTimeoutSeconds != 30 || len(fo.Sandboxes) != 3 {
+	secs := func(p *int64) int64 {
+		if p == nil {
+			return -1 // absent: the daemon's default, which the tools never leave to it
+		}
+		return *p
+	}
+	if len(got) != 3 || secs(got[0].TimeoutSeconds) != 3600 || got[0].Metadata["task"] != "t1" || got[0].Count != 1 ||
+		secs(got[1].TimeoutSeconds) != 0 || got[2].Count != 3 || secs(got[2].TimeoutSeconds) != 60 || got[2].IdleTimeoutSeconds != 30 || len(fo.Sandboxes) != 3 {
 		t.Errorf("fork requests %+v, output %+v", got, fo)
 	}
 }

@@ -166,7 +166,7 @@ func (t *tools) fork(ctx context.Context, tag string, n int, timeout *int64, idl
 		return apiv1.ForkResponse{}, err
 	}
 	return t.b.Fork(ctx, apiv1.ForkRequest{
-		Tag: tag, Count: n, TimeoutSeconds: lifetime(timeout), IdleTimeoutSeconds: idle, Metadata: md, Network: policy,
+		Tag: tag, Count: n, TimeoutSeconds: ptr(lifetime(timeout)), IdleTimeoutSeconds: idle, Metadata: md, Network: policy,
 	})
 }
 

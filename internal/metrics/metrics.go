@@ -80,6 +80,7 @@ type Metrics struct {
 	agentRPCErrors *prometheus.CounterVec
 	requests       *prometheus.HistogramVec
 	auditFailures  prometheus.Counter
+	sandboxEvents  *prometheus.CounterVec
 
 	state atomic.Pointer[func() State]
 
@@ -147,6 +148,13 @@ func New(version string) *Metrics {
 			Name: "forkd_audit_write_failures_total",
 			Help: "Audit records that could not be written; while writes fail, mutating API requests are refused (503).",
 		}),
+		sandboxEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "forkd_sandbox_events_total",
+			Help: "Sandbox lifecycle events: created, failed (asked of a fork that failed), expired (timeout or idle timeout), died (VMM exited on its own), killed (on request).",
+		}, []string{"event"}),
+	}
+	for _, ev := range SandboxEvents {
+		m.sandboxEvents.WithLabelValues(ev)
 	}
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "forkd_build_info",
@@ -158,7 +166,7 @@ func New(version string) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo,
-		m.forkReady, m.vmmPhase, m.branchPause, m.branchBytes, m.agentRPC, m.agentRPCErrors, m.requests, m.auditFailures,
+		m.forkReady, m.vmmPhase, m.branchPause, m.branchBytes, m.agentRPC, m.agentRPCErrors, m.requests, m.auditFailures, m.sandboxEvents,
 		stateCollector{m},
 	)
 	return m
@@ -310,4 +318,29 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(pooledDesc, prometheus.GaugeValue, float64(s.PooledVMMs))
 	ch <- prometheus.MustNewConstMetric(snapshotsDesc, prometheus.GaugeValue, float64(s.Snapshots))
 	ch <- prometheus.MustNewConstMetric(snapshotBytesDesc, prometheus.GaugeValue, float64(s.SnapshotBytes))
+}
+
+// Sandbox lifecycle events, the values of forkd_sandbox_events_total's
+// event label.
+const (
+	SandboxCreated = "created" // a fork answered with it
+	SandboxFailed  = "failed"  // asked of a fork that failed
+	SandboxExpired = "expired" // its timeout or idle timeout ended it
+	SandboxDied    = "died"    // its VMM exited on its own
+	SandboxKilled  = "killed"  // killed on request
+)
+
+// SandboxEvents lists every event label value; each series exists from
+// the start, at 0.
+var SandboxEvents = []string{SandboxCreated, SandboxFailed, SandboxExpired, SandboxDied, SandboxKilled}
+
+// ObserveSandboxEvent counts one sandbox lifecycle event (SandboxCreated, ...).
+func (m *Metrics) ObserveSandboxEvent(event string) { m.ObserveSandboxEvents(event, 1) }
+
+// ObserveSandboxEvents counts n sandboxes reaching event.
+func (m *Metrics) ObserveSandboxEvents(event string, n int) {
+	if m == nil || n <= 0 {
+		return
+	}
+	m.sandboxEvents.WithLabelValues(event).Add(float64(n))
 }

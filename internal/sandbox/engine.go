@@ -73,6 +73,9 @@ type Config struct {
 	Metrics *metrics.Metrics
 	// OnEvent, if set, is told about lifecycle events (died, expired).
 	OnEvent func(Event)
+	// DeadRetention is how long a dead sandbox stays listed, with why it
+	// died, before it is forgotten (0: until killed).
+	DeadRetention time.Duration
 	// State, if set, records every sandbox durably, so a restarted daemon
 	// re-adopts running VMMs instead of killing them.
 	State *state.Store

@@ -9,6 +9,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/egress"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/metrics"
 )
 
 // ForkOptions say what to fork and how long the children may live.
@@ -126,6 +127,7 @@ func (e *Engine) janitor(ctx context.Context) {
 			return
 		case now := <-t.C:
 			e.expireAt(ctx, now)
+			e.forgetDeadAt(now)
 		}
 	}
 }
@@ -138,7 +140,7 @@ func (e *Engine) expireAt(ctx context.Context, now time.Time) {
 			continue
 		}
 		e.log.Info("sandbox expired", "sandbox_id", s.ID, "reason", why)
-		e.Kill(ctx, []string{s.ID})
+		e.end(ctx, []string{s.ID}, metrics.SandboxExpired)
 		if e.cfg.OnEvent != nil {
 			e.cfg.OnEvent(Event{Kind: EventExpired, SandboxID: s.ID, Reason: why})
 		}
@@ -185,3 +187,79 @@ const (
 	EventBranchReady  = "snapshot.branch_ready"
 	EventBranchFailed = "snapshot.branch_failed"
 )
+
+// Lifetime is a change to a running sandbox's lifetime (SetLifetime): a
+// nil field stays as it is.
+type Lifetime struct {
+	// Timeout ends the sandbox this long from now (0: never).
+	Timeout *time.Duration
+	// IdleTimeout is its new idle timeout (0: none).
+	IdleTimeout *time.Duration
+}
+
+// SetLifetime extends or shortens a running sandbox's life, durably: the
+// absolute timeout counts from now, as E2B's set_timeout. A sandbox that
+// is ending (its timeout passed, or it is being killed) or dead cannot be
+// given more life.
+func (e *Engine) SetLifetime(id string, l Lifetime) (*Sandbox, error) {
+	bad := func(what string, d time.Duration) error {
+		return fmt.Errorf("%s %s: must be between 0 (none) and %s: %w", what, d, MaxTimeout, errdefs.ErrInvalidArgument)
+	}
+	if l.Timeout != nil && (*l.Timeout < 0 || *l.Timeout > MaxTimeout) {
+		return nil, bad("timeout", *l.Timeout)
+	}
+	if l.IdleTimeout != nil && (*l.IdleTimeout < 0 || *l.IdleTimeout > MaxTimeout) {
+		return nil, bad("idle timeout", *l.IdleTimeout)
+	}
+	s, err := e.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	switch {
+	case s.state != apiv1.StateRunning || s.killed:
+		st := s.apiStateLocked()
+		s.mu.Unlock()
+		return nil, fmt.Errorf("sandbox %s is %s: only a running sandbox's lifetime can change: %w", id, st, errdefs.ErrFailedPrecondition)
+	case s.ending != "":
+		why := s.ending
+		s.mu.Unlock()
+		return nil, fmt.Errorf("sandbox %s is ending (%s): fork a new one: %w", id, why, errdefs.ErrFailedPrecondition)
+	}
+	if l.Timeout != nil {
+		s.expiresAt = time.Time{}
+		if *l.Timeout > 0 {
+			s.expiresAt = time.Now().UTC().Add(*l.Timeout)
+		}
+	}
+	if l.IdleTimeout != nil {
+		s.idleTimeout = *l.IdleTimeout
+	}
+	s.mu.Unlock()
+	if err := e.persist(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// forgetDeadAt forgets the dead sandboxes found dead more than the
+// retention period before now, records included: a host whose sandboxes
+// crash does not list them forever.
+func (e *Engine) forgetDeadAt(now time.Time) {
+	keep := e.cfg.DeadRetention
+	if keep <= 0 {
+		return
+	}
+	for _, s := range e.List() {
+		s.mu.Lock()
+		old := s.state == apiv1.StateDead && !s.endedAt.IsZero() && now.Sub(s.endedAt) > keep
+		s.mu.Unlock()
+		if !old {
+			continue
+		}
+		<-s.exited // teardown ran (watch closes it after its last write)
+		e.unpersist(s)
+		e.forget(s.ID)
+		e.log.Info("dead sandbox forgotten", "sandbox_id", s.ID, "retention", keep)
+	}
+}

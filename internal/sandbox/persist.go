@@ -36,7 +36,7 @@ func (e *Engine) record(s *Sandbox) state.SandboxRecord {
 		ID: s.ID, Tag: s.Tag, SnapshotID: s.SnapshotID, Created: s.Created,
 		ReadyMillis: s.ReadyMillis, Pooled: s.Pooled, State: s.state,
 		DeadReason: s.deadReason, ConsoleTail: s.consoleTail, NetNS: s.netns, GuestIP: s.GuestIP, PendingFork: s.pendingFork,
-		Labels: s.labels, ExpiresAt: s.expiresAt, IdleTimeoutSeconds: int64(s.idleTimeout / time.Second),
+		Labels: s.labels, ExpiresAt: s.expiresAt, IdleTimeoutSeconds: int64(s.idleTimeout / time.Second), EndedAt: s.endedAt,
 		VMM: e.cfg.Driver.Name(), Process: vmm.ProcessIdentity{PID: s.pid}, Tenant: s.Tenant, CPUMillicores: s.CPUMillicores,
 	}
 	if s.net != nil {
@@ -127,6 +127,7 @@ func (e *Engine) adoptRecorded() map[string]bool {
 		s, err := adopted[i], errs[i]
 		if err != nil {
 			rec.State = apiv1.StateDead
+			rec.EndedAt = time.Now().UTC()
 			rec.DeadReason = "VMM lost while the daemon was down: " + err.Error()
 			e.log.Warn("sandbox lost across restart", "sandbox_id", rec.ID, "err", err)
 			e.registerDead(rec)
@@ -305,7 +306,11 @@ func (e *Engine) registerDead(rec state.SandboxRecord) {
 		netns: rec.NetNS, state: apiv1.StateDead,
 		// Recorded by an older daemon maybe, which did not escape them.
 		deadReason: vmm.EscapeConsole(rec.DeadReason), consoleTail: vmm.EscapeConsole(rec.ConsoleTail),
-		labels: rec.Labels, exited: make(chan struct{}),
+		labels: rec.Labels, exited: make(chan struct{}), endedAt: rec.EndedAt,
+	}
+	if s.endedAt.IsZero() {
+		// Recorded before EndedAt existed: its retention starts now.
+		s.endedAt = time.Now().UTC()
 	}
 	close(s.exited)
 	cleanupDeadResources(rec)

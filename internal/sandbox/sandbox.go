@@ -17,6 +17,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/cleanup"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/metrics"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
@@ -68,15 +69,19 @@ type Sandbox struct {
 	// while holding it.
 	recMu sync.Mutex
 
-	labels      map[string]string
-	expiresAt   time.Time // zero: no absolute timeout
-	idleTimeout time.Duration
-	lastActive  atomic.Int64 // unix nanoseconds of the last agent request
+	labels     map[string]string
+	lastActive atomic.Int64 // unix nanoseconds of the last agent request
 
 	// mu guards the fields below.
-	mu          sync.Mutex
+	mu sync.Mutex
+	// expiresAt and idleTimeout are the lifetime (SetLifetime changes
+	// them): zero, no absolute or idle timeout.
+	expiresAt   time.Time
+	idleTimeout time.Duration
 	state       string
 	deadReason  string
+	// endedAt is when the sandbox was found dead (zero while running).
+	endedAt     time.Time
 	consoleTail string
 	killed      bool
 	exited      chan struct{} // closed after teardown ran
@@ -132,12 +137,13 @@ func (s *Sandbox) Info() apiv1.Sandbox {
 		NetNS: s.netns, GuestIP: s.GuestIP,
 		DeadReason: s.deadReason, ConsoleTail: s.consoleTail,
 		Metadata: s.labels, IdleTimeoutSeconds: int64(s.idleTimeout / time.Second),
-		LastActivity: s.LastActivity().UTC(), ExpiresAt: expiresAt(s.expiresAt),
+		LastActivity: s.LastActivity().UTC(), ExpiresAt: utcOrNil(s.expiresAt), EndedAt: utcOrNil(s.endedAt),
 		Network: s.NetworkInfo(false), Tenant: s.Tenant, CPUs: float64(s.CPUMillicores) / 1000,
 	}
 }
 
-func expiresAt(t time.Time) *time.Time {
+// utcOrNil is t in UTC for the API, nil when zero (never, not yet).
+func utcOrNil(t time.Time) *time.Time {
 	if t.IsZero() {
 		return nil
 	}
@@ -158,12 +164,14 @@ func (s *Sandbox) watch(e *Engine) {
 		s.state = apiv1.StateStopped
 	} else {
 		s.state = apiv1.StateDead
+		s.endedAt = time.Now().UTC()
 		reason := "VMM process exited"
 		if err := s.machine.ExitError(); err != nil {
 			reason = err.Error()
 		}
 		s.deadReason = reason
 		s.consoleTail = tail
+		e.cfg.Metrics.ObserveSandboxEvent(metrics.SandboxDied)
 		e.log.Warn("sandbox died", "sandbox_id", s.ID, "reason", reason)
 		if e.cfg.OnEvent != nil {
 			defer e.cfg.OnEvent(Event{Kind: EventDied, SandboxID: s.ID, Reason: reason})
@@ -302,6 +310,13 @@ func (e *Engine) List() []*Sandbox {
 // Kill stops sandboxes by id and forgets them; a dead sandbox's record is
 // removed. Unknown ids are reported after the known ones are killed.
 func (e *Engine) Kill(ctx context.Context, ids []string) ([]string, error) {
+	return e.end(ctx, ids, metrics.SandboxKilled)
+}
+
+// end stops sandboxes by id and forgets them, counting each running one
+// under event (a lifecycle counter; "": not counted, as the children of a
+// fork that failed, counted as failed).
+func (e *Engine) end(ctx context.Context, ids []string, event string) ([]string, error) {
 	var killed, unknown []string
 	var wg sync.WaitGroup
 	for _, id := range ids {
@@ -311,6 +326,9 @@ func (e *Engine) Kill(ctx context.Context, ids []string) ([]string, error) {
 			continue
 		}
 		killed = append(killed, id)
+		if event != "" && s.State() != apiv1.StateDead {
+			e.cfg.Metrics.ObserveSandboxEvent(event)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

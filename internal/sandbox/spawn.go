@@ -243,9 +243,11 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) ([]*Sandbox, er
 				ids = append(ids, s.ID)
 			}
 		}
-		e.Kill(context.WithoutCancel(ctx), ids)
+		e.end(context.WithoutCancel(ctx), ids, "")
+		e.cfg.Metrics.ObserveSandboxEvents(metrics.SandboxFailed, n)
 		return nil, firstErr
 	}
+	e.cfg.Metrics.ObserveSandboxEvents(metrics.SandboxCreated, n)
 	return results, nil
 }
 

@@ -36,6 +36,10 @@ type SandboxRecord struct {
 	// the idle one (0: none). A later daemon keeps enforcing both.
 	ExpiresAt          time.Time `json:"expires_at,omitempty"`
 	IdleTimeoutSeconds int64     `json:"idle_timeout_s,omitempty"`
+	// EndedAt is when a dead sandbox's VMM was found gone (zero while it
+	// runs, and in records written before it existed): the dead leave
+	// the list a retention period after it.
+	EndedAt time.Time `json:"ended_at,omitempty"`
 	// VMM is the driver that started the machine ("qemu"): only it can
 	// adopt the process.
 	VMM string `json:"vmm"`
