@@ -14,7 +14,7 @@ Standard library only; Python >= 3.9. See README.md for the full guide.
 """
 
 from ._http import DEFAULT_REQUEST_TIMEOUT
-from .client import Branch, Client, Sandboxes, Snapshots
+from .client import DEFAULT_SANDBOX_TIMEOUT, Branch, Client, Sandboxes, Snapshots
 from .errors import (
     AuthenticationError,
     PermissionDenied,
@@ -56,6 +56,7 @@ CommandExitException = CommandExitError
 __all__ = [
     "__version__",
     "DEFAULT_REQUEST_TIMEOUT",
+    "DEFAULT_SANDBOX_TIMEOUT",
     "Client",
     "Snapshots",
     "Sandboxes",

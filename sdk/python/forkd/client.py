@@ -40,6 +40,22 @@ __all__ = ["Client", "Snapshots", "Sandboxes", "Branch"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
+#: A new sandbox's lifetime in seconds when the caller names none: five
+#: minutes, as E2B. Pass ``timeout=0`` for no limit, ``timeout=None`` for
+#: the daemon's default, or extend a running one with ``set_timeout``.
+DEFAULT_SANDBOX_TIMEOUT = 300.0
+
+
+def _whole_seconds(v: float, what: str) -> int:
+    """A lifetime for the wire: whole seconds, a part of one counting as
+    one (0.5 is not "never")."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0:
+        raise InvalidArgument("%s must be a number of seconds >= 0 (0: no limit), not %r" % (what, v))
+    if v == float("inf"):
+        raise InvalidArgument("%s must be finite; use 0 for no limit" % what)
+    n = int(v)
+    return n + 1 if n < v else n
+
 
 def _q(segment: str, what: str) -> str:
     """A path segment, refusing empty ones (the daemon would redirect)."""
@@ -527,6 +543,24 @@ class Sandboxes:
             q["label"] = ["%s=%s" % (k, v) for k, v in labels.items()]
         return [SandboxInfo.from_json(d) for d in (self._c._json("GET", "/v1/sandboxes", query=q) or [])]
 
+    def set_timeout(
+        self, sandbox_id: str, timeout: float, *, idle_timeout: Optional[float] = None
+    ) -> SandboxInfo:
+        """End a running sandbox ``timeout`` seconds from now (0: never),
+        whatever its timeout was; ``idle_timeout``, if given, replaces its
+        idle timeout (0: none). Returns the sandbox as it now is.
+
+        Raises:
+            InvalidArgument: a negative timeout or one over the daemon's
+            limit (7 days). Conflict: the sandbox is dead or already ending.
+            NotFound: no such sandbox (an expired one is forgotten).
+        """
+        body: Dict[str, Any] = {"timeout_s": _whole_seconds(timeout, "timeout")}
+        if idle_timeout is not None:
+            body["idle_timeout_s"] = _whole_seconds(idle_timeout, "idle_timeout")
+        path = "/v1/sandboxes/" + _q(sandbox_id, "sandbox id")
+        return SandboxInfo.from_json(self._c._json("PATCH", path, body=body, what="set timeout of %s" % sandbox_id))
+
     def get(self, sandbox_id: str) -> SandboxInfo:
         """One sandbox. Raises NotFound (a killed sandbox is forgotten)."""
         return SandboxInfo.from_json(self._c._json("GET", "/v1/sandboxes/" + _q(sandbox_id, "sandbox id")))
@@ -536,7 +570,7 @@ class Sandboxes:
         tag: str,
         n: int = 1,
         *,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = DEFAULT_SANDBOX_TIMEOUT,
         idle_timeout: Optional[float] = None,
         metadata: Optional[Mapping[str, str]] = None,
         network: Optional[NetworkPolicyLike] = None,
@@ -548,7 +582,9 @@ class Sandboxes:
 
         Args:
             timeout: Seconds after which the daemon kills each sandbox
-                (None: no limit).
+                (default 300, as E2B; 0: no limit; None: the daemon's
+                default, an hour unless configured). Change it later with
+                :meth:`set_timeout`.
             idle_timeout: Kill a sandbox after this many seconds without a
                 request (None: no limit).
             metadata: Labels for every sandbox; ``list(labels=...)`` filters on them.
@@ -568,8 +604,8 @@ class Sandboxes:
             raise InvalidArgument("n must be an int >= 1, not %r" % (n,))
         net = _network_body(network)
         body: Dict[str, Any] = {"tag": tag, "count": n}
-        if timeout:
-            body["timeout_s"] = max(1, int(round(timeout)))
+        if timeout is not None:
+            body["timeout_s"] = _whole_seconds(timeout, "timeout")
         if idle_timeout:
             body["idle_timeout_s"] = max(1, int(round(idle_timeout)))
         if metadata:

@@ -305,6 +305,10 @@ class SandboxInfo:
     dead_reason: Optional[str] = None
     metadata: Dict[str, str] = field(default_factory=dict)
     expires_at: Optional[_dt.datetime] = None
+    """When its timeout ends it (None: no limit)."""
+    ended_at: Optional[_dt.datetime] = None
+    """When a dead sandbox was found dead; it leaves the list the daemon's
+    retention period later."""
     idle_timeout_s: Optional[int] = None
     last_activity: Optional[_dt.datetime] = None
     console_tail: Optional[str] = None
@@ -331,6 +335,7 @@ class SandboxInfo:
             dead_reason=d.get("dead_reason"),
             metadata=_str_map(d.get("metadata")),
             expires_at=parse_time(d.get("expires_at")),
+            ended_at=parse_time(d.get("ended_at")),
             idle_timeout_s=d.get("idle_timeout_s"),
             last_activity=parse_time(d.get("last_activity")),
             console_tail=d.get("console_tail"),

@@ -29,7 +29,7 @@ from typing import (
 )
 
 from ._http import DEFAULT, DEFAULT_REQUEST_TIMEOUT, Response, _BLOCK
-from .client import Branch, Client, _iter_file, _q, _remaining_size
+from .client import DEFAULT_SANDBOX_TIMEOUT, Branch, Client, _iter_file, _q, _remaining_size
 from .errors import (
     CommandExitError,
     Conflict,
@@ -128,7 +128,7 @@ class Sandbox:
         cls,
         tag: str,
         *,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = DEFAULT_SANDBOX_TIMEOUT,
         idle_timeout: Optional[float] = None,
         metadata: Optional[Mapping[str, str]] = None,
         network: Optional[NetworkPolicyLike] = None,
@@ -144,8 +144,10 @@ class Sandbox:
 
         Args:
             tag: The snapshot to fork from.
-            timeout: Seconds after which the daemon kills the sandbox
-                (None: it lives until killed).
+            timeout: Seconds after which the daemon kills the sandbox:
+                default 300 (five minutes, as E2B); 0: no limit; None: the
+                daemon's default (an hour unless configured). Extend it
+                with :meth:`set_timeout`.
             idle_timeout: Kill it after this many seconds without a request.
             metadata: Labels (str -> str); ``Sandbox.list(labels=...)`` filters on them.
             network: What the sandbox may reach: a :class:`NetworkPolicy`,
@@ -173,7 +175,7 @@ class Sandbox:
         tag: str,
         n: int,
         *,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = DEFAULT_SANDBOX_TIMEOUT,
         idle_timeout: Optional[float] = None,
         metadata: Optional[Mapping[str, str]] = None,
         network: Optional[NetworkPolicyLike] = None,
@@ -303,6 +305,22 @@ class Sandbox:
         body = NetworkPolicy.parse(policy).to_json()
         data = self.client._json("PUT", self._path + "/network", body=body, what="set network of %s" % self.id)
         return SandboxNetwork.from_json(data)
+
+    def set_timeout(self, timeout: float, *, idle_timeout: Optional[float] = None) -> SandboxInfo:
+        """End the running sandbox ``timeout`` seconds from now (0: never),
+        whatever its timeout was, as E2B's ``set_timeout``: call it again
+        to keep a sandbox alive. ``idle_timeout``, if given, replaces its
+        idle timeout (0: none).
+
+        Returns:
+            The sandbox as it now is (``expires_at``).
+
+        Raises:
+            InvalidArgument: a negative timeout, or one over the daemon's
+            limit (7 days). Conflict: the sandbox is dead or already ending.
+            NotFound: no such sandbox (an expired one is forgotten).
+        """
+        return self.client.sandboxes.set_timeout(self.id, timeout, idle_timeout=idle_timeout)
 
     def get_port(self, port: int) -> PortInfo:
         """Where the daemon serves TCP ``port`` of this sandbox: the proxy

@@ -62,8 +62,9 @@ def sandbox(client: forkd.Client, test_tag: str) -> Iterator[forkd.Sandbox]:
 
 @pytest.fixture(scope="module")
 def py_sandbox(client: forkd.Client, py_tag: str) -> Iterator[forkd.Sandbox]:
-    """A Python sandbox shared by a test module (run_code state persists)."""
-    sb = forkd.Sandbox.create(py_tag, client=client, metadata={"suite": "sdk-python"})
+    """A Python sandbox shared by a test module (run_code state persists).
+    It outlives the default five minutes on a slow machine: an hour."""
+    sb = forkd.Sandbox.create(py_tag, client=client, metadata={"suite": "sdk-python"}, timeout=3600)
     yield sb
     sb.kill()
 

@@ -140,6 +140,36 @@ def test_sandbox_lifecycle(client: Client, test_tag: str) -> None:
         sb.commands.run("true")
 
 
+def test_sandbox_timeouts(client: Client, test_tag: str) -> None:
+    """The default lifetime is five minutes, as E2B; 0 is none; set_timeout
+    counts from now and is refused with its reason when malformed."""
+    import datetime as dt
+
+    with Sandbox.create(test_tag, client=client) as sb:
+        info = sb.info()
+        assert info.expires_at is not None and info.created is not None
+        assert abs((info.expires_at - info.created).total_seconds() - forkd.DEFAULT_SANDBOX_TIMEOUT) < 2
+        before = dt.datetime.now(dt.timezone.utc)
+        got = sb.set_timeout(7200, idle_timeout=600)
+        assert got.expires_at is not None and got.expires_at >= before + dt.timedelta(seconds=7199)
+        assert got.idle_timeout_s == 600 and sb.info().expires_at == got.expires_at
+        assert sb.set_timeout(0).expires_at is None
+        assert sb.set_timeout(0.2).expires_at is not None  # a part of a second is one, not "never"
+        sb.set_timeout(3600)
+        with pytest.raises(forkd.InvalidArgument):
+            sb.set_timeout(-1)
+        with pytest.raises(forkd.InvalidArgument, match="168h"):
+            sb.set_timeout(8 * 24 * 3600)
+    with Sandbox.create(test_tag, client=client, timeout=0) as sb:
+        assert sb.info().expires_at is None
+    with Sandbox.create(test_tag, client=client, timeout=None) as sb:
+        info = sb.info()
+        assert info.expires_at is not None and info.created is not None
+        assert abs((info.expires_at - info.created).total_seconds() - 3600) < 2  # the daemon's default
+    with pytest.raises(forkd.NotFound):
+        client.sandboxes.set_timeout(sb.id, 60)
+
+
 def test_fork_and_list_filters(client: Client, test_tag: str) -> None:
     label = {"sdkpy-run": os.urandom(4).hex()}
     sbs = Sandbox.fork(test_tag, 3, client=client, metadata=label)

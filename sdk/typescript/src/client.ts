@@ -98,9 +98,30 @@ export interface ListSandboxesOptions extends CallOptions {
   metadata?: Record<string, string>;
 }
 
+/** A new sandbox's lifetime in seconds when its fork names none: five minutes, as E2B. */
+export const DEFAULT_SANDBOX_TIMEOUT_S = 300;
+
+/** A lifetime for the wire: whole seconds, a part of one counting as one (0.5 is not "never"). */
+function wholeSeconds(v: number, what: string): number {
+  if (typeof v !== "number" || !Number.isFinite(v) || v < 0) {
+    throw new InvalidArgumentError(`${what} ${v}: want a finite number of seconds >= 0 (0: no limit)`, { code: "invalid_argument" });
+  }
+  return Math.ceil(v);
+}
+
+export interface SetTimeoutOptions extends CallOptions {
+  /** Also replace the idle timeout, in seconds (0: none). */
+  idleTimeoutS?: number;
+}
+
 export interface ForkOptions extends CallOptions {
-  /** End each sandbox this many seconds after it was created (0 or unset: no limit). */
-  timeoutS?: number;
+  /**
+   * End each sandbox this many seconds after it was created. Default
+   * {@link DEFAULT_SANDBOX_TIMEOUT_S} (five minutes, as E2B); 0: no limit;
+   * null: the daemon's default (an hour unless configured). Extend a
+   * running one with `sandbox.setTimeout()`.
+   */
+  timeoutS?: number | null;
   /** End a sandbox that received no request for this many seconds (0 or unset: no limit). */
   idleTimeoutS?: number;
   /** CPU limit of each sandbox (0.5: half a CPU), from 0.1 to the snapshot's vCPUs; unset: one CPU per vCPU plus half a CPU for its VMM. */
@@ -359,11 +380,27 @@ export class Sandboxes {
     return sandboxFromWire(await this.t.json({ method: "GET", path: `/v1/sandboxes/${encodeURIComponent(id)}`, signal: opts.signal, what: `get sandbox ${id}` }));
   }
 
+  /**
+   * Ends a running sandbox `timeoutS` seconds from now (0: never), whatever
+   * its timeout was (E2B's setTimeout, in seconds). Resolves to the sandbox
+   * as it now is. InvalidArgumentError: negative or over 7 days;
+   * ConflictError: it is dead or already ending; NotFoundError: no such
+   * sandbox (an expired one is forgotten).
+   */
+  async setTimeout(id: string, timeoutS: number, opts: SetTimeoutOptions = {}): Promise<SandboxInfo> {
+    const req: Record<string, unknown> = { timeout_s: wholeSeconds(timeoutS, "timeoutS") };
+    if (opts.idleTimeoutS !== undefined) req.idle_timeout_s = wholeSeconds(opts.idleTimeoutS, "idleTimeoutS");
+    return sandboxFromWire(
+      await this.t.json({ method: "PATCH", path: `/v1/sandboxes/${encodeURIComponent(id)}`, json: req, signal: opts.signal, what: `set timeout of sandbox ${id}` }),
+    );
+  }
+
   /** Forks `count` sandboxes from a snapshot tag; resolves when every one answers (all or nothing). */
   async fork(tag: string, count: number, opts: ForkOptions = {}): Promise<ForkResult> {
     if (!Number.isInteger(count) || count < 1) throw new InvalidArgumentError(`fork count ${count}: want an integer >= 1`, { code: "invalid_argument" });
     const req: Record<string, unknown> = { tag, count };
-    if (opts.timeoutS) req.timeout_s = Math.ceil(opts.timeoutS);
+    const timeoutS = opts.timeoutS === undefined ? DEFAULT_SANDBOX_TIMEOUT_S : opts.timeoutS;
+    if (timeoutS !== null) req.timeout_s = wholeSeconds(timeoutS, "timeoutS");
     if (opts.idleTimeoutS) req.idle_timeout_s = Math.ceil(opts.idleTimeoutS);
     if (opts.metadata && Object.keys(opts.metadata).length) req.metadata = opts.metadata;
     if (opts.network !== undefined) req.network = networkToWire(opts.network);

@@ -6,7 +6,7 @@
  */
 export { Sandbox } from "./sandbox.js";
 export type { SandboxOptions, ConnectOptions, BranchOptions, BranchResult, BranchMode } from "./sandbox.js";
-export { Client, Snapshots, Sandboxes, Images } from "./client.js";
+export { Client, Snapshots, Sandboxes, Images, DEFAULT_SANDBOX_TIMEOUT_S } from "./client.js";
 export type {
   ClientOptions,
   CallOptions,
@@ -20,6 +20,7 @@ export type {
   ListSandboxesOptions,
   ForkOptions,
   ForkResult,
+  SetTimeoutOptions,
 } from "./client.js";
 export { Commands, CommandHandle } from "./commands.js";
 export type { CommandOptions, RunOptions, BackgroundOptions, CommandResult, CommandEvent, StdinSource } from "./commands.js";

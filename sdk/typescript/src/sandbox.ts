@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { Client, type CallOptions, type ForkOptions, type ListSandboxesOptions, type WaitReadyOptions } from "./client.js";
+import { Client, type CallOptions, type ForkOptions, type ListSandboxesOptions, type SetTimeoutOptions, type WaitReadyOptions } from "./client.js";
 import { runCode, type Execution, type RunCodeOptions } from "./code.js";
 import { Commands } from "./commands.js";
 import { resolveConnection, type ConnectionOptions } from "./connection.js";
@@ -219,6 +219,15 @@ export class Sandbox {
    * (a reserved range it does not permit), rejects with InvalidArgumentError;
    * a sandbox that is not running with ConflictError.
    */
+  /**
+   * Ends the sandbox `timeoutS` seconds from now (0: never), whatever its
+   * timeout was: call it again to keep a sandbox alive. `idleTimeoutS`
+   * replaces its idle timeout. Resolves to the sandbox as it now is.
+   */
+  async setTimeout(timeoutS: number, opts: SetTimeoutOptions = {}): Promise<SandboxInfo> {
+    return this.client.sandboxes.setTimeout(this.id, timeoutS, opts);
+  }
+
   async setNetwork(policy: NetworkPolicyInput, opts: CallOptions = {}): Promise<SandboxNetwork> {
     const body = networkToWire(policy);
     const w = await this.client.transport.json<Record<string, unknown> | null>({

@@ -83,6 +83,8 @@ export interface SandboxInfo {
   metadata: Record<string, string>;
   /** When the absolute timeout ends the sandbox; undefined for none. */
   expiresAt?: Date;
+  /** When a dead sandbox was found dead; it leaves the list the daemon's retention period later. */
+  endedAt?: Date;
   /** Seconds without requests after which the sandbox is ended. */
   idleTimeoutS?: number;
   lastActivity: Date;
@@ -224,6 +226,7 @@ export function sandboxFromWire(w: Wire): SandboxInfo {
   if (w.guest_ip !== undefined) out.guestIp = w.guest_ip;
   if (w.dead_reason !== undefined) out.deadReason = w.dead_reason;
   if (w.expires_at !== undefined && w.expires_at !== null) out.expiresAt = date(w.expires_at);
+  if (w.ended_at !== undefined && w.ended_at !== null) out.endedAt = date(w.ended_at);
   if (w.idle_timeout_s !== undefined) out.idleTimeoutS = w.idle_timeout_s;
   if (w.console_tail !== undefined) out.consoleTail = w.console_tail;
   if (w.network) out.network = networkFromWire(w.network);

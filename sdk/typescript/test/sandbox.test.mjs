@@ -1,7 +1,7 @@
 // Sandbox lifecycle and the Client against the real daemon.
 import { test, describe, after } from "node:test";
 import assert from "node:assert/strict";
-import { Client, Sandbox, ConflictError, InvalidArgumentError, NotFoundError, ForkdError } from "forkd";
+import { Client, Sandbox, ConflictError, InvalidArgumentError, NotFoundError, ForkdError, DEFAULT_SANDBOX_TIMEOUT_S } from "forkd";
 import { TAG, needsDaemon, Tracker, getClient, uniqueTag } from "./helpers/env.mjs";
 
 describe("sandbox lifecycle", needsDaemon, () => {
@@ -30,6 +30,30 @@ describe("sandbox lifecycle", needsDaemon, () => {
     assert.equal(await sb.kill(), true);
     assert.equal(await sb.kill(), false, "a second kill finds nothing");
     assert.equal(await sb.isRunning(), false);
+  });
+
+  test("timeouts: five minutes by default, 0 for none, setTimeout from now", async () => {
+    const ttlOf = (info) => (info.expiresAt ? info.expiresAt.getTime() - info.created.getTime() : undefined);
+    const defaulted = await Sandbox.create(TAG, { metadata: { "forkd-sdk-test": "ts" } });
+    t.sandboxes.add(defaulted);
+    assert.equal(DEFAULT_SANDBOX_TIMEOUT_S, 300);
+    const ttl = ttlOf(await defaulted.info());
+    assert.ok(Math.abs(ttl - 300_000) < 2_000, `default lifetime ${ttl} ms`);
+    const before = Date.now();
+    const longer = await defaulted.setTimeout(7200, { idleTimeoutS: 600 });
+    assert.ok(longer.expiresAt.getTime() >= before + 7_199_000, `expires ${longer.expiresAt.toISOString()}`);
+    assert.equal(longer.idleTimeoutS, 600);
+    assert.equal((await defaulted.setTimeout(0)).expiresAt, undefined);
+    assert.ok((await defaulted.setTimeout(0.2)).expiresAt instanceof Date, "a part of a second is one, not never");
+    await assert.rejects(defaulted.setTimeout(-1), InvalidArgumentError);
+    await assert.rejects(defaulted.setTimeout(8 * 24 * 3600), (e) => e instanceof InvalidArgumentError && /168h/.test(e.message));
+
+    const none = await t.create(TAG, { timeoutS: 0 });
+    assert.equal((await none.info()).expiresAt, undefined);
+    const daemonDefault = await t.create(TAG, { timeoutS: null });
+    assert.ok(Math.abs(ttlOf(await daemonDefault.info()) - 3_600_000) < 2_000);
+    await none.kill();
+    await assert.rejects(none.setTimeout(60), NotFoundError);
   });
 
   test("fork n: distinct sandboxes, each its own machine", async () => {

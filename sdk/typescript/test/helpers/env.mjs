@@ -38,13 +38,15 @@ export class Tracker {
   tags = new Set();
 
   async create(tag = TAG, opts = {}) {
-    const sb = await Sandbox.create(tag, { metadata: { "forkd-sdk-test": "ts" }, ...opts });
+    // An hour, not the default five minutes: a file shares some sandboxes
+    // across its tests, which a loaded machine can stretch.
+    const sb = await Sandbox.create(tag, { metadata: { "forkd-sdk-test": "ts" }, timeoutS: 3600, ...opts });
     this.sandboxes.add(sb);
     return sb;
   }
 
   async fork(tag, n, opts = {}) {
-    const sbs = await Sandbox.fork(tag, n, { metadata: { "forkd-sdk-test": "ts" }, ...opts });
+    const sbs = await Sandbox.fork(tag, n, { metadata: { "forkd-sdk-test": "ts" }, timeoutS: 3600, ...opts });
     for (const sb of sbs) this.sandboxes.add(sb);
     return sbs;
   }
