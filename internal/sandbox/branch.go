@@ -46,7 +46,11 @@ func (e *Engine) Branch(ctx context.Context, id string, opts BranchOptions) (*Br
 	if err := e.checkBranch(id, &opts); err != nil {
 		return nil, err
 	}
-	return e.branch(ctx, id, opts)
+	res, err := e.branch(ctx, id, opts)
+	if err == nil {
+		e.emit(Event{Kind: EventSnapshotCreated, SandboxID: id, Tag: opts.Tag, Reason: "branch " + string(opts.Mode)})
+	}
+	return res, err
 }
 
 // checkBranch validates a branch request: mode, tag free (not committed,

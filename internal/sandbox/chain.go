@@ -443,7 +443,12 @@ type RemoveOptions struct {
 // refused (FailedPrecondition naming them) unless opts says otherwise.
 // It returns every tag removed. Running children keep working: their VMMs
 // hold their memory open.
-func (e *Engine) RemoveSnapshotWith(ctx context.Context, tag string, opts RemoveOptions) ([]string, error) {
+func (e *Engine) RemoveSnapshotWith(ctx context.Context, tag string, opts RemoveOptions) (removed []string, err error) {
+	defer func() {
+		for _, t := range removed {
+			e.emit(Event{Kind: EventSnapshotDeleted, Tag: t})
+		}
+	}()
 	if forgot, err := e.forgetFailed(tag); forgot || err != nil {
 		if err != nil {
 			return nil, err
@@ -481,7 +486,7 @@ func (e *Engine) RemoveSnapshotWith(ctx context.Context, tag string, opts Remove
 			}
 		}
 	}
-	var removed, digests []string
+	var digests []string
 	defer func() { e.dropMemoryImages(digests) }()
 	for _, t := range targets {
 		if snap, err := e.store.Get(t); err == nil {
@@ -521,6 +526,14 @@ func (e *Engine) dropMemoryImages(digests []string) {
 // its assembled memory and its device state. The copy forks exactly like
 // the original and no longer needs any ancestor.
 func (e *Engine) Compact(ctx context.Context, from, to string) (*snapshot.Snapshot, error) {
+	snap, err := e.compact(ctx, from, to)
+	if err == nil {
+		e.emit(Event{Kind: EventSnapshotCreated, Tag: to, Reason: "compact"})
+	}
+	return snap, err
+}
+
+func (e *Engine) compact(ctx context.Context, from, to string) (*snapshot.Snapshot, error) {
 	start := time.Now()
 	snap, err := e.store.Get(from)
 	if err != nil {

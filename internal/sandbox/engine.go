@@ -71,7 +71,8 @@ type Config struct {
 	// Metrics, if set, receives fork-to-ready, VMM phase and agent call
 	// timings (a nil *metrics.Metrics records nothing).
 	Metrics *metrics.Metrics
-	// OnEvent, if set, is told about lifecycle events (died, expired).
+	// OnEvent, if set, is told about lifecycle events (events.go), in the
+	// goroutine where they happen: it must not block.
 	OnEvent func(Event)
 	// DeadRetention is how long a dead sandbox stays listed, with why it
 	// died, before it is forgotten (0: until killed).

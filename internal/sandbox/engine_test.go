@@ -204,7 +204,11 @@ func TestTimeoutsEndSandboxes(t *testing.T) {
 	d := &fakeDriver{}
 	e, _ := newFakeEngine(t, d, 0)
 	events := make(chan Event, 4)
-	e.cfg.OnEvent = func(ev Event) { events <- ev }
+	e.cfg.OnEvent = func(ev Event) {
+		if ev.Kind == EventExpired {
+			events <- ev
+		}
+	}
 	ctx := context.Background()
 	abs, err := e.ForkWith(ctx, ForkOptions{Tag: "base", Count: 1, Timeout: 1500 * time.Millisecond, Labels: map[string]string{"job": "a"}})
 	if err != nil {

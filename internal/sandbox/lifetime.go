@@ -141,9 +141,7 @@ func (e *Engine) expireAt(ctx context.Context, now time.Time) {
 		}
 		e.log.Info("sandbox expired", "sandbox_id", s.ID, "reason", why)
 		e.end(ctx, []string{s.ID}, metrics.SandboxExpired)
-		if e.cfg.OnEvent != nil {
-			e.cfg.OnEvent(Event{Kind: EventExpired, SandboxID: s.ID, Reason: why})
-		}
+		e.emit(Event{Kind: EventExpired, SandboxID: s.ID, Tag: s.Tag, Tenant: s.Tenant, Reason: why})
 	}
 }
 
@@ -161,32 +159,6 @@ func (s *Sandbox) beginEnding(now time.Time) string {
 	s.ending = why
 	return why
 }
-
-// Event is a lifecycle event the engine reports (for the audit log and
-// metrics): a sandbox died on its own, expired, or was discarded at start
-// because the fork that created it never answered.
-type Event struct {
-	Kind      string
-	SandboxID string
-	// Tag is the snapshot a branch event is about.
-	Tag    string
-	Reason string
-	// Err is why a branch failed (EventBranchFailed).
-	Err error
-}
-
-// Event kinds.
-const (
-	EventDied    = "sandbox.died"
-	EventExpired = "sandbox.expired"
-	// EventDiscarded: at start, a sandbox recorded by a fork that had not
-	// answered when the daemon stopped was killed and forgotten.
-	EventDiscarded = "sandbox.discarded"
-	// EventBranchReady and EventBranchFailed: a background (--no-wait)
-	// branch ended; its request was answered 202 long before.
-	EventBranchReady  = "snapshot.branch_ready"
-	EventBranchFailed = "snapshot.branch_failed"
-)
 
 // Lifetime is a change to a running sandbox's lifetime (SetLifetime): a
 // nil field stays as it is.

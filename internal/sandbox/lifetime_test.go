@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -206,4 +207,42 @@ func TestSandboxEventMetrics(t *testing.T) {
 		}
 	}
 	e.Kill(ctx, []string{sbs[3].ID})
+}
+
+// TestLifecycleEvents: the engine reports each sandbox created (when its
+// fork answers) and killed, with its tenant, and each snapshot removed;
+// a failed fork reports no sandbox created.
+func TestLifecycleEvents(t *testing.T) {
+	e, _ := newFakeEngineWith(t, &fakeDriver{failRestore: 3}, 0, nil)
+	var (
+		mu  sync.Mutex
+		got []string
+	)
+	e.cfg.OnEvent = func(ev Event) {
+		mu.Lock()
+		got = append(got, ev.Kind+" "+ev.SandboxID+" "+ev.Tag+" "+ev.Tenant)
+		mu.Unlock()
+	}
+	ctx := context.Background()
+	sbs, err := e.ForkWith(ctx, ForkOptions{Tag: "base", Count: 2, Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Fork(ctx, "base", 1); err == nil {
+		t.Fatal("fork with a failing restore succeeded")
+	}
+	e.Kill(ctx, []string{sbs[1].ID})
+	if _, err := e.RemoveSnapshotWith(ctx, "base", RemoveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Kill(ctx, []string{sbs[0].ID})
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{
+		"sandbox.created " + sbs[0].ID + " base acme", "sandbox.created " + sbs[1].ID + " base acme",
+		"sandbox.killed " + sbs[1].ID + " base acme", "snapshot.deleted  base ",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
 }

@@ -121,13 +121,11 @@ func (e *Engine) BranchAsync(id string, opts BranchOptions) (PendingSnapshot, er
 		}
 		e.mu.Unlock()
 		// Told outside mu: the listener (the audit log) may take its time.
-		if e.cfg.OnEvent != nil {
-			ev := Event{Kind: EventBranchReady, SandboxID: id, Tag: opts.Tag, Reason: string(opts.Mode)}
-			if err != nil {
-				ev.Kind, ev.Err = EventBranchFailed, err
-			}
-			e.cfg.OnEvent(ev)
+		ev := Event{Kind: EventBranchReady, SandboxID: id, Tag: opts.Tag, Reason: string(opts.Mode)}
+		if err != nil {
+			ev.Kind, ev.Err = EventBranchFailed, err
 		}
+		e.emit(ev)
 	}()
 	return ret, nil
 }

@@ -134,9 +134,7 @@ func (e *Engine) adoptRecorded() map[string]bool {
 			if perr := e.cfg.State.PutSandbox(rec); perr != nil {
 				e.log.Error("recording dead sandbox", "sandbox_id", rec.ID, "err", perr)
 			}
-			if e.cfg.OnEvent != nil {
-				e.cfg.OnEvent(Event{Kind: EventDied, SandboxID: rec.ID, Reason: rec.DeadReason})
-			}
+			e.emit(Event{Kind: EventDied, SandboxID: rec.ID, Tag: rec.Tag, Tenant: rec.Tenant, Reason: rec.DeadReason})
 			continue
 		}
 		keep[rec.ID] = true
@@ -156,9 +154,7 @@ func (e *Engine) discardPending(rec state.SandboxRecord) {
 	if err := e.cfg.State.DeleteSandbox(rec.ID); err != nil {
 		e.log.Error("removing the record of a discarded sandbox", "sandbox_id", rec.ID, "err", err)
 	}
-	if e.cfg.OnEvent != nil {
-		e.cfg.OnEvent(Event{Kind: EventDiscarded, SandboxID: rec.ID, Reason: reason})
-	}
+	e.emit(Event{Kind: EventDiscarded, SandboxID: rec.ID, Tag: rec.Tag, Tenant: rec.Tenant, Reason: reason})
 }
 
 func (e *Engine) adoptOne(rec state.SandboxRecord) (_ *Sandbox, err error) {

@@ -173,9 +173,7 @@ func (s *Sandbox) watch(e *Engine) {
 		s.consoleTail = tail
 		e.cfg.Metrics.ObserveSandboxEvent(metrics.SandboxDied)
 		e.log.Warn("sandbox died", "sandbox_id", s.ID, "reason", reason)
-		if e.cfg.OnEvent != nil {
-			defer e.cfg.OnEvent(Event{Kind: EventDied, SandboxID: s.ID, Reason: reason})
-		}
+		defer e.emit(Event{Kind: EventDied, SandboxID: s.ID, Tag: s.Tag, Tenant: s.Tenant, Reason: reason})
 	}
 	s.mu.Unlock()
 	if s.session != nil {
@@ -326,15 +324,19 @@ func (e *Engine) end(ctx context.Context, ids []string, event string) ([]string,
 			continue
 		}
 		killed = append(killed, id)
-		if event != "" && s.State() != apiv1.StateDead {
-			e.cfg.Metrics.ObserveSandboxEvent(event)
-		}
+		counted := event != "" && s.State() != apiv1.StateDead
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			s.kill(ctx, "killed on request")
 			e.unpersist(s)
 			e.forget(s.ID)
+			if counted {
+				e.cfg.Metrics.ObserveSandboxEvent(event)
+			}
+			if counted && event == metrics.SandboxKilled {
+				e.emit(Event{Kind: EventKilled, SandboxID: s.ID, Tag: s.Tag, Tenant: s.Tenant})
+			}
 		}()
 	}
 	wg.Wait()

@@ -248,6 +248,9 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) ([]*Sandbox, er
 		return nil, firstErr
 	}
 	e.cfg.Metrics.ObserveSandboxEvents(metrics.SandboxCreated, n)
+	for _, s := range results {
+		e.emit(Event{Kind: EventCreated, SandboxID: s.ID, Tag: s.Tag, Tenant: s.Tenant})
+	}
 	return results, nil
 }
 

@@ -124,6 +124,11 @@ func (e *Engine) checkTemplateSpace(tag string, memoryMiB int) error {
 // later fork. It is staged and committed atomically; on any error no tag is
 // left behind.
 func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions) (_ *snapshot.Snapshot, err error) {
+	defer func() {
+		if err == nil {
+			e.emit(Event{Kind: EventSnapshotCreated, Tag: opts.Tag, Reason: "template"})
+		}
+	}()
 	start := time.Now()
 	progress := opts.Progress
 	if progress == nil {
