@@ -1,9 +1,12 @@
 package integration
 
 import (
+	"bufio"
 	"encoding/json"
 	"io"
+	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,12 +18,44 @@ import (
 // TestSandboxLifetime, through the CLI and a real daemon: a fork that
 // names no timeout gets the daemon's default (an hour), --timeout 0 gets
 // none; `forkd sandbox timeout` shortens a running sandbox's life, which
-// then ends on its own, is audited as expired and counted in the metrics.
+// then ends on its own, is audited as expired, counted in the metrics
+// and streamed on GET /v1/events; GET /v1/info states the default.
 func TestSandboxLifetime(t *testing.T) {
 	c := newCLI(t)
 	tag := "it-life-" + snapshot.NewID()
 	c.ok("snapshot", "create", "--tag", tag, "--recipe", "minimal")
 	defer c.run("rmi", tag)
+	hc := unixHTTP(filepath.Join(c.runDir, "forkd.sock"))
+
+	var info apiv1.Info
+	resp, err := hc.Get("http://forkd/v1/info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	json.NewDecoder(resp.Body).Decode(&info)
+	resp.Body.Close()
+	if info.Limits.DefaultTimeoutSeconds != 3600 || info.Caller.Role != "admin" || !slices.Contains(info.Features, "lifetimes") || !slices.Contains(info.Features, "events") {
+		t.Fatalf("GET /v1/info: %+v", info)
+	}
+
+	// The stream answers once subscribed: nothing after this is missed.
+	req, _ := http.NewRequest(http.MethodGet, "http://forkd/v1/events?type=sandbox.", nil)
+	stream, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Body.Close()
+	events := make(chan apiv1.Event, 64)
+	go func() {
+		defer close(events)
+		sc := bufio.NewScanner(stream.Body)
+		for sc.Scan() {
+			var ev apiv1.Event
+			if json.Unmarshal(sc.Bytes(), &ev) == nil {
+				events <- ev
+			}
+		}
+	}()
 
 	fork := func(args ...string) apiv1.Sandbox {
 		t.Helper()
@@ -44,10 +79,10 @@ func TestSandboxLifetime(t *testing.T) {
 	if !strings.Contains(out, "ends at") {
 		t.Fatalf("sandbox timeout 3h: %q", out)
 	}
-	var info apiv1.Sandbox
-	json.Unmarshal([]byte(c.ok("sandbox", "info", never.ID, "--json")), &info)
-	if info.ExpiresAt == nil || time.Until(*info.ExpiresAt) < 2*time.Hour {
-		t.Fatalf("after sandbox timeout 3h: expires at %v", info.ExpiresAt)
+	var sb apiv1.Sandbox
+	json.Unmarshal([]byte(c.ok("sandbox", "info", never.ID, "--json")), &sb)
+	if sb.ExpiresAt == nil || time.Until(*sb.ExpiresAt) < 2*time.Hour {
+		t.Fatalf("after sandbox timeout 3h: expires at %v", sb.ExpiresAt)
 	}
 	if _, errOut, code := c.run("sandbox", "timeout", never.ID, "soon"); code == 0 || !strings.Contains(errOut, "want a duration") {
 		t.Fatalf("sandbox timeout with a bad duration: exit %d, %s", code, errOut)
@@ -88,7 +123,7 @@ func TestSandboxLifetime(t *testing.T) {
 		}
 	}
 
-	resp, err := unixHTTP(filepath.Join(c.runDir, "forkd.sock")).Get("http://forkd/metrics")
+	resp, err = hc.Get("http://forkd/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,5 +133,24 @@ func TestSandboxLifetime(t *testing.T) {
 		if !strings.Contains(string(body), l+"\n") {
 			t.Errorf("metrics lack %s", l)
 		}
+	}
+
+	c.ok("kill", never.ID)
+	want := []string{"sandbox.created " + def.ID, "sandbox.created " + never.ID, "sandbox.expired " + def.ID, "sandbox.killed " + never.ID}
+	var got []string
+	deadline := time.After(2 * time.Minute)
+	for len(got) < len(want) {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				t.Fatalf("event stream ended after %v", got)
+			}
+			got = append(got, ev.Type+" "+ev.Sandbox)
+		case <-deadline:
+			t.Fatalf("events after 2 minutes: %v, want %v", got, want)
+		}
+	}
+	if strings.Join(got, ", ") != strings.Join(want, ", ") {
+		t.Errorf("events %v, want %v", got, want)
 	}
 }

@@ -209,14 +209,7 @@ func serveCmd(g *globals) *cobra.Command {
 			if len(trusted) > 0 {
 				log.Info("import policy: archives must be signed by a trusted key", "keys", len(trusted))
 			}
-			onEvent := func(ev sandbox.Event) {
-				targets := []string{ev.SandboxID}
-				if ev.Tag != "" {
-					targets = append(targets, ev.Tag)
-				}
-				srv.RecordEvent(ev.Kind, targets, ev.Err, map[string]any{"reason": ev.Reason})
-			}
-			e, ctor, err := g.newEngine(engineDeps{runDir: g.runDir, netnsPrefix: netnsPrefix, log: log, state: st, metrics: m, onEvent: onEvent})
+			e, ctor, err := g.newEngine(engineDeps{runDir: g.runDir, netnsPrefix: netnsPrefix, log: log, state: st, metrics: m, onEvent: srv.EngineEvent})
 			if err != nil {
 				return err
 			}
@@ -257,6 +250,7 @@ func serveCmd(g *globals) *cobra.Command {
 			}
 			os.Chmod(sock, 0o600)
 			hs := api.NewHTTPServer(srv.Handler(), maxConns)
+			hs.RegisterOnShutdown(srv.CloseStreams)
 			errc := make(chan error, 2)
 			go func() { errc <- hs.Serve(ln) }()
 			if tln != nil {

@@ -60,12 +60,14 @@ var routePolicies = map[string]policy{
 	"GET /v1/healthz": {public, noScope},
 
 	"GET /v1/version":      {reader, noScope},
+	"GET /v1/info":         {reader, noScope},
 	"GET /v1/openapi.json": {reader, noScope},
 	"GET /v1/doctor":       {adminOnly, noScope},
 	"GET /metrics":         {adminOnly, noScope},
 	"GET /v1/images":       {adminOnly, noScope},
 	"POST /v1/images":      {adminOnly, noScope},
 
+	"GET /v1/events":          {reader, noScope}, // filtered by tenant (feed.go)
 	"GET /v1/operations":      {reader, noScope},
 	"GET /v1/operations/{id}": {reader, operationScope},
 

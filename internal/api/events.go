@@ -41,7 +41,11 @@ func startEvents(w http.ResponseWriter, r *http.Request, rc *http.ResponseContro
 }
 
 // send writes one event of type typ.
-func (e *eventWriter) send(typ string, ev any) error {
+func (e *eventWriter) send(typ string, ev any) error { return e.sendID("", typ, ev) }
+
+// sendID writes one event of type typ with an SSE id (none if empty; an
+// NDJSON line carries its id in ev).
+func (e *eventWriter) sendID(id, typ string, ev any) error {
 	data, err := json.Marshal(ev)
 	if err != nil {
 		return err
@@ -49,11 +53,30 @@ func (e *eventWriter) send(typ string, ev any) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.sse {
-		_, err = fmt.Fprintf(e.w, "event: %s\ndata: %s\n\n", typ, data)
+		if id != "" {
+			_, err = fmt.Fprintf(e.w, "id: %s\n", id)
+		}
+		if err == nil {
+			_, err = fmt.Fprintf(e.w, "event: %s\ndata: %s\n\n", typ, data)
+		}
 	} else {
 		_, err = e.w.Write(append(data, '\n'))
 	}
 	if err != nil {
+		return err
+	}
+	return e.rc.Flush()
+}
+
+// comment writes an SSE comment (a heartbeat); nothing in NDJSON, whose
+// clients see a quiet stream as quiet.
+func (e *eventWriter) comment(text string) error {
+	if !e.sse {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, err := fmt.Fprintf(e.w, ": %s\n\n", text); err != nil {
 		return err
 	}
 	return e.rc.Flush()

@@ -198,6 +198,9 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 			op.State, op.Result = apiv1.OpSucceeded, data
 		})
 		s.auditOperationFinished(op.ID)
+		if op, ok := s.ops.get(op.ID); ok {
+			s.publishOperation(op)
+		}
 	}()
 	cp, _ := s.ops.get(op.ID)
 	w.Header().Set("Location", "/v1/operations/"+op.ID)

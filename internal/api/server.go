@@ -71,6 +71,8 @@ type Server struct {
 	// (0: no limit); see lifetime.go.
 	DefaultTimeout time.Duration
 
+	feedOnce    sync.Once
+	feedV       *feed // lifecycle events (feed.go); s.events() makes it
 	proxyOnce   sync.Once
 	proxy       *httputil.ReverseProxy
 	ops         operations
@@ -100,9 +102,11 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, map[string]string{"status": "ok"}) })
 	mux.HandleFunc("GET /v1/version", s.version)
+	mux.HandleFunc("GET /v1/info", s.info)
 	mux.HandleFunc("GET /v1/doctor", s.doctor)
 	mux.HandleFunc("GET /v1/images", s.listImages)
 	mux.HandleFunc("POST /v1/images", s.buildImage)
+	mux.HandleFunc("GET /v1/events", s.streamEvents)
 	mux.HandleFunc("GET /v1/operations", s.listOperations)
 	mux.HandleFunc("GET /v1/operations/{id}", s.getOperation)
 	mux.HandleFunc("GET /v1/snapshots", s.listSnapshots)
