@@ -110,7 +110,10 @@ forkd_agent_rpc_errors_total{code="not_found",op="stat"} 1
 func TestStateIsReadAtScrapeTime(t *testing.T) {
 	m := New("dev")
 	var mu sync.Mutex
-	st := State{SandboxesByState: map[string]int{"running": 3}, PooledVMMs: 2, Snapshots: 1, SnapshotBytes: 1 << 30}
+	st := State{
+		SandboxesByState: map[string]int{"running": 3}, PooledVMMs: map[string]int{"py": 2, BranchTag: 1}, PoolSize: 2,
+		Snapshots: 1, SnapshotBytes: 1 << 30, GuestMemoryBytes: 3 << 30, GuestMemoryLimitBytes: 36 << 30,
+	}
 	calls := 0
 	m.SetStateFunc(func() State {
 		mu.Lock()
@@ -122,27 +125,31 @@ func TestStateIsReadAtScrapeTime(t *testing.T) {
 		`forkd_sandboxes{state="running"} 3`,
 		`forkd_sandboxes{state="dead"} 0`,
 		`forkd_sandboxes{state="stopped"} 0`,
-		`forkd_pooled_vmms 2`,
+		`forkd_pooled_vmms{tag="py"} 2`,
+		`forkd_pooled_vmms{tag="_branch"} 1`,
+		`forkd_pool_size 2`,
 		`forkd_snapshots 1`,
 		`forkd_snapshot_bytes 1.073741824e+09`,
+		`forkd_guest_memory_committed_bytes 3.221225472e+09`,
+		`forkd_guest_memory_limit_bytes 3.8654705664e+10`,
 	)
 	mu.Lock()
-	st = State{SandboxesByState: map[string]int{"dead": 1}}
+	st = State{SandboxesByState: map[string]int{"dead": 1}, PooledVMMs: map[string]int{"py": 0}}
 	mu.Unlock()
 	body := scrape(t, m)
 	wantLines(t, body,
 		`forkd_sandboxes{state="running"} 0`,
 		`forkd_sandboxes{state="dead"} 1`,
-		`forkd_pooled_vmms 0`,
+		`forkd_pooled_vmms{tag="py"} 0`,
 		`forkd_snapshots 0`,
 	)
 	if calls != 2 {
 		t.Errorf("state func called %d times for 2 scrapes", calls)
 	}
 	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(`
-# HELP forkd_pooled_vmms Pre-started VMM processes waiting in the pools.
+# HELP forkd_pooled_vmms Pre-started VMM processes ready in the pools, by tag (a template's, or _branch for all branches).
 # TYPE forkd_pooled_vmms gauge
-forkd_pooled_vmms 0
+forkd_pooled_vmms{tag="py"} 0
 `), "forkd_pooled_vmms"); err != nil {
 		t.Error(err)
 	}
@@ -192,7 +199,7 @@ func TestAgentOpsAndTagsAreBounded(t *testing.T) {
 
 func TestConcurrentUse(t *testing.T) {
 	m := New("dev")
-	m.SetStateFunc(func() State { return State{PooledVMMs: 1} })
+	m.SetStateFunc(func() State { return State{PoolSize: 1} })
 	var wg sync.WaitGroup
 	for i := range 8 {
 		wg.Add(1)
@@ -203,7 +210,7 @@ func TestConcurrentUse(t *testing.T) {
 				m.ObserveRequest(fmt.Sprintf("/r%d", j%5), http.MethodGet, 200, time.Millisecond)
 				m.ObserveAgentRPC("exec", time.Millisecond, nil)
 				if j%25 == 0 {
-					m.SetStateFunc(func() State { return State{PooledVMMs: i} })
+					m.SetStateFunc(func() State { return State{PoolSize: i} })
 					rec := httptest.NewRecorder()
 					m.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 					if rec.Code != http.StatusOK {
