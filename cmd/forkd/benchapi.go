@@ -218,7 +218,7 @@ func runBenchAPI(ctx context.Context, g *globals, o benchAPIOpts) error {
 		return err
 	}
 	srv := &api.Server{Engine: e, Version: version, Log: log, Metrics: m}
-	m.SetStateFunc(func() metrics.State { return engineState(e) })
+	m.SetStateFunc(e.MetricsState)
 	var auditDir string
 	if !o.noAudit {
 		// Same filesystem as the daemon's audit log (DATA_DIR/audit), so its

@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -217,7 +216,8 @@ func serveCmd(g *globals) *cobra.Command {
 			srv.Checks = func(ctx context.Context) []vmm.Check {
 				return ctor.Checks(ctx, vmm.Options{Accel: vmm.Accel(g.accel), NoJail: g.noJail})
 			}
-			m.SetStateFunc(func() metrics.State { return engineState(e) })
+			m.SetStateFunc(e.MetricsState)
+			m.SetFilesystems(daemonFilesystems(g.dataDir, g.runDir, e.Config().MemoryDir)...)
 			var tln net.Listener
 			if listen != "" {
 				if tokenFile == "" {
@@ -391,25 +391,16 @@ func (g *globals) liveBranchSetup(log *slog.Logger, drv vmm.Driver) (string, err
 	return dir, nil
 }
 
-// engineState is what /metrics reports about the engine, read at scrape
-// time.
-func engineState(e *sandbox.Engine) metrics.State {
-	st := metrics.State{SandboxesByState: map[string]int{}}
-	for _, sb := range e.List() {
-		st.SandboxesByState[sb.State()]++
+// daemonFilesystems are the directories whose file systems /metrics
+// reports: the data directory (snapshots, images, state, audit log), the
+// run directory (sockets, VMM run files) and, for live branches, the
+// guest memory directory (tmpfs or hugetlbfs; "" when not used).
+func daemonFilesystems(dataDir, runDir, memDir string) []metrics.Filesystem {
+	fs := []metrics.Filesystem{{Dir: "data", Path: dataDir}, {Dir: "run", Path: runDir}}
+	if memDir != "" {
+		fs = append(fs, metrics.Filesystem{Dir: "memory", Path: memDir})
 	}
-	snaps, _ := e.Store().List()
-	st.Snapshots = len(snaps)
-	for _, snap := range snaps {
-		st.PooledVMMs += e.PoolSize(snap.ID)
-		for name := range snap.Files {
-			var fi syscall.Stat_t
-			if syscall.Stat(snap.Path(name), &fi) == nil {
-				st.SnapshotBytes += fi.Blocks * 512 // allocated: memory files are sparse
-			}
-		}
-	}
-	return st
+	return fs
 }
 
 // warnIfEmulated says at start-up, plainly, that guests run under TCG

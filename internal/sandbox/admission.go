@@ -102,3 +102,14 @@ func (e *Engine) poolRoom(p *pool) bool {
 	// The VMM about to be prepared is counted by its pool already.
 	return runningMiB+e.startingMiB+e.pooledMiBLocked() <= maxMiB
 }
+
+// GuestMemory reports the guest memory committed (running sandboxes,
+// pooled VMMs and the one being prepared, and the forks in flight, which
+// reserve theirs only when a limit is set) and the limit forks are
+// admitted under (MaxGuestMemoryMiB; 0: none), in MiB.
+func (e *Engine) GuestMemory() (committedMiB, limitMiB int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, runningMiB := e.runningLocked()
+	return runningMiB + e.startingMiB + e.pooledMiBLocked(), e.cfg.MaxGuestMemoryMiB
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 )
 
@@ -123,6 +124,7 @@ func (p *pool) refill() {
 				// Forks get their VMMs started on their path instead;
 				// the next fork's refill tries again.
 				p.e.log.Debug("pool not refilled: the guest memory limit is reached", "tag", p.snap.Tag)
+				p.e.cfg.Metrics.ObservePoolRefillFailure(errdefs.ErrResourceExhausted)
 				p.mu.Lock()
 				p.preparing, p.filling = false, false
 				p.mu.Unlock()
@@ -136,6 +138,9 @@ func (p *pool) refill() {
 			}
 			if err != nil {
 				p.e.log.Warn("pool refill failed", "tag", p.snap.Tag, "err", err)
+				if p.ctx.Err() == nil { // not the pool closing (snapshot removed, daemon stopping)
+					p.e.cfg.Metrics.ObservePoolRefillFailure(err)
+				}
 				p.mu.Lock()
 				p.preparing, p.filling = false, false
 				p.mu.Unlock()

@@ -161,8 +161,10 @@ func (e *Engine) Fork(ctx context.Context, tag string, n int) ([]*Sandbox, error
 	return e.ForkWith(ctx, ForkOptions{Tag: tag, Count: n})
 }
 
-// ForkWith is Fork with lifetimes and labels.
-func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) ([]*Sandbox, error) {
+// ForkWith is Fork with lifetimes and labels. Its outcome is counted in
+// forkd_fork_requests_total.
+func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) (_ []*Sandbox, err error) {
+	defer func() { e.cfg.Metrics.ObserveForkRequest(err) }()
 	tag, n := opts.Tag, opts.Count
 	if err := opts.validate(e.cfg.MaxForkCount); err != nil {
 		return nil, err
@@ -401,7 +403,7 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 		sess.Close()
 		return nil, err
 	}
-	e.cfg.Metrics.ObserveForkReady(p.snap.Tag, pooled, time.Since(start))
+	e.cfg.Metrics.ObserveForkReady(MetricsTag(p.snap), pooled, time.Since(start))
 	go s.watch(e)
 	return s, nil
 }
