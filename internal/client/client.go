@@ -115,6 +115,10 @@ func (c *Client) send(ctx context.Context, method, path string, q url.Values, bo
 		if c.token == "" && (errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)) {
 			return nil, fmt.Errorf("%w at %s: start it with `forkd daemon start` (or `forkd serve`): %w", ErrDaemonNotRunning, c.socket, errdefs.ErrUnavailable)
 		}
+		if c.token == "" && errors.Is(err, syscall.EACCES) {
+			return nil, fmt.Errorf("forkd daemon at %s: permission denied: use sudo, or join the socket's group (sudo usermod -aG forkd $USER, then log in again; membership is root-equivalent on this host): %w",
+				c.socket, errdefs.ErrPermissionDenied)
+		}
 		return nil, fmt.Errorf("forkd daemon at %s: %w", c.socket, err)
 	}
 	if resp.StatusCode >= 400 {
