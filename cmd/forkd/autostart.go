@@ -380,16 +380,6 @@ func daemonCmd(g *globals) *cobra.Command {
 			fmt.Printf("forkd daemon %s running (pid %d) on %s; VMM %s %s, data in %s\n", v.Version, pid, g.socketPath(), v.VMM, v.VMMVersion, v.DataDir)
 			return nil
 		},
-	}, &cobra.Command{
-		Use: "logs", Short: "Print the daemon's log", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := tailFile(g.logPath(), 64<<10)
-			if g.jsonOut {
-				return printJSON(map[string]any{"path": g.logPath(), "log": log})
-			}
-			fmt.Println(log)
-			return nil
-		},
-	})
+	}, daemonLogsCmd(g))
 	return cmd
 }

@@ -19,25 +19,36 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/forkd-dev/forkd/internal/api"
+	"github.com/forkd-dev/forkd/internal/apisock"
 	"github.com/forkd-dev/forkd/internal/audit"
 	"github.com/forkd-dev/forkd/internal/auth"
 	"github.com/forkd-dev/forkd/internal/client"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/metrics"
 	"github.com/forkd-dev/forkd/internal/sandbox"
+	"github.com/forkd-dev/forkd/internal/sdnotify"
 	"github.com/forkd-dev/forkd/internal/state"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
-// installDirs are where forkd looks for forkd-agent and recipes/ next to its
-// own binary (bin/forkd in a checkout, /usr/bin/forkd in a package).
+// installDirs are where forkd looks for forkd-agent and recipes/, relative
+// to its own binary: next to it and its parent (bin/forkd in a checkout),
+// then PREFIX/lib/forkd and PREFIX/share/forkd for PREFIX/bin/forkd (`make
+// install` with any PREFIX, the .deb's /usr, an unpacked release tarball),
+// then the package's own paths.
 func installDirs() []string {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil
 	}
 	exe, _ = filepath.EvalSymlinks(exe)
-	return []string{filepath.Dir(exe), filepath.Join(filepath.Dir(exe), ".."), "/usr/lib/forkd", "/usr/share/forkd"}
+	return installDirsOf(exe)
+}
+
+func installDirsOf(exe string) []string {
+	bin := filepath.Dir(exe)
+	prefix := filepath.Dir(bin)
+	return []string{bin, prefix, filepath.Join(prefix, "lib", "forkd"), filepath.Join(prefix, "share", "forkd"), "/usr/lib/forkd", "/usr/share/forkd"}
 }
 
 func agentBinary() (string, error) {
@@ -130,7 +141,7 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 }
 
 func serveCmd(g *globals) *cobra.Command {
-	var netnsPrefix, configPath, logLevel, portDomain, trustedKeys string
+	var netnsPrefix, configPath, logLevel, portDomain, trustedKeys, socketGroup string
 	var listen, tlsCert, tlsKey, tokenFile string
 	var insecure bool
 	var maxConns int
@@ -243,12 +254,17 @@ func serveCmd(g *globals) *cobra.Command {
 				e.Close(context.Background())
 				return err
 			}
-			ln, err := net.Listen("unix", sock)
+			access := apisock.Resolve(socketGroup)
+			ln, err := apisock.Listen(sock, g.runDir, access)
 			if err != nil {
 				e.Close(context.Background())
-				return fmt.Errorf("listen on %s: %w", sock, err)
+				return err
 			}
-			os.Chmod(sock, 0o600)
+			if access.GID >= 0 {
+				log.Info("API socket open to a group: its members are root-equivalent on this host", "group", access.Group, "mode", fmt.Sprintf("%04o", access.Mode))
+			} else {
+				log.Info("API socket is root only: users need sudo", "reason", access.RootOnly)
+			}
 			hs := api.NewHTTPServer(srv.Handler(), maxConns)
 			hs.RegisterOnShutdown(srv.CloseStreams)
 			errc := make(chan error, 2)
@@ -258,6 +274,11 @@ func serveCmd(g *globals) *cobra.Command {
 				log.Info("forkd API listening on TCP", "addr", tln.Addr().String(), "tls", tlsCert != "")
 			}
 			log.Info("forkd daemon listening", "socket", sock, "data_dir", g.dataDir, "vmm", g.vmmName, "pid", os.Getpid())
+			// Ready for a Type=notify unit: sandboxes left by the last
+			// daemon are adopted and the API answers.
+			if _, err := sdnotify.Notify(sdnotify.Ready, sdnotify.Status("serving on "+sock)); err != nil {
+				log.Warn("could not tell the service manager the daemon is ready", "err", err)
+			}
 			select {
 			case err = <-errc:
 			case <-ctx.Done():
@@ -267,6 +288,7 @@ func serveCmd(g *globals) *cobra.Command {
 					log.Info("shutting down: finishing in-flight requests; sandboxes keep running for the next daemon")
 				}
 			}
+			sdnotify.Notify(sdnotify.Stopping)
 			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			hs.Shutdown(sctx)
@@ -295,6 +317,8 @@ func serveCmd(g *globals) *cobra.Command {
 		"lifetime of a sandbox whose fork names none (fork --timeout, the API's timeout_s): a leaked one is reclaimed; 0: no limit")
 	f.DurationVar(&g.deadRetention, "dead-retention", time.Hour,
 		"how long a sandbox whose VMM died stays listed, with why it died, before it is forgotten (0: until killed)")
+	f.StringVar(&socketGroup, "socket-group", envOr("FORKD_SOCKET_GROUP", apisock.DefaultGroup),
+		"group whose members may use the API socket (mode 0660; membership is root-equivalent on this host, like the docker group); when it does not exist the socket is root only (0600). Empty: root only (env FORKD_SOCKET_GROUP)")
 	f.StringVar(&listen, "listen", "", "also serve the API on TCP HOST:PORT (bearer tokens always; TLS required off loopback)")
 	f.StringVar(&tlsCert, "tls-cert", "", "PEM certificate (chain) for --listen")
 	f.StringVar(&tlsKey, "tls-key", "", "PEM private key for --listen")

@@ -139,3 +139,42 @@ func TestDiskReadFlags(t *testing.T) {
 	t.Setenv("FORKD_DISK_READ_MBPS", "fast")
 	refused(flags(), `FORKD_DISK_READ_MBPS="fast"`)
 }
+
+func TestUnitOfCgroup(t *testing.T) {
+	for in, want := range map[string]string{
+		"0::/system.slice/forkd.service\n":                                    "forkd.service",
+		"12:pids:/x\n1:name=systemd:/system.slice/forkd-test.service\n0::/\n": "forkd-test.service",
+		"0::/user.slice/user-0.slice/user@0.service/app.slice/x.scope\n":      "",
+		"0::/user.slice/user-1000.slice/session-3.scope\n":                    "",
+		"0::/\n": "",
+	} {
+		if got := unitOfCgroup([]byte(in)); got != want {
+			t.Errorf("unitOfCgroup(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestInstallDirsOf(t *testing.T) {
+	// A PREFIX install (`make install PREFIX=/opt/forkd`, the release
+	// tarball) finds forkd-agent and the recipes from the binary alone.
+	prefix := t.TempDir()
+	for _, p := range []string{"bin/forkd", "lib/forkd/forkd-agent", "share/forkd/recipes/minimal.toml"} {
+		p = filepath.Join(prefix, p)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var agent, recipes string
+	for _, d := range installDirsOf(filepath.Join(prefix, "bin", "forkd")) {
+		if _, err := os.Stat(filepath.Join(d, "forkd-agent")); err == nil && agent == "" {
+			agent = filepath.Join(d, "forkd-agent")
+		}
+		if _, err := os.Stat(filepath.Join(d, "recipes", "minimal.toml")); err == nil && recipes == "" {
+			recipes = filepath.Join(d, "recipes")
+		}
+	}
+	if agent != filepath.Join(prefix, "lib/forkd/forkd-agent") || recipes != filepath.Join(prefix, "share/forkd/recipes") {
+		t.Fatalf("agent %q, recipes %q: want them under %s/lib/forkd and %s/share/forkd", agent, recipes, prefix, prefix)
+	}
+}

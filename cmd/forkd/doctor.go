@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/user"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/forkd-dev/forkd/internal/apisock"
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/image"
 	"github.com/forkd-dev/forkd/internal/vmm"
@@ -45,7 +47,7 @@ func hostChecks(ctx context.Context, g *globals) []apiv1.Check {
 	out = append(out, kernelCheck(ctx, g.dataDir))
 	agent, err := agentBinary()
 	add("forkd-agent", err == nil, orElse(agent, fmt.Sprint(err)), "make build (puts bin/forkd-agent next to bin/forkd), or set FORKD_AGENT")
-	out = append(out, cgroupCheck())
+	out = append(out, cgroupCheck(), socketCheck(g))
 	out = append(out, networkChecks(g)...)
 	if c, ok := memoryDirCheck(g); ok {
 		out = append(out, c)
@@ -315,4 +317,31 @@ func doctorCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&g.vmmName, "vmm", envOr("FORKD_VMM", "qemu"), "VMM driver to check")
 	cmd.Flags().StringVar(&g.accel, "accel", os.Getenv("FORKD_ACCEL"), "accelerator to check (kvm, tcg, auto)")
 	return cmd
+}
+
+// socketCheck says who may use the API socket: as the running daemon made
+// it when it exists, else as a daemon started now would (its default
+// group, or FORKD_SOCKET_GROUP). Root only is not a failure: users then
+// need sudo.
+func socketCheck(g *globals) apiv1.Check {
+	c := apiv1.Check{Name: "socket access", OK: true}
+	var st unix.Stat_t
+	if err := unix.Stat(g.socketPath(), &st); err == nil {
+		mode := st.Mode & 0o777
+		who := "root only: users need sudo"
+		if why := apisock.Resolve(envOr("FORKD_SOCKET_GROUP", apisock.DefaultGroup)).RootOnly; why != "" {
+			who += "; " + why
+		}
+		if mode&0o060 == 0o060 {
+			name := strconv.Itoa(int(st.Gid))
+			if grp, err := user.LookupGroupId(name); err == nil {
+				name = grp.Name
+			}
+			who = "group " + name + " may use the API without sudo (membership is root-equivalent on this host)"
+		}
+		c.Detail = fmt.Sprintf("%s: mode %04o, gid %d: %s", g.socketPath(), mode, st.Gid, who)
+		return c
+	}
+	c.Detail = "no daemon socket yet; a daemon started now allows " + apisock.Resolve(envOr("FORKD_SOCKET_GROUP", apisock.DefaultGroup)).String()
+	return c
 }
