@@ -14,7 +14,23 @@ export FORKD_TEST_DATA_DIR ?= /var/tmp/forkd-test
 # skipping it, so a VM test can never pass by not running.
 export FORKD_TEST_PRIVILEGED ?= $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: all build deps test-deps quickstart test test-load unit integration vet fmt bench clean
+# Install layout (make install, the .deb, the release tarball): forkd finds
+# forkd-agent in PREFIX/lib/forkd and recipes in PREFIX/share/forkd from its
+# own path, so any PREFIX works without flags.
+PREFIX    ?= /usr
+DESTDIR   ?=
+SYSCONFDIR ?= /etc
+UNITDIR   ?= $(if $(filter /usr,$(PREFIX)),/lib/systemd/system,$(PREFIX)/lib/systemd/system)
+# A Debian version for git builds: the tag without its v when HEAD has one
+# (v1.2.0-3-gabc -> 1.2.0+3.gabc), else 0.0.0~gitDATE.SHA (sorts before 0.0.0).
+DEB_VERSION ?= $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null) && echo "$${v\#v}" | sed 's/-\([0-9]*\)-g/+\1.g/' || \
+	echo "0.0.0~git$$(git log -1 --format=%cd --date=format:%Y%m%d%H%M%S 2>/dev/null || echo 0).$$(git rev-parse --short HEAD 2>/dev/null || echo dev)")
+# nfpm builds the .deb; `go run` fetches it through the Go module proxy on
+# first use, so a fresh clone needs nothing else installed.
+NFPM      ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
+DIST_NAME := forkd-$(DEB_VERSION)-linux-amd64
+
+.PHONY: all build deps test-deps quickstart test test-load unit integration vet fmt bench clean install uninstall deb dist
 
 all: build
 
@@ -57,4 +73,43 @@ bench: build
 	sudo ./bin/forkd bench spawn
 
 clean:
-	rm -rf bin
+	rm -rf bin dist
+
+# install: binaries, recipes, docs, the systemd unit (its paths rewritten
+# for PREFIX) and the config, which is never overwritten.
+install: build
+	install -D -m 0755 bin/forkd $(DESTDIR)$(PREFIX)/bin/forkd
+	install -D -m 0755 bin/forkd-agent $(DESTDIR)$(PREFIX)/lib/forkd/forkd-agent
+	cd recipes && find . -type f | while read -r f; do \
+		install -D -m 0644 "$$f" "$(DESTDIR)$(PREFIX)/share/forkd/recipes/$$f" || exit 1; done
+	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/doc/forkd README.md docs/*.md
+	install -d $(DESTDIR)$(UNITDIR)
+	sed -e 's|/usr/bin/forkd|$(PREFIX)/bin/forkd|g' -e 's|/usr/share/doc/forkd|$(PREFIX)/share/doc/forkd|g' \
+		-e 's|/usr/lib/forkd|$(PREFIX)/lib/forkd|g' -e 's|/etc/forkd|$(SYSCONFDIR)/forkd|g' \
+		packaging/forkd.service >$(DESTDIR)$(UNITDIR)/forkd.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/forkd.service
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/forkd/forkd.toml ]; then \
+		echo "keeping $(DESTDIR)$(SYSCONFDIR)/forkd/forkd.toml (the new default is packaging/forkd.toml)"; \
+	else install -D -m 0644 packaging/forkd.toml $(DESTDIR)$(SYSCONFDIR)/forkd/forkd.toml; fi
+
+# uninstall removes what install put there except the config and the data
+# (/var/lib/forkd): remove those by hand to forget everything.
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/forkd $(DESTDIR)$(UNITDIR)/forkd.service
+	rm -rf $(DESTDIR)$(PREFIX)/lib/forkd $(DESTDIR)$(PREFIX)/share/forkd $(DESTDIR)$(PREFIX)/share/doc/forkd
+	@echo "kept $(DESTDIR)$(SYSCONFDIR)/forkd and /var/lib/forkd"
+
+# deb: dist/forkd_VERSION_amd64.deb (packaging/nfpm.yaml).
+deb: build
+	mkdir -p dist
+	DEB_VERSION='$(DEB_VERSION)' $(NFPM) package --config packaging/nfpm.yaml --packager deb \
+		--target dist/forkd_$(DEB_VERSION)_amd64.deb
+
+# dist: a release tarball laid out as `make install` lays out / (extract it
+# with tar -C /, or anywhere and run usr/bin/forkd), and SHA256SUMS.
+dist: build deb
+	rm -rf dist/stage && mkdir -p dist/stage
+	$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/dist/stage PREFIX=/usr
+	tar -C dist/stage --owner=0 --group=0 --numeric-owner --sort=name -czf dist/$(DIST_NAME).tar.gz .
+	rm -rf dist/stage
+	cd dist && sha256sum $(DIST_NAME).tar.gz forkd_$(DEB_VERSION)_amd64.deb >SHA256SUMS
