@@ -126,8 +126,14 @@ type Engine struct {
 	// after commit is refused (checkIntact).
 	tainted map[string]string
 
-	// bg tracks background branches, which Close waits for.
+	// bg tracks daemon-owned work (background branches, Go), which Close
+	// waits for.
 	bg sync.WaitGroup
+	// life is the engine's lifetime context: daemon-owned work runs on
+	// it, never on the request that started it. Close cancels it (with
+	// ErrEngineClosed) once it stops waiting for that work.
+	life    context.Context
+	endLife context.CancelCauseFunc
 
 	stopJanitor context.CancelFunc
 }
@@ -193,6 +199,7 @@ func New(cfg Config) (*Engine, error) {
 		pending:   map[string]*PendingSnapshot{},
 		tainted:   map[string]string{},
 	}
+	e.life, e.endLife = context.WithCancelCause(context.Background())
 	keep := e.adoptRecorded()
 	e.reapLeftovers(keep)
 	e.pruneMemoryCache()
@@ -243,14 +250,22 @@ func (e *Engine) Close(ctx context.Context) error {
 		}
 	}
 	wg.Wait()
-	// Background branches commit or fail; none is left half-written
-	// either way, but waiting lets one that is nearly done land.
+	// Background work (branches, operations) commits or fails; none is
+	// left half-written either way, but waiting lets what is nearly done
+	// land. What is still running when ctx ends is cancelled, and given
+	// a moment to remove its staging.
 	done := make(chan struct{})
 	go func() { e.bg.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-ctx.Done():
+		e.endLife(ErrEngineClosed)
+		select {
+		case <-done:
+		case <-time.After(closeCancelGrace):
+		}
 	}
+	e.endLife(ErrEngineClosed)
 	e.net.Close()
 	if !e.cfg.KeepSandboxesOnClose {
 		// Every sandbox ended with the engine: nothing needs the host's

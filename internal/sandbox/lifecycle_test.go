@@ -334,7 +334,7 @@ func TestBranchKeepsSourceBusy(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := sbs[0].ID
-	if _, err := e.BranchAsync(id, BranchOptions{Tag: "b1", Mode: BranchFull}); err != nil {
+	if _, err := e.BranchAsync(context.Background(), id, BranchOptions{Tag: "b1", Mode: BranchFull}, nil); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { return len(e.branchSem) == 1 }) // the branch is under way

@@ -80,8 +80,11 @@ func (e *Engine) pendingErr(tag string) error {
 
 // BranchAsync starts a branch in the background and returns at once with
 // the tag in state writing. What can be checked up front (tag, mode, the
-// sandbox runs) is, so bad input still fails here.
-func (e *Engine) BranchAsync(id string, opts BranchOptions) (PendingSnapshot, error) {
+// sandbox runs) is, so bad input still fails here. The branch is
+// daemon-owned work (Go): ctx only cancels it (an operation's cancel),
+// and a cancelled branch leaves no tag, not even a failed one. done, if
+// set, is told the outcome after the tag is committed or marked failed.
+func (e *Engine) BranchAsync(ctx context.Context, id string, opts BranchOptions, done func(*BranchResult, error)) (PendingSnapshot, error) {
 	if opts.Mode == "" {
 		opts.Mode = BranchDiff
 	}
@@ -102,19 +105,17 @@ func (e *Engine) BranchAsync(id string, opts BranchOptions) (PendingSnapshot, er
 	// What is returned is copied under mu: the branch below may fail,
 	// and mark p failed, before this function returns.
 	ret := *p
-	// Added under mu, where Close sets closed before it waits: no Add
-	// can race that Wait.
-	e.bg.Add(1)
 	e.mu.Unlock()
-	go func() {
-		defer e.bg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), asyncBranchTimeout)
+	err := e.Go(ctx, func(ctx context.Context) {
+		bctx, cancel := context.WithTimeout(ctx, asyncBranchTimeout)
 		defer cancel()
-		_, err := e.branch(ctx, id, opts)
+		res, err := e.branch(bctx, id, opts)
+		cancelled := err != nil && ctx.Err() != nil
 		e.mu.Lock()
-		if err == nil {
+		switch {
+		case err == nil, cancelled:
 			delete(e.pending, opts.Tag)
-		} else {
+		default:
 			e.log.Warn("background branch failed", "sandbox_id", id, "tag", opts.Tag, "mode", opts.Mode, "err", err)
 			p.State, p.Err = PendingFailed, err
 			e.pruneFailedLocked()
@@ -126,7 +127,16 @@ func (e *Engine) BranchAsync(id string, opts BranchOptions) (PendingSnapshot, er
 			ev.Kind, ev.Err = EventBranchFailed, err
 		}
 		e.emit(ev)
-	}()
+		if done != nil {
+			done(res, err)
+		}
+	})
+	if err != nil {
+		e.mu.Lock()
+		delete(e.pending, opts.Tag)
+		e.mu.Unlock()
+		return PendingSnapshot{}, err
+	}
 	return ret, nil
 }
 

@@ -23,7 +23,7 @@ func TestBranchNoWait(t *testing.T) {
 	}
 	src := sbs[0].ID
 
-	p, err := e.BranchAsync(src, BranchOptions{Tag: "later", Mode: BranchFull})
+	p, err := e.BranchAsync(context.Background(), src, BranchOptions{Tag: "later", Mode: BranchFull}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestBranchNoWait(t *testing.T) {
 
 	// A failing background branch.
 	d.snapshotErr = errors.New("injected: disk full")
-	if _, err := e.BranchAsync(src, BranchOptions{Tag: "broken", Mode: BranchFull}); err != nil {
+	if _, err := e.BranchAsync(context.Background(), src, BranchOptions{Tag: "broken", Mode: BranchFull}, nil); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { p, _ := e.Pending("broken"); return p.State == PendingFailed })
@@ -73,10 +73,10 @@ func TestBranchNoWait(t *testing.T) {
 		t.Error("failed tag still pending after removal")
 	}
 	// Bad input is refused up front, not in the background.
-	if _, err := e.BranchAsync(src, BranchOptions{Tag: "Bad Tag"}); !errdefs.IsInvalidArgument(err) {
+	if _, err := e.BranchAsync(context.Background(), src, BranchOptions{Tag: "Bad Tag"}, nil); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("bad tag: %v", err)
 	}
-	if _, err := e.BranchAsync("sb-nope", BranchOptions{Tag: "x1"}); !errdefs.IsNotFound(err) {
+	if _, err := e.BranchAsync(context.Background(), "sb-nope", BranchOptions{Tag: "x1"}, nil); !errdefs.IsNotFound(err) {
 		t.Errorf("unknown sandbox: %v", err)
 	}
 	if _, ok := e.Pending("x1"); ok {
