@@ -71,6 +71,9 @@ var routePolicies = map[string]policy{
 	"GET /v1/operations":      {reader, noScope},
 	"GET /v1/operations/{id}": {reader, operationScope},
 
+	"GET /v1/operations/{id}/events":  {reader, operationScope},
+	"POST /v1/operations/{id}/cancel": {writer, operationScope},
+
 	"GET /v1/tenants":                {reader, noScope},
 	"GET /v1/tenants/{tenant}":       {reader, tenantScope},
 	"PUT /v1/tenants/{tenant}/quota": {adminOnly, noScope},

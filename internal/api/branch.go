@@ -1,17 +1,21 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/auth"
 	"github.com/forkd-dev/forkd/internal/sandbox"
 )
 
 func ms(us int64) float64 { return float64(us) / 1000 }
 
 // branch snapshots a running sandbox into a new tag (201 with the snapshot
-// and the pause the source saw).
+// and the pause the source saw). With no_wait it answers 202 at once: the
+// tag is "writing" until the background branch, an operation of kind
+// sandbox.branch (its result a BranchResponse), commits it.
 func (s *Server) branch(w http.ResponseWriter, r *http.Request) {
 	var req apiv1.BranchRequest
 	if err := decode(w, r, &req); err != nil {
@@ -20,18 +24,7 @@ func (s *Server) branch(w http.ResponseWriter, r *http.Request) {
 	}
 	opts := sandbox.BranchOptions{Tag: req.Tag, Mode: req.Mode}
 	if req.NoWait {
-		// 202: the tag is "writing" until the background branch commits it.
-		p, err := s.Engine.BranchAsync(r.PathValue("id"), opts)
-		if err != nil {
-			writeProblem(w, r, err)
-			return
-		}
-		s.claimSnapshot(r, p.Tag, "") // its id comes when it commits (snapshotOwners.owner)
-		noteTargets(r, p.Tag)
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Location", "/v1/snapshots/"+p.Tag)
-		w.WriteHeader(http.StatusAccepted)
-		json.NewEncoder(w).Encode(apiv1.BranchResponse{Snapshot: s.pendingView(r, p)})
+		s.branchAsync(w, r, opts)
 		return
 	}
 	// Engine.Branch validates the tag and mode.
@@ -44,9 +37,46 @@ func (s *Server) branch(w http.ResponseWriter, r *http.Request) {
 	noteTargets(r, res.Snapshot.Tag)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
-	json.NewEncoder(w).Encode(apiv1.BranchResponse{
-		Snapshot:    s.snapshotInfo(r, res.Snapshot),
+	json.NewEncoder(w).Encode(s.branchResponse(s.principalOf(r), res))
+}
+
+// branchAsync starts a background branch as an operation and answers 202
+// with the pending tag and the operation (Location: the tag, as before
+// operations existed).
+func (s *Server) branchAsync(w http.ResponseWriter, r *http.Request, opts sandbox.BranchOptions) {
+	p := s.principalOf(r)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	op := s.ops.start(apiv1.OpSandboxBranch, opts.Tag, p.Tenant, cancel)
+	pend, err := s.Engine.BranchAsync(ctx, r.PathValue("id"), opts, func(res *sandbox.BranchResult, err error) {
+		defer cancel(nil)
+		var out any
+		switch {
+		case err == nil:
+			out = s.branchResponse(p, res)
+		case context.Cause(ctx) == errOpCancelled:
+			s.owners.forget(opts.Tag) // a cancelled branch leaves no tag (Engine.BranchAsync)
+		}
+		s.finishOperation(ctx, op.ID, out, err)
+	})
+	if err != nil {
+		cancel(nil)
+		s.ops.drop(op.ID)
+		writeProblem(w, r, err)
+		return
+	}
+	s.claimSnapshot(r, pend.Tag, "") // its id comes when it commits (snapshotOwners.owner)
+	noteTargets(r, op.ID, pend.Tag)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", "/v1/snapshots/"+pend.Tag)
+	w.WriteHeader(http.StatusAccepted)
+	json.NewEncoder(w).Encode(apiv1.BranchResponse{Snapshot: s.pendingView(r, pend), Operation: &op})
+}
+
+// branchResponse renders a finished branch for p.
+func (s *Server) branchResponse(p auth.Principal, res *sandbox.BranchResult) apiv1.BranchResponse {
+	return apiv1.BranchResponse{
+		Snapshot:    s.snapshotInfoFor(p, res.Snapshot),
 		PauseMillis: ms(res.Paused.Microseconds()), BytesWritten: res.BytesWritten,
 		TotalMillis: ms(res.Duration.Microseconds()),
-	})
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"sort"
 	"sync"
 	"time"
@@ -20,15 +19,33 @@ import (
 // finished ones are dropped first.
 const maxOperations = 256
 
-// operations tracks long-running requests (image builds) that outlive the
-// HTTP request that started them: the client polls GET /v1/operations/{id}.
+// maxProgressLines bounds the progress lines an operation keeps (the
+// oldest are dropped first); followers that fall further behind miss the
+// dropped ones.
+const maxProgressLines = 1000
+
+// operations tracks daemon-owned work (operation_run.go) that outlives the
+// HTTP request that started it: clients poll GET /v1/operations/{id} or
+// follow its events, and may cancel it.
 type operations struct {
 	// store, if set, keeps operations across daemon restarts.
 	store *state.Store
 
 	// mu guards the fields below.
 	mu  sync.Mutex
-	ops map[string]*apiv1.Operation
+	ops map[string]*opEntry
+}
+
+// opEntry is one operation and what its followers and cancel need.
+type opEntry struct {
+	op apiv1.Operation
+	// seq counts the progress lines ever added (op.Progress keeps the
+	// latest maxProgressLines): a follower's position.
+	seq int
+	// changed is closed, and replaced, on every change.
+	changed chan struct{}
+	// cancel cancels the work; nil for an operation a former daemon ran.
+	cancel context.CancelCauseFunc
 }
 
 // load reads recorded operations; one still running belonged to a daemon
@@ -42,11 +59,14 @@ func (o *operations) load(store *state.Store) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.ops == nil {
-		o.ops = map[string]*apiv1.Operation{}
+		o.ops = map[string]*opEntry{}
 	}
 	for _, rec := range recs {
-		op := &apiv1.Operation{ID: rec.ID, Kind: rec.Kind, Target: rec.Target, State: rec.State,
+		op := apiv1.Operation{ID: rec.ID, Kind: rec.Kind, Target: rec.Target, State: rec.State,
 			Created: rec.Created, Updated: rec.Updated, Progress: rec.Progress, Result: rec.Result, Tenant: auth.TenantOf(rec.Tenant)}
+		if op.Progress == nil {
+			op.Progress = []string{}
+		}
 		if rec.Error != "" {
 			var p apiv1.Problem
 			if json.Unmarshal([]byte(rec.Error), &p) != nil {
@@ -54,19 +74,19 @@ func (o *operations) load(store *state.Store) error {
 			}
 			op.Error = &p
 		}
+		e := &opEntry{op: op, seq: len(op.Progress), changed: make(chan struct{})}
 		if op.State == apiv1.OpRunning {
 			p := ProblemOf(fmt.Errorf("the daemon stopped during this %s; start it again: %w", op.Kind, errdefs.ErrUnavailable), "")
-			op.State, op.Error, op.Updated = apiv1.OpFailed, &p, time.Now().UTC()
-			o.persistLocked(op)
+			e.op.State, e.op.Error, e.op.Updated = apiv1.OpFailed, &p, time.Now().UTC()
+			o.persistLocked(&e.op)
 		}
-		o.ops[op.ID] = op
+		o.ops[op.ID] = e
 	}
 	return nil
 }
 
-// persistLocked records op; the caller holds mu. Failures are logged by
-// the store's caller only: an operation's record is best effort, the
-// build itself is unaffected.
+// persistLocked records op; the caller holds mu. An operation's record is
+// best effort: the work itself is unaffected by a failed write.
 func (o *operations) persistLocked(op *apiv1.Operation) {
 	if o.store == nil {
 		return
@@ -80,152 +100,210 @@ func (o *operations) persistLocked(op *apiv1.Operation) {
 	o.store.PutOperation(rec)
 }
 
-// start records a running operation of kind on target, started by tenant.
-func (o *operations) start(kind, target, tenant string) *apiv1.Operation {
+// start records a running operation of kind on target, started by tenant;
+// cancel, if set, is what POST /v1/operations/{id}/cancel calls.
+func (o *operations) start(kind, target, tenant string, cancel ...context.CancelCauseFunc) apiv1.Operation {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.ops == nil {
-		o.ops = map[string]*apiv1.Operation{}
+		o.ops = map[string]*opEntry{}
 	}
 	o.pruneLocked()
 	now := time.Now().UTC()
-	op := &apiv1.Operation{ID: "op-" + snapshot.NewID(), Kind: kind, Target: target, State: apiv1.OpRunning, Created: now, Updated: now, Progress: []string{},
-		Tenant: auth.TenantOf(tenant)}
-	o.ops[op.ID] = op
-	o.persistLocked(op)
-	return op
+	e := &opEntry{changed: make(chan struct{}), op: apiv1.Operation{
+		ID: "op-" + snapshot.NewID(), Kind: kind, Target: target, State: apiv1.OpRunning, Created: now, Updated: now, Progress: []string{},
+		Tenant: auth.TenantOf(tenant)}}
+	if len(cancel) > 0 {
+		e.cancel = cancel[0]
+	}
+	o.ops[e.op.ID] = e
+	o.persistLocked(&e.op)
+	return cloneOp(e.op)
+}
+
+// drop forgets an operation whose work never started.
+func (o *operations) drop(id string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.ops, id)
+	if o.store != nil {
+		o.store.DeleteOperation(id)
+	}
 }
 
 func (o *operations) pruneLocked() {
 	if len(o.ops) < maxOperations {
 		return
 	}
-	var done []*apiv1.Operation
-	for _, op := range o.ops {
-		if op.State != apiv1.OpRunning {
-			done = append(done, op)
+	var done []*opEntry
+	for _, e := range o.ops {
+		if e.op.Terminal() {
+			done = append(done, e)
 		}
 	}
-	sort.Slice(done, func(i, j int) bool { return done[i].Updated.Before(done[j].Updated) })
+	sort.Slice(done, func(i, j int) bool { return done[i].op.Updated.Before(done[j].op.Updated) })
 	for i := 0; i < len(done) && len(o.ops) >= maxOperations; i++ {
-		delete(o.ops, done[i].ID)
+		delete(o.ops, done[i].op.ID)
 		if o.store != nil {
-			o.store.DeleteOperation(done[i].ID)
+			o.store.DeleteOperation(done[i].op.ID)
 		}
 	}
 }
 
+// update changes a running operation with f and tells its followers. A
+// finished operation does not change any more.
 func (o *operations) update(id string, f func(op *apiv1.Operation)) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if op := o.ops[id]; op != nil {
-		f(op)
-		op.Updated = time.Now().UTC()
-		// Progress lines are frequent; record state changes only.
-		if op.State != apiv1.OpRunning {
-			o.persistLocked(op)
-		}
+	e := o.ops[id]
+	if e == nil || e.op.Terminal() {
+		return
 	}
+	f(&e.op)
+	e.op.Updated = time.Now().UTC()
+	if e.op.Terminal() {
+		e.cancel = nil
+	}
+	o.changedLocked(e)
+	// Progress is frequent; record state changes only.
+	if e.op.Terminal() {
+		o.persistLocked(&e.op)
+	}
+}
+
+// changedLocked wakes e's followers.
+func (o *operations) changedLocked(e *opEntry) {
+	close(e.changed)
+	e.changed = make(chan struct{})
+}
+
+// message adds a progress line.
+func (o *operations) message(id, msg string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	e := o.ops[id]
+	if e == nil || e.op.Terminal() {
+		return
+	}
+	e.op.Progress = append(e.op.Progress, msg)
+	if n := len(e.op.Progress); n > maxProgressLines {
+		e.op.Progress = append([]string(nil), e.op.Progress[n-maxProgressLines:]...)
+	}
+	e.seq++
+	e.op.Updated = time.Now().UTC()
+	o.changedLocked(e)
+}
+
+// cancel asks a running operation's work to stop with cause; it returns
+// the operation as it is now.
+func (o *operations) cancel(id string, cause error) (apiv1.Operation, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	e := o.ops[id]
+	switch {
+	case e == nil:
+		return apiv1.Operation{}, errNoOperation(id)
+	case e.op.Terminal():
+		return cloneOp(e.op), fmt.Errorf("operation %s already %s: nothing to cancel: %w", id, e.op.State, errdefs.ErrFailedPrecondition)
+	case e.cancel == nil:
+		return cloneOp(e.op), fmt.Errorf("operation %s (%s) cannot be cancelled: %w", id, e.op.Kind, errdefs.ErrFailedPrecondition)
+	}
+	if !e.op.CancelRequested {
+		e.op.CancelRequested = true
+		e.op.Updated = time.Now().UTC()
+		e.cancel(cause)
+		o.changedLocked(e)
+	}
+	return cloneOp(e.op), nil
 }
 
 // get returns a copy, safe to encode while the operation runs.
 func (o *operations) get(id string) (apiv1.Operation, bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	op := o.ops[id]
-	if op == nil {
+	e := o.ops[id]
+	if e == nil {
 		return apiv1.Operation{}, false
 	}
-	c := *op
-	c.Progress = append([]string(nil), op.Progress...)
-	return c, true
+	return cloneOp(e.op), true
 }
 
 func (o *operations) list() []apiv1.Operation {
 	o.mu.Lock()
-	ids := make([]string, 0, len(o.ops))
-	for id := range o.ops {
-		ids = append(ids, id)
+	out := make([]apiv1.Operation, 0, len(o.ops))
+	for _, e := range o.ops {
+		out = append(out, cloneOp(e.op))
 	}
 	o.mu.Unlock()
-	out := []apiv1.Operation{}
-	for _, id := range ids {
-		if op, ok := o.get(id); ok {
-			out = append(out, op)
-		}
-	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out
 }
 
-// buildImage starts a build as an operation and answers 202 with it; the
-// build runs on the daemon's context, not the request's.
-func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
-	var req apiv1.BuildImageRequest
-	if err := decode(w, r, &req); err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	rcp, err := s.Engine.ResolveRecipe(req.Recipe, req.RecipeTOML)
-	if err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	// The slot is taken before the 202, so a daemon already building
-	// --max-builds images, or a tenant at its bound of builds, answers
-	// 429 (with Retry-After) instead of an operation that fails at once;
-	// the build releases it.
-	tenant, quota := s.buildOwner(r)
-	slot, err := s.Engine.TryAcquireBuild("build image "+rcp.Name, tenant, quota)
-	if err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	op := s.ops.start("image.build", rcp.Name, s.principalOf(r).Tenant)
-	noteTargets(r, op.ID)
-	go func() {
-		img, err := s.Engine.BuildImageWith(context.Background(), slot, rcp, func(msg string) {
-			s.ops.update(op.ID, func(op *apiv1.Operation) { op.Progress = append(op.Progress, msg) })
-		})
-		s.ops.update(op.ID, func(op *apiv1.Operation) {
-			if err != nil {
-				p := ProblemOf(err, "")
-				op.State, op.Error = apiv1.OpFailed, &p
-				return
+// follow sends id's events to send: its current state first, then each
+// progress line and byte count as it comes, then its terminal state (an
+// operation already finished is one state event). It returns when the
+// operation ends, ctx ends, or send fails.
+func (o *operations) follow(ctx context.Context, id string, send func(apiv1.OperationEvent) error) error {
+	sent := -1 // progress lines sent, by seq; -1 before the first state
+	var bytesSent [2]int64
+	for {
+		o.mu.Lock()
+		e := o.ops[id]
+		if e == nil {
+			o.mu.Unlock()
+			return errNoOperation(id)
+		}
+		op, seq, changed := cloneOp(e.op), e.seq, e.changed
+		o.mu.Unlock()
+		if sent < 0 {
+			if err := send(apiv1.OperationEvent{Type: apiv1.OpEventState, Operation: &op}); err != nil {
+				return err
 			}
-			info := imageInfo(img)
-			data, _ := json.Marshal(info)
-			op.State, op.Result = apiv1.OpSucceeded, data
-		})
-		s.auditOperationFinished(op.ID)
-		if op, ok := s.ops.get(op.ID); ok {
-			s.publishOperation(op)
+			sent, bytesSent = seq, [2]int64{op.DoneBytes, op.TotalBytes}
+			if op.Terminal() {
+				return nil
+			}
 		}
-	}()
-	cp, _ := s.ops.get(op.ID)
-	w.Header().Set("Location", "/v1/operations/"+op.ID)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusAccepted)
-	json.NewEncoder(w).Encode(cp)
-}
-
-func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
-	op, ok := s.ops.get(r.PathValue("id"))
-	if !ok {
-		writeProblem(w, r, errNoOperation(r.PathValue("id")))
-		return
-	}
-	writeJSON(w, op)
-}
-
-// listOperations lists the operations of r's tenant (all for an admin).
-func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) {
-	p := s.principalOf(r)
-	out := []apiv1.Operation{}
-	for _, op := range s.ops.list() {
-		if p.Sees(op.Tenant) {
-			out = append(out, op)
+		if n := seq - sent; n > 0 {
+			lines := op.Progress[max(0, len(op.Progress)-n):]
+			for _, l := range lines {
+				if err := send(apiv1.OperationEvent{Type: apiv1.OpEventProgress, Message: l}); err != nil {
+					return err
+				}
+			}
+			sent = seq
+		}
+		if b := [2]int64{op.DoneBytes, op.TotalBytes}; b != bytesSent {
+			if err := send(apiv1.OperationEvent{Type: apiv1.OpEventProgress, DoneBytes: b[0], TotalBytes: b[1]}); err != nil {
+				return err
+			}
+			bytesSent = b
+		}
+		if op.Terminal() {
+			return send(apiv1.OperationEvent{Type: apiv1.OpEventState, Operation: &op})
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
 		}
 	}
-	writeJSON(w, out)
+}
+
+// wait returns id once it has ended, or ctx's error.
+func (o *operations) wait(ctx context.Context, id string) (apiv1.Operation, error) {
+	var last apiv1.Operation
+	err := o.follow(ctx, id, func(ev apiv1.OperationEvent) error {
+		if ev.Operation != nil {
+			last = *ev.Operation
+		}
+		return nil
+	})
+	return last, err
+}
+
+// cloneOp copies op so it can be encoded while the operation runs.
+func cloneOp(op apiv1.Operation) apiv1.Operation {
+	op.Progress = append([]string{}, op.Progress...)
+	return op
 }

@@ -76,15 +76,24 @@ type Server struct {
 	proxyOnce   sync.Once
 	proxy       *httputil.ReverseProxy
 	ops         operations
+	idem        idempotency    // Idempotency-Key records (idempotency.go)
 	owners      snapshotOwners // which tenant owns each snapshot tag (owners.go)
 	auditGate   auditGate      // fails closed when audit writes fail (audit.go)
 	unauthAudit unauthLimiter  // bounds the records of unauthenticated requests (audit.go)
+
+	// createSnapshotFn writes a snapshot for POST /v1/snapshots: nil is
+	// the engine's CreateSnapshot; tests put a fake here.
+	createSnapshotFn func(ctx context.Context, opts sandbox.CreateSnapshotOptions) (*snapshot.Snapshot, error)
 }
 
-// LoadState makes operations and snapshot ownership durable in store and
-// reads what an earlier daemon recorded. Call it before serving.
+// LoadState makes operations, idempotency keys and snapshot ownership
+// durable in store and reads what an earlier daemon recorded. Call it
+// before serving.
 func (s *Server) LoadState(store *state.Store) error {
 	if err := s.ops.load(store); err != nil {
+		return err
+	}
+	if err := s.idem.load(store); err != nil {
 		return err
 	}
 	return s.owners.load(store)
@@ -109,6 +118,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/events", s.streamEvents)
 	mux.HandleFunc("GET /v1/operations", s.listOperations)
 	mux.HandleFunc("GET /v1/operations/{id}", s.getOperation)
+	mux.HandleFunc("GET /v1/operations/{id}/events", s.operationEvents)
+	mux.HandleFunc("POST /v1/operations/{id}/cancel", s.cancelOperation)
 	mux.HandleFunc("GET /v1/snapshots", s.listSnapshots)
 	mux.HandleFunc("POST /v1/snapshots", s.createSnapshot)
 	mux.HandleFunc("GET /v1/snapshots/{tag}", s.getSnapshot)
@@ -313,6 +324,14 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
+	claim, replayed, err := s.idempotent(w, r, req, nil)
+	if err != nil || replayed {
+		if err != nil {
+			writeProblem(w, r, err)
+		}
+		return
+	}
+	defer claim.release()
 	p := s.principalOf(r)
 	opts := sandbox.ForkOptions{
 		Tag: req.Tag, Count: req.Count, Labels: req.Metadata, RequestID: requestID(r), Network: policyOf(req.Network),
@@ -346,9 +365,12 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		resp.Sandboxes = append(resp.Sandboxes, sandboxInfo(sb))
 		noteTargets(r, sb.ID)
 	}
+	body, _ := json.Marshal(resp)
+	body = append(body, '\n')
+	claim.result(http.StatusCreated, body)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
-	json.NewEncoder(w).Encode(resp)
+	w.Write(body)
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {

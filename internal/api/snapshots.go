@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -17,6 +18,12 @@ import (
 // snapshotInfo renders a snapshot for the principal of r: its owner, and
 // only the tags of its chain r may see (scopeSnapshotView).
 func (s *Server) snapshotInfo(r *http.Request, snap *snapshot.Snapshot) apiv1.Snapshot {
+	return s.snapshotInfoFor(s.principalOf(r), snap)
+}
+
+// snapshotInfoFor is snapshotInfo for principal p (daemon-owned work,
+// which outlives its request).
+func (s *Server) snapshotInfoFor(p auth.Principal, snap *snapshot.Snapshot) apiv1.Snapshot {
 	out := apiv1.Snapshot{
 		Tag: snap.Tag, ID: snap.ID, Created: snap.Created, Recipe: snap.Image.Recipe, ImageDigest: snap.Image.Digest,
 		VMM: snap.VMM.Kind, VMMVersion: snap.VMM.Version, Accel: snap.VMM.Accel,
@@ -33,7 +40,7 @@ func (s *Server) snapshotInfo(r *http.Request, snap *snapshot.Snapshot) apiv1.Sn
 			out.DiskBytes += st.Blocks * 512
 		}
 	}
-	s.scopeSnapshotView(s.principalOf(r), &out)
+	s.scopeSnapshotView(p, &out)
 	return out
 }
 
@@ -85,22 +92,48 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, s.snapshotInfo(r, snap))
 }
 
-// createSnapshot builds a snapshot, owned by r's tenant.
+// createSnapshot builds a snapshot, owned by r's tenant, as an operation
+// (operation_run.go): with Prefer: respond-async (or ?async=true) it
+// answers 202 with the operation; without, it follows the operation and
+// answers the NDJSON progress stream it answered before operations
+// existed (X-Forkd-Operation names the operation). Either way the work is
+// the daemon's: a client that goes away does not stop it.
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	var req apiv1.CreateSnapshotRequest
 	if err := decode(w, r, &req); err != nil {
 		writeProblem(w, r, err)
 		return
 	}
+	async, err := wantsAsync(r)
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	answer := func(opID string) {
+		if async {
+			op, _ := s.ops.get(opID)
+			writeAccepted(w, op)
+			return
+		}
+		s.followAsProgress(w, r, opID)
+	}
+	claim, replayed, err := s.idempotent(w, r, req, answer)
+	if err != nil || replayed {
+		if err != nil {
+			writeProblem(w, r, err)
+		}
+		return
+	}
+	defer claim.release()
 	opts := sandbox.CreateSnapshotOptions{
 		Tag: req.Tag, Recipe: req.Recipe, RecipeTOML: req.RecipeTOML, Warm: req.Warm, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs,
 		Network: policyOf(req.Network),
 	}
-	// Validate everything that can be checked before committing to a
-	// stream (tag, recipe, memory, vCPUs, warm-up code, disk space), and
-	// take the build slot, so bad input is a plain 4xx and a full daemon
-	// (or a tenant at its bound of builds) a 429 with Retry-After, not a
-	// 200 that fails later.
+	// Validate everything that can be checked before starting the work
+	// (tag, recipe, memory, vCPUs, warm-up code, disk space), and take
+	// the build slot, so bad input is a plain 4xx and a full daemon (or a
+	// tenant at its bound of builds) a 429 with Retry-After, not an
+	// operation that fails at once.
 	if err := s.Engine.CheckCreateSnapshot(opts); err != nil {
 		writeProblem(w, r, err)
 		return
@@ -111,24 +144,78 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	ps := newProgressStream(w)
-	opts.Progress, opts.Slot = ps.message, slot
-	snap, err := s.Engine.CreateSnapshot(r.Context(), opts)
+	opts.Slot = slot
+	p := s.principalOf(r)
+	create := s.createSnapshotFn
+	if create == nil {
+		create = s.Engine.CreateSnapshot
+	}
+	op, err := s.startOperation(r, apiv1.OpSnapshotCreate, req.Tag, func(ctx context.Context, pr opProgress) (any, error) {
+		opts.Progress = pr.Message
+		snap, err := create(ctx, opts)
+		if err != nil {
+			return nil, err
+		}
+		s.claimSnapshotFor(p, snap.Tag, snap.ID)
+		return s.snapshotInfoFor(p, snap), nil
+	})
 	if err != nil {
-		noteError(r, err)
-		p := ProblemOf(err, requestID(r))
-		ps.send(apiv1.Progress{Error: &p})
+		slot.Release()
+		writeProblem(w, r, err)
 		return
 	}
-	s.claimSnapshot(r, snap.Tag, snap.ID)
-	noteTargets(r, snap.Tag)
-	info := s.snapshotInfo(r, snap)
-	ps.send(apiv1.Progress{Snapshot: &info})
+	claim.operation(op.ID)
+	noteTargets(r, req.Tag)
+	answer(op.ID)
+}
+
+// followAsProgress answers with an operation that writes a snapshot as
+// the NDJSON progress stream (apiv1.Progress lines): its progress so far
+// and as it comes, then the snapshot or the problem. It follows on r's
+// context: a client that goes away ends the stream, not the operation.
+func (s *Server) followAsProgress(w http.ResponseWriter, r *http.Request, opID string) {
+	w.Header().Set(apiv1.OperationHeader, opID)
+	ps := newProgressStream(w)
+	first := true
+	s.ops.follow(r.Context(), opID, func(ev apiv1.OperationEvent) error {
+		op := ev.Operation
+		switch {
+		case op == nil:
+			if ev.Message != "" {
+				ps.message(ev.Message)
+			}
+			return nil
+		case first:
+			first = false
+			for _, msg := range op.Progress {
+				ps.message(msg)
+			}
+		}
+		switch op.State {
+		case apiv1.OpSucceeded:
+			var snap apiv1.Snapshot
+			if err := json.Unmarshal(op.Result, &snap); err != nil {
+				return err
+			}
+			ps.send(apiv1.Progress{Snapshot: &snap})
+		case apiv1.OpFailed, apiv1.OpCancelled:
+			err := opError(*op)
+			noteError(r, err)
+			p := ProblemOf(err, requestID(r))
+			ps.send(apiv1.Progress{Error: &p})
+		}
+		return nil
+	})
 }
 
 // claimSnapshot records a tag r just created as its tenant's.
 func (s *Server) claimSnapshot(r *http.Request, tag, id string) {
-	if err := s.owners.claim(tag, s.principalOf(r).Tenant, id); err != nil && s.Log != nil {
+	s.claimSnapshotFor(s.principalOf(r), tag, id)
+}
+
+// claimSnapshotFor records a tag as p's tenant's.
+func (s *Server) claimSnapshotFor(p auth.Principal, tag, id string) {
+	if err := s.owners.claim(tag, p.Tenant, id); err != nil && s.Log != nil {
 		s.Log.Error("recording a snapshot's owner failed: after a restart it belongs to the default tenant", "tag", tag, "err", err)
 	}
 }
@@ -205,23 +292,48 @@ func (s *Server) checkDependents(p auth.Principal, tag string) error {
 	return nil
 }
 
-// compactSnapshot writes a flat copy of a chain head under a new tag.
+// compactSnapshot writes a flat copy of a chain head under a new tag, as
+// an operation: 202 with it when asked (wantsAsync), else 201 with the
+// snapshot once written (the copy goes on if the client goes away).
 func (s *Server) compactSnapshot(w http.ResponseWriter, r *http.Request) {
 	var req apiv1.CompactRequest
 	if err := decode(w, r, &req); err != nil {
 		writeProblem(w, r, err)
 		return
 	}
-	snap, err := s.Engine.Compact(r.Context(), r.PathValue("tag"), req.To)
+	async, err := wantsAsync(r)
 	if err != nil {
-		writeProblem(w, r, s.scopeSnapshotErr(s.principalOf(r), r.PathValue("tag"), err))
+		writeProblem(w, r, err)
 		return
 	}
-	s.claimSnapshot(r, snap.Tag, snap.ID)
-	noteTargets(r, snap.Tag)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusCreated)
-	json.NewEncoder(w).Encode(s.snapshotInfo(r, snap))
+	from, p := r.PathValue("tag"), s.principalOf(r)
+	// What fails at once is a plain 4xx, not a failed operation.
+	if _, err := s.Engine.Store().Get(from); err != nil {
+		writeProblem(w, r, s.scopeSnapshotErr(p, from, err))
+		return
+	}
+	if err := s.Engine.Store().CheckFree(req.To); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	op, err := s.startOperation(r, apiv1.OpSnapshotCompact, req.To, func(ctx context.Context, _ opProgress) (any, error) {
+		snap, err := s.Engine.Compact(ctx, from, req.To)
+		if err != nil {
+			return nil, s.scopeSnapshotErr(p, from, err)
+		}
+		s.claimSnapshotFor(p, snap.Tag, snap.ID)
+		return s.snapshotInfoFor(p, snap), nil
+	})
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	noteTargets(r, req.To)
+	if async {
+		writeAccepted(w, op)
+		return
+	}
+	s.awaitResult(w, r, op.ID, http.StatusCreated)
 }
 
 // pendingInfo describes a tag a background branch is writing (or failed
