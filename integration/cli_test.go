@@ -319,32 +319,79 @@ func TestCLI(t *testing.T) {
 	}
 }
 
-// TestSnapshotCreateInterrupted: a client that goes away while a template
-// boots leaves no tag and no staging directory behind.
-func TestSnapshotCreateInterrupted(t *testing.T) {
+// waitTemplateBooting waits until a template VMM runs (the image may have
+// to be built first: minutes on a cold cache), failing if exited says the
+// command ended first.
+func (c *cli) waitTemplateBooting(exited <-chan error) {
+	c.t.Helper()
+	for deadline := time.Now().Add(15 * time.Minute); c.vmmProcesses() == 0; time.Sleep(50 * time.Millisecond) {
+		select {
+		case err := <-exited:
+			c.t.Fatalf("snapshot create ended (%v) before its template was seen booting", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatal("no template VMM seen booting")
+		}
+	}
+}
+
+// TestSnapshotCreateSurvivesClient: the daemon owns a snapshot create: a
+// client killed while the template boots does not stop it; the tag
+// appears, forks, and its operation says succeeded.
+func TestSnapshotCreateSurvivesClient(t *testing.T) {
 	c := newCLI(t)
 	c.ok("daemon", "start")
-	tag := "it-cut-" + snapshot.NewID()
+	tag := "it-survive-" + snapshot.NewID()
 	create := c.cmd("snapshot", "create", "--tag", tag, "--recipe", "minimal")
 	if err := create.Start(); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- create.Wait() }()
-	// Killed once the template's VMM runs (the image may have to be built
-	// first: minutes on a cold cache).
-	for deadline := time.Now().Add(15 * time.Minute); c.vmmProcesses() == 0; time.Sleep(50 * time.Millisecond) {
-		select {
-		case err := <-exited:
-			t.Fatalf("snapshot create ended (%v) before its template was seen booting", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no template VMM seen booting")
-		}
-	}
+	c.waitTemplateBooting(exited)
 	create.Process.Signal(syscall.SIGKILL)
 	<-exited
+	t.Cleanup(func() { c.run("rmi", tag) })
+	var ops []apiv1.Operation
+	if err := json.Unmarshal([]byte(c.ok("--json", "operation", "list")), &ops); err != nil {
+		t.Fatal(err)
+	}
+	id := ""
+	for _, op := range ops {
+		if op.Kind == apiv1.OpSnapshotCreate && op.Target == tag {
+			id = op.ID
+		}
+	}
+	if id == "" {
+		t.Fatalf("no snapshot.create operation for %s in %+v", tag, ops)
+	}
+	// Re-attach: watch follows it to its end.
+	if out := c.ok("operation", "watch", id); !strings.Contains(out, "succeeded") {
+		t.Fatalf("operation watch %s: %q", id, out)
+	}
+	c.ok("snapshot", "info", tag)
+	out := c.ok("fork", "--tag", tag, "--quiet")
+	if id := strings.TrimSpace(out); id == "" {
+		t.Fatalf("fork of the created tag printed %q", out)
+	}
+}
+
+// TestSnapshotCreateCancelled: `forkd operation cancel` stops a create
+// started with --detach: no tag, no staging directory, no VMM left, and
+// the operation ends cancelled.
+func TestSnapshotCreateCancelled(t *testing.T) {
+	c := newCLI(t)
+	c.ok("daemon", "start")
+	tag := "it-cancel-" + snapshot.NewID()
+	id := strings.TrimSpace(c.ok("snapshot", "create", "--tag", tag, "--recipe", "minimal", "--detach"))
+	if !strings.HasPrefix(id, "op-") {
+		t.Fatalf("--detach printed %q, want an operation id", id)
+	}
+	c.waitTemplateBooting(nil)
+	if out := c.ok("operation", "cancel", id); !strings.Contains(out, apiv1.OpCancelled) {
+		t.Fatalf("operation cancel %s: %q", id, out)
+	}
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		staging, _ := filepath.Glob(filepath.Join(dataDir, "snapshots", ".staging-"+tag+"*"))
@@ -353,8 +400,12 @@ func TestSnapshotCreateInterrupted(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("interrupted create left staging %v, info exit %d, %d VMMs", staging, code, c.vmmProcesses())
+			t.Fatalf("cancelled create left staging %v, info exit %d, %d VMMs", staging, code, c.vmmProcesses())
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	var op apiv1.Operation
+	if err := json.Unmarshal([]byte(c.ok("--json", "operation", "show", id)), &op); err != nil || op.State != apiv1.OpCancelled {
+		t.Fatalf("operation after cancel: %+v %v", op, err)
 	}
 }

@@ -37,6 +37,11 @@ func branchCmd(g *globals) *cobra.Command {
 				return printJSON(res)
 			}
 			if res.Snapshot.State == apiv1.SnapshotWriting {
+				if res.Operation != nil {
+					fmt.Printf("snapshot %s from %s: being written by operation %s; `forkd operation watch %s` follows it, `forkd operation cancel %s` cancels it\n",
+						res.Snapshot.Tag, args[0], res.Operation.ID, res.Operation.ID, res.Operation.ID)
+					return nil
+				}
 				fmt.Printf("snapshot %s from %s: being written; `forkd snapshot info %s` says when it is ready\n", res.Snapshot.Tag, args[0], res.Snapshot.Tag)
 				return nil
 			}

@@ -46,7 +46,8 @@ func progressPrinter(g *globals) func(string) {
 
 func imageCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "image", Short: "Build and list guest images"}
-	cmd.AddCommand(&cobra.Command{
+	var of opFlags
+	build := &cobra.Command{
 		Use:   "build RECIPE",
 		Short: "Build (or find cached) the image of a recipe: kernel, initramfs with forkd-agent, read-only root fs",
 		Args:  cobra.ExactArgs(1),
@@ -59,17 +60,20 @@ func imageCmd(g *globals) *cobra.Command {
 			if req.Recipe, req.RecipeTOML, err = recipeArg(args[0]); err != nil {
 				return err
 			}
-			img, err := c.BuildImage(cmd.Context(), req, progressPrinter(g))
+			op, err := c.StartBuildImage(cmd.Context(), req, "")
 			if err != nil {
 				return err
 			}
-			if g.jsonOut {
-				return printJSON(img)
+			var img apiv1.Image
+			if done, err := printedOr(followOperation(cmd.Context(), g, c, op, of.detach, &img)); done {
+				return err
 			}
 			fmt.Printf("image %s (recipe %s, kernel %s, %s) in %s\n", img.Digest[:12], img.Recipe, img.KernelVersion, human(img.SizeBytes), img.Dir)
 			return nil
 		},
-	})
+	}
+	of.bind(build)
+	cmd.AddCommand(build)
 	ls := imagesCmd(g)
 	ls.Use = "ls"
 	cmd.AddCommand(ls)
@@ -137,7 +141,8 @@ func parseMemory(s string) (int, error) {
 func snapshotCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "snapshot", Short: "Create, list, inspect and remove snapshots"}
 	var req apiv1.CreateSnapshotRequest
-	var memory, network string
+	var memory, network, idemKey string
+	var of opFlags
 	create := &cobra.Command{
 		Use:   "create --tag TAG --recipe RECIPE",
 		Short: "Boot a recipe's image, warm it, and save it as a snapshot tag to fork from",
@@ -161,12 +166,15 @@ func snapshotCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			snap, err := c.CreateSnapshot(cmd.Context(), req, progressPrinter(g))
+			// The daemon owns the work: Ctrl-C detaches, the snapshot is
+			// still created (`forkd operation cancel` cancels it).
+			op, err := c.StartCreateSnapshot(cmd.Context(), req, idemKey)
 			if err != nil {
 				return err
 			}
-			if g.jsonOut {
-				return printJSON(snap)
+			var snap apiv1.Snapshot
+			if done, err := printedOr(followOperation(cmd.Context(), g, c, op, of.detach, &snap)); done {
+				return err
 			}
 			fmt.Printf("snapshot %s created in %.1fs (recipe %s, %d MiB, %d vCPU, %s on disk)\n", snap.Tag, float64(snap.CreateMillis)/1000, snap.Recipe, snap.MemoryMiB, snap.VCPUs, human(snap.DiskBytes))
 			return nil
@@ -179,6 +187,8 @@ func snapshotCmd(g *globals) *cobra.Command {
 	f.StringVar(&memory, "memory", "", "guest memory, e.g. 512M (default: the recipe's)")
 	f.IntVar(&req.VCPUs, "vcpus", 0, "vCPUs (default: the recipe's)")
 	f.StringVar(&network, "network", "", "egress policy its children inherit unless their fork names one (default: the daemon's --network): "+policyHelp)
+	f.StringVar(&idemKey, "idempotency-key", "", "a retry with the same key (and flags) follows the first create instead of starting another")
+	of.bind(create)
 	create.MarkFlagRequired("tag")
 	create.MarkFlagRequired("recipe")
 
@@ -244,6 +254,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 	rm.Use = "rm TAG..."
 
 	var from, to string
+	var compactOf opFlags
 	compact := &cobra.Command{
 		Use:   "compact --from HEAD --to FLAT",
 		Short: "Write a self-contained copy of a chain head (no parent) under a new tag",
@@ -258,12 +269,13 @@ func snapshotCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			snap, err := c.Compact(cmd.Context(), from, to)
+			op, err := c.StartCompact(cmd.Context(), from, to)
 			if err != nil {
 				return err
 			}
-			if g.jsonOut {
-				return printJSON(snap)
+			var snap apiv1.Snapshot
+			if done, err := printedOr(followOperation(cmd.Context(), g, c, op, compactOf.detach, &snap)); done {
+				return err
 			}
 			fmt.Printf("snapshot %s: a flat copy of %s (%s logical, %s on disk) in %.1fs\n", snap.Tag, from, human(snap.SizeBytes), human(snap.DiskBytes), float64(snap.CreateMillis)/1000)
 			return nil
@@ -271,6 +283,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 	}
 	compact.Flags().StringVar(&from, "from", "", "the chain head to copy")
 	compact.Flags().StringVar(&to, "to", "", "tag of the flat copy")
+	compactOf.bind(compact)
 	compact.MarkFlagRequired("from")
 	compact.MarkFlagRequired("to")
 	cmd.AddCommand(create, info, ls, rm, compact)
@@ -353,6 +366,7 @@ func forkCmd(g *globals) *cobra.Command {
 	var network string
 	var limits limitFlags
 	var cpus float64
+	var idemKey string
 	cmd := &cobra.Command{
 		Use:   "fork --tag TAG [-n N]",
 		Short: "Fork N sandboxes from a snapshot; returns when every agent answers (they keep running)",
@@ -379,10 +393,10 @@ func forkCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.Fork(cmd.Context(), apiv1.ForkRequest{
+			resp, err := c.ForkIdempotent(cmd.Context(), apiv1.ForkRequest{
 				Tag: tag, Count: n, Metadata: meta, Network: pol, CPUs: cpus,
 				TimeoutSeconds: lifetimeFlag(cmd, "timeout", timeout), IdleTimeoutSeconds: wholeSeconds(idle),
-			})
+			}, idemKey)
 			if err != nil {
 				return err
 			}
@@ -410,6 +424,7 @@ func forkCmd(g *globals) *cobra.Command {
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "end each sandbox this long after creation (e.g. 30m; 0: never; default: the daemon's --sandbox-timeout, 1h unless set); change it later with `forkd sandbox timeout`")
 	cmd.Flags().DurationVar(&idle, "idle-timeout", 0, "end a sandbox after this long without requests (0: never)")
 	cmd.Flags().Float64Var(&cpus, "cpus", 0, "CPU limit of each sandbox, e.g. 0.5 (from 0.1 to the snapshot's vCPUs; default: one CPU per vCPU plus half a CPU for its VMM)")
+	cmd.Flags().StringVar(&idemKey, "idempotency-key", "", "a retry with the same key (and flags) gets the first fork's sandboxes instead of new ones")
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "metadata label key=value (repeatable)")
 	cmd.Flags().StringVar(&network, "network", "", "egress policy of the new sandboxes (default: the snapshot's, else the daemon's --network): "+policyHelp)
 	addLimitFlags(cmd.Flags(), &limits)

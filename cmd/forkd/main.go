@@ -123,7 +123,7 @@ func newRootCmd(g *globals) *cobra.Command {
 		packCmd(g), unpackCmd(g),
 		forkCmd(g), branchCmd(g), lsCmd(g), killCmd(g), sandboxCmd(g),
 		execCmd(g), runCodeCmd(g), cpCmd(g),
-		doctorCmd(g), benchCmd(g), auditCmd(g), tokenCmd(g), tenantCmd(g),
+		doctorCmd(g), benchCmd(g), auditCmd(g), tokenCmd(g), tenantCmd(g), operationCmd(g),
 	)
 	root.AddCommand(mcpCmd(g))
 	root.AddCommand(portCmd(g), portForwardCmd(g))

@@ -19,7 +19,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/apiv1"
@@ -140,8 +139,12 @@ func decodeProblem(resp *http.Response) error {
 // call sends a JSON request (nil for none) and decodes a JSON response
 // into out (nil to discard).
 func (c *Client) call(ctx context.Context, method, path string, q url.Values, in, out any) error {
+	return c.callHeader(ctx, method, path, q, http.Header{}, in, out)
+}
+
+// callHeader is call with extra request headers.
+func (c *Client) callHeader(ctx context.Context, method, path string, q url.Values, hdr http.Header, in, out any) error {
 	var body io.Reader
-	hdr := http.Header{}
 	if in != nil {
 		data, err := json.Marshal(in)
 		if err != nil {
@@ -219,45 +222,35 @@ func (c *Client) progress(ctx context.Context, path string, in any, onMsg func(s
 }
 
 // BuildImage builds a recipe's image: it starts the build operation and
-// polls it, reporting progress lines, until it ends.
+// follows its events, reporting progress lines, until it ends.
 func (c *Client) BuildImage(ctx context.Context, req apiv1.BuildImageRequest, onMsg func(string)) (apiv1.Image, error) {
-	var op apiv1.Operation
-	if err := c.call(ctx, http.MethodPost, "/v1/images", nil, req, &op); err != nil {
+	op, err := c.StartBuildImage(ctx, req, "")
+	if err != nil {
 		return apiv1.Image{}, err
 	}
-	seen := 0
-	for {
-		if onMsg != nil {
-			for ; seen < len(op.Progress); seen++ {
-				onMsg(op.Progress[seen])
-			}
-		}
-		switch op.State {
-		case apiv1.OpFailed:
-			if op.Error == nil {
-				return apiv1.Image{}, fmt.Errorf("image build failed: %w", errdefs.ErrInternal)
-			}
-			return apiv1.Image{}, &Error{*op.Error}
-		case apiv1.OpSucceeded:
-			var img apiv1.Image
-			if err := json.Unmarshal(op.Result, &img); err != nil {
-				return img, fmt.Errorf("decode build result: %w", err)
-			}
-			return img, nil
-		}
-		select {
-		case <-ctx.Done():
-			return apiv1.Image{}, ctx.Err()
-		case <-time.After(300 * time.Millisecond):
-		}
-		if err := c.call(ctx, http.MethodGet, "/v1/operations/"+url.PathEscape(op.ID), nil, nil, &op); err != nil {
-			return apiv1.Image{}, err
-		}
-	}
+	var img apiv1.Image
+	return img, c.awaitOperation(ctx, op.ID, onMsg, &img)
 }
 
-// CreateSnapshot makes a warmed template snapshot.
+// CreateSnapshot makes a warmed template snapshot: it starts the create
+// operation and follows it until it ends. If ctx ends first the snapshot
+// is still created (the daemon owns the work); cancel it with
+// CancelOperation.
 func (c *Client) CreateSnapshot(ctx context.Context, req apiv1.CreateSnapshotRequest, onMsg func(string)) (apiv1.Snapshot, error) {
+	op, err := c.StartCreateSnapshot(ctx, req, "")
+	if errors.Is(err, errLegacyStream) {
+		return c.createSnapshotStream(ctx, req, onMsg)
+	}
+	if err != nil {
+		return apiv1.Snapshot{}, err
+	}
+	var snap apiv1.Snapshot
+	return snap, c.awaitOperation(ctx, op.ID, onMsg, &snap)
+}
+
+// createSnapshotStream is CreateSnapshot with a daemon from before
+// operations, which answers a progress stream.
+func (c *Client) createSnapshotStream(ctx context.Context, req apiv1.CreateSnapshotRequest, onMsg func(string)) (apiv1.Snapshot, error) {
 	p, err := c.progress(ctx, "/v1/snapshots", req, onMsg)
 	if err != nil {
 		return apiv1.Snapshot{}, err
@@ -308,7 +301,8 @@ func (c *Client) RemoveSnapshotWith(ctx context.Context, tag string, cascade, fo
 	return out.Removed, nil
 }
 
-// Compact writes a flat copy of the snapshot from under the tag to.
+// Compact writes a flat copy of the snapshot from under the tag to (the
+// daemon answers once written; the copy goes on if ctx ends first).
 func (c *Client) Compact(ctx context.Context, from, to string) (apiv1.Snapshot, error) {
 	var out apiv1.Snapshot
 	return out, c.call(ctx, http.MethodPost, "/v1/snapshots/"+url.PathEscape(from)+"/compact", nil, apiv1.CompactRequest{To: to}, &out)
@@ -317,8 +311,15 @@ func (c *Client) Compact(ctx context.Context, from, to string) (apiv1.Snapshot, 
 // Fork creates req.Count sandboxes from req.Tag; it returns when all
 // answer.
 func (c *Client) Fork(ctx context.Context, req apiv1.ForkRequest) (apiv1.ForkResponse, error) {
+	return c.ForkIdempotent(ctx, req, "")
+}
+
+// ForkIdempotent is Fork with an Idempotency-Key (none if key is empty):
+// a retry with the same key and request gets the first fork's sandboxes,
+// not new ones.
+func (c *Client) ForkIdempotent(ctx context.Context, req apiv1.ForkRequest, key string) (apiv1.ForkResponse, error) {
 	var out apiv1.ForkResponse
-	return out, c.call(ctx, http.MethodPost, "/v1/sandboxes", nil, req, &out)
+	return out, c.callHeader(ctx, http.MethodPost, "/v1/sandboxes", nil, idempotencyHeader(key), req, &out)
 }
 
 // Sandboxes lists sandboxes, optionally filtered by tag, state and labels
