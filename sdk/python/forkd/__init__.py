@@ -14,7 +14,7 @@ Standard library only; Python >= 3.9. See README.md for the full guide.
 """
 
 from ._http import DEFAULT_REQUEST_TIMEOUT
-from .client import DEFAULT_SANDBOX_TIMEOUT, Branch, Client, Sandboxes, Snapshots
+from .client import DEFAULT_SANDBOX_TIMEOUT, Branch, Client, Operations, Sandboxes, Snapshots
 from .errors import (
     AuthenticationError,
     PermissionDenied,
@@ -36,6 +36,7 @@ from .models import (
     Logs,
     NetworkPolicy,
     NetworkStats,
+    OperationInfo,
     ParentRef,
     PortInfo,
     ProcessInfo,
@@ -61,6 +62,8 @@ __all__ = [
     "Snapshots",
     "Sandboxes",
     "Branch",
+    "Operations",
+    "OperationInfo",
     "Sandbox",
     "Commands",
     "CommandHandle",

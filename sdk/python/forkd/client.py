@@ -31,12 +31,14 @@ from typing import (
 
 from ._http import DEFAULT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRIES, Endpoint, Transport, _BLOCK
 from .errors import ForkdError, InvalidArgument, NotFound, StreamInterrupted, Timeout, error_from_problem
-from .models import NetworkPolicyLike, SandboxInfo, SnapshotInfo, VersionInfo, _network_body
+from .models import NetworkPolicyLike, OperationInfo, SandboxInfo, SnapshotInfo, VersionInfo, _network_body
+from .operations import Operations, _idempotency_headers
 
 if TYPE_CHECKING:  # pragma: no cover
     from .sandbox import Sandbox
 
-__all__ = ["Client", "Snapshots", "Sandboxes", "Branch"]
+__all__ = ["Client", "Snapshots", "Sandboxes", "Branch", "Operations"]
+
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -107,6 +109,7 @@ class Client:
         self._endpoint = Endpoint(host=host, token=token, ca_cert=ca_cert, socket_path=socket)
         self._transport = Transport(self._endpoint, request_timeout=request_timeout, pool_size=pool_size, retries=retries)
         self.snapshots = Snapshots(self)
+        self.operations = Operations(self)
         """Snapshot operations (:class:`Snapshots`)."""
         self.sandboxes = Sandboxes(self)
         """Sandbox operations (:class:`Sandboxes`)."""
@@ -263,8 +266,14 @@ class Snapshots:
         network: Optional[NetworkPolicyLike] = None,
         on_progress: Optional[Callable[[str], None]] = None,
         timeout: Optional[float] = None,
+        idempotency_key: Optional[str] = None,
     ) -> SnapshotInfo:
         """Boot a recipe, warm it and save it as a snapshot to fork from.
+
+        The daemon owns the work (an operation, see :meth:`start_create`):
+        this follows it to the end, re-attaching if the connection drops.
+        If this call is interrupted the snapshot is still created; cancel
+        it with ``client.operations.cancel(id)``.
 
         Args:
             tag: The new snapshot's tag (``[a-z0-9][a-z0-9._-]{0,63}``).
@@ -279,11 +288,57 @@ class Snapshots:
             on_progress: Called with each progress message as it happens.
             timeout: Seconds to wait without any progress line (None: no limit;
                 building an image can take minutes).
+            idempotency_key: A retry with the same key and arguments follows
+                the first create instead of starting another (24 hours).
 
         Raises:
             Conflict: the tag exists. InvalidArgument, NotFound: a bad tag or
             an unknown recipe. ForkdError: the build or boot failed.
         """
+        body = self._create_body(tag, recipe, recipe_toml, warm, memory_mib, vcpus, network)
+        what = "create snapshot %s" % tag
+        hdrs = _idempotency_headers(idempotency_key)
+        hdrs["Prefer"] = "respond-async"
+        resp = self._c._transport.request("POST", "/v1/snapshots", json_body=body, headers=hdrs, timeout=timeout, what=what)
+        if resp.status == 202:
+            op = OperationInfo.from_json(resp.json())
+            return SnapshotInfo.from_json(self._c.operations._result(self._c.operations.wait(op.id, on_progress=on_progress, timeout=timeout)))
+        return self._legacy_stream(resp, what, on_progress)
+
+    def start_create(
+        self,
+        tag: str,
+        *,
+        recipe: Optional[str] = None,
+        recipe_toml: Optional[str] = None,
+        warm: Optional[str] = None,
+        memory_mib: Optional[int] = None,
+        vcpus: Optional[int] = None,
+        network: Optional[NetworkPolicyLike] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> OperationInfo:
+        """Start a snapshot create and return its operation at once (the
+        arguments are :meth:`create`'s). Follow it with
+        ``client.operations.wait(op.id)``; its result is the snapshot."""
+        body = self._create_body(tag, recipe, recipe_toml, warm, memory_mib, vcpus, network)
+        hdrs = _idempotency_headers(idempotency_key)
+        hdrs["Prefer"] = "respond-async"
+        resp = self._c._transport.request("POST", "/v1/snapshots", json_body=body, headers=hdrs, what="create snapshot %s" % tag)
+        if resp.status != 202:
+            resp.close()
+            raise ForkdError("create snapshot %s: this daemon does not run creates as operations; upgrade it, or use create()" % tag)
+        return OperationInfo.from_json(resp.json())
+
+    @staticmethod
+    def _create_body(
+        tag: str,
+        recipe: Optional[str],
+        recipe_toml: Optional[str],
+        warm: Optional[str],
+        memory_mib: Optional[int],
+        vcpus: Optional[int],
+        network: Optional[NetworkPolicyLike],
+    ) -> Dict[str, Any]:
         if (recipe is None) == (recipe_toml is None):
             raise InvalidArgument("give exactly one of recipe and recipe_toml")
         net = _network_body(network)
@@ -300,8 +355,11 @@ class Snapshots:
             body["vcpus"] = int(vcpus)
         if net is not None:
             body["network"] = net
-        what = "create snapshot %s" % tag
-        resp = self._c._transport.request("POST", "/v1/snapshots", json_body=body, timeout=timeout, what=what)
+        return body
+
+    @staticmethod
+    def _legacy_stream(resp: Any, what: str, on_progress: Optional[Callable[[str], None]]) -> SnapshotInfo:
+        """The progress stream a daemon from before operations answers."""
         final: Optional[Dict[str, Any]] = None
         # Read to the end (the final line is the last): the connection is reused.
         for line in resp.lines():
@@ -576,6 +634,7 @@ class Sandboxes:
         network: Optional[NetworkPolicyLike] = None,
         cpus: Optional[float] = None,
         request_timeout: Any = DEFAULT,
+        idempotency_key: Optional[str] = None,
     ) -> List["Sandbox"]:
         """Fork ``n`` sandboxes from a snapshot; returns when every one
         answers (all or nothing: if one fails, none is left running).
@@ -597,6 +656,9 @@ class Sandboxes:
                 the snapshot's vCPUs (None: one CPU per vCPU plus half a
                 CPU for its VMM).
             request_timeout: Seconds to wait for the daemon's answer.
+            idempotency_key: A retry with the same key and arguments (within
+                24 hours) gets the first fork's sandboxes, not new ones: use
+                it when retrying a fork whose answer was lost.
         """
         from .sandbox import Sandbox
 
@@ -614,7 +676,10 @@ class Sandboxes:
             body["network"] = net
         if cpus is not None:
             body["cpus"] = float(cpus)
-        data = self._c._json("POST", "/v1/sandboxes", body=body, timeout=request_timeout, what="fork %d from %s" % (n, tag))
+        data = self._c._transport.request(
+            "POST", "/v1/sandboxes", json_body=body, headers=_idempotency_headers(idempotency_key),
+            timeout=request_timeout, what="fork %d from %s" % (n, tag),
+        ).json()
         return [Sandbox._from_info(self._c, SandboxInfo.from_json(d)) for d in (data.get("sandboxes") or [])]
 
     def create(self, tag: str, **kw: Any) -> "Sandbox":
@@ -645,3 +710,4 @@ class Sandboxes:
         """Kill every sandbox of the daemon; returns the ids killed."""
         data = self._c._json("POST", "/v1/sandboxes/kill", body={"all": True})
         return list(data.get("killed") or [])
+

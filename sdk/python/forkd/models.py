@@ -33,6 +33,7 @@ __all__ = [
     "ExecutionError",
     "Execution",
     "VersionInfo",
+    "OperationInfo",
     "parse_time",
 ]
 
@@ -740,5 +741,51 @@ class VersionInfo:
             vmm_version=d.get("vmm_version", ""),
             accel=d.get("accel", ""),
             data_dir=d.get("data_dir", ""),
+            raw=dict(d),
+        )
+
+
+@dataclass
+class OperationInfo:
+    """A long operation the daemon owns (``GET /v1/operations/{id}``): an
+    image build, a snapshot create or compact, a background branch.
+
+    ``state`` is ``running``, ``succeeded`` (``result`` holds what it made),
+    ``failed`` or ``cancelled`` (``error`` is the problem). The work goes on
+    whatever the client does; ``client.operations.cancel(id)`` stops it.
+    """
+
+    id: str
+    kind: str
+    target: str
+    state: str
+    created: Optional[_dt.datetime]
+    progress: List[str] = field(default_factory=list)
+    cancel_requested: bool = False
+    done_bytes: int = 0
+    total_bytes: int = 0
+    result: Optional[Dict[str, Any]] = None
+    error: Optional[Dict[str, Any]] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def done(self) -> bool:
+        """Whether the operation has ended (any state but running)."""
+        return self.state not in ("running", "")
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "OperationInfo":
+        return cls(
+            id=d.get("id", ""),
+            kind=d.get("kind", ""),
+            target=d.get("target", ""),
+            state=d.get("state", ""),
+            created=parse_time(d.get("created")),
+            progress=list(d.get("progress") or []),
+            cancel_requested=bool(d.get("cancel_requested")),
+            done_bytes=int(d.get("done_bytes") or 0),
+            total_bytes=int(d.get("total_bytes") or 0),
+            result=d.get("result"),
+            error=d.get("error"),
             raw=dict(d),
         )

@@ -443,3 +443,62 @@ def test_snapshot_delete_returns_what_was_removed(fake: _Server) -> None:
     assert c.snapshots.delete("base", cascade=True) == ["layer", "base"]
     assert fake.requests[-1][1] == "/v1/snapshots/base?cascade=true"
     assert c.snapshots.delete("old") == ["old"]
+
+
+def test_snapshot_create_follows_its_operation(fake: _Server) -> None:
+    """create() starts the operation (Prefer: respond-async, the key sent),
+    follows its events through a cut stream (re-attaching) and returns the
+    snapshot in its result."""
+    op = {"id": "op-1", "kind": "snapshot.create", "target": "t1", "state": "running", "progress": []}
+    attaches: List[int] = []
+
+    def start(h: _Handler) -> None:
+        h.send_json(202, op, {"Location": "/v1/operations/op-1"})
+
+    def events(h: _Handler) -> None:
+        attaches.append(1)
+        h.start_chunked()
+        if len(attaches) == 1:
+            h.chunk(json.dumps({"type": "state", "operation": op}).encode() + b"\n")
+            h.chunk(json.dumps({"type": "progress", "message": "booting template"}).encode() + b"\n")
+            h.end_chunks()  # cut before the end: the client re-attaches
+            return
+        now = dict(op, progress=["booting template"])
+        h.chunk(json.dumps({"type": "state", "operation": now}).encode() + b"\n")
+        snap = {"tag": "t1", "id": "s-1", "state": "ready"}
+        h.chunk(json.dumps({"type": "state", "operation": dict(now, state="succeeded", result=snap)}).encode() + b"\n")
+        h.end_chunks()
+
+    fake.routes[("POST", "/v1/snapshots")] = start
+    fake.routes[("GET", "/v1/operations/op-1/events")] = events
+    msgs: List[str] = []
+    with _client(fake) as c:
+        s = c.snapshots.create("t1", recipe="minimal", on_progress=msgs.append, idempotency_key="k-1")
+    assert s.tag == "t1" and s.id == "s-1"
+    assert msgs == ["booting template"]
+    assert len(attaches) == 2
+    _, _, hdrs = fake.requests[0]
+    assert hdrs.get("Prefer") == "respond-async" and hdrs.get("Idempotency-Key") == "k-1"
+
+
+def test_operation_cancel_and_failed_result(fake: _Server) -> None:
+    """cancel() posts to the operation; a cancelled operation's wait result
+    raises its problem."""
+    ended = {"id": "op-2", "kind": "snapshot.create", "target": "t2", "state": "cancelled",
+             "error": {"title": "", "status": 499, "detail": "operation cancelled by request", "code": "canceled"}}
+    fake.routes[("POST", "/v1/operations/op-2/cancel")] = lambda h: h.send_json(202, dict(ended, state="running", cancel_requested=True))
+
+    def events(h: _Handler) -> None:
+        h.start_chunked()
+        h.chunk(json.dumps({"type": "state", "operation": ended}).encode() + b"\n")
+        h.end_chunks()
+
+    fake.routes[("GET", "/v1/operations/op-2/events")] = events
+    with _client(fake) as c:
+        assert c.operations.cancel("op-2").cancel_requested
+        op = c.operations.wait("op-2")
+        assert op.state == "cancelled" and op.done
+        with pytest.raises(forkd.ForkdError, match="cancelled by request"):
+            c.operations._result(op)
+        with pytest.raises(forkd.InvalidArgument):
+            c.sandboxes.fork("x", idempotency_key="k" * 256)

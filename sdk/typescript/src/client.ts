@@ -6,6 +6,7 @@ import {
   Transport,
   ndjson,
   resolveConnection,
+  type Answer,
   type BodySource,
   type ConnectionOptions,
 } from "./connection.js";
@@ -49,6 +50,38 @@ export interface CreateSnapshotOptions extends CallOptions {
    */
   network?: NetworkPolicyInput;
   /** Called with each progress line as the daemon builds and warms. */
+  onProgress?: (message: string) => void;
+  /**
+   * A retry with the same key and options (within 24 hours) follows the
+   * first create instead of starting another. 1 to 255 printable ASCII
+   * characters (a UUID).
+   */
+  idempotencyKey?: string;
+}
+
+/** A long operation the daemon owns (`GET /v1/operations/{id}`). */
+export interface OperationInfo {
+  id: string;
+  /** image.build, snapshot.create, snapshot.compact or sandbox.branch. */
+  kind: string;
+  /** The recipe, or the tag being written. */
+  target: string;
+  /** running, succeeded, failed or cancelled. */
+  state: string;
+  cancelRequested: boolean;
+  progress: string[];
+  /** The current step's byte progress, where known (0: unknown). */
+  doneBytes: number;
+  totalBytes: number;
+  /** What it made, once succeeded (a snapshot, an image, a branch). */
+  result?: Record<string, unknown>;
+  /** Why it failed or was cancelled. */
+  error?: Problem;
+  raw: Record<string, unknown>;
+}
+
+export interface WaitOperationOptions extends CallOptions {
+  /** Called with each progress line. */
   onProgress?: (message: string) => void;
 }
 
@@ -135,6 +168,12 @@ export interface ForkOptions extends CallOptions {
    * the daemon's. Change it later with `sandbox.setNetwork()`.
    */
   network?: NetworkPolicyInput;
+  /**
+   * A retry with the same key and options (within 24 hours) gets the first
+   * fork's sandboxes, not new ones: set it when retrying a fork whose
+   * answer was lost.
+   */
+  idempotencyKey?: string;
 }
 
 export interface ForkResult {
@@ -170,9 +209,35 @@ export class Snapshots {
 
   /**
    * Boots a recipe, warms it and saves it as a snapshot to fork from,
-   * reporting progress. Resolves with the ready snapshot.
+   * reporting progress. Resolves with the ready snapshot. The daemon owns
+   * the work (an operation, see {@link startCreate}): aborting this call
+   * does not stop it; `client.operations.cancel(id)` does.
    */
   async create(opts: CreateSnapshotOptions): Promise<SnapshotInfo> {
+    const a = await this.postCreate(opts);
+    if (a.status === 202) {
+      const op = await readOperation(a);
+      const end = await new Operations(this.t).wait(op.id, { signal: opts.signal, onProgress: opts.onProgress });
+      return snapshotFromWire(operationResult(end));
+    }
+    return this.legacyStream(a, opts);
+  }
+
+  /**
+   * Starts a snapshot create and resolves with its operation at once;
+   * `client.operations.wait(op.id)` follows it (its result is the snapshot).
+   */
+  async startCreate(opts: CreateSnapshotOptions): Promise<OperationInfo> {
+    const a = await this.postCreate(opts);
+    if (a.status !== 202) {
+      a.abort();
+      a.finish();
+      throw new ForkdError(`create snapshot ${opts.tag}: the daemon at ${this.t.where} does not run creates as operations; upgrade it, or use create()`);
+    }
+    return readOperation(a);
+  }
+
+  private async postCreate(opts: CreateSnapshotOptions) {
     const req: Record<string, unknown> = { tag: opts.tag };
     if (opts.network !== undefined) req.network = networkToWire(opts.network);
     if (opts.recipe !== undefined) req.recipe = opts.recipe;
@@ -180,7 +245,12 @@ export class Snapshots {
     if (opts.warm !== undefined) req.warm = opts.warm;
     if (opts.memoryMib !== undefined) req.memory_mib = opts.memoryMib;
     if (opts.vcpus !== undefined) req.vcpus = opts.vcpus;
-    const a = await this.t.request({ method: "POST", path: "/v1/snapshots", json: req, signal: opts.signal, what: `create snapshot ${opts.tag}` });
+    const headers = { ...idempotencyHeaders(opts.idempotencyKey), prefer: "respond-async" };
+    return this.t.request({ method: "POST", path: "/v1/snapshots", json: req, headers, signal: opts.signal, what: `create snapshot ${opts.tag}` });
+  }
+
+  /** The progress stream a daemon from before operations answers. */
+  private async legacyStream(a: Answer, opts: CreateSnapshotOptions): Promise<SnapshotInfo> {
     let final = false;
     try {
       for await (const line of ndjson<{ message?: string; error?: Problem; snapshot?: Record<string, unknown> }>(a)) {
@@ -409,6 +479,7 @@ export class Sandboxes {
       method: "POST",
       path: "/v1/sandboxes",
       json: req,
+      headers: idempotencyHeaders(opts.idempotencyKey),
       signal: opts.signal,
       what: `fork ${count} from ${tag}`,
     });
@@ -442,6 +513,119 @@ export class Images {
   }
 }
 
+/** The longest Idempotency-Key the daemon takes. */
+const MAX_IDEMPOTENCY_KEY = 255;
+
+function idempotencyHeaders(key: string | undefined): Record<string, string> {
+  if (key === undefined) return {};
+  if (key.length < 1 || key.length > MAX_IDEMPOTENCY_KEY || !/^[\x20-\x7e]+$/.test(key)) {
+    throw new InvalidArgumentError(`idempotencyKey: want 1 to ${MAX_IDEMPOTENCY_KEY} printable ASCII characters (a UUID)`, { code: "invalid_argument" });
+  }
+  return { "idempotency-key": key };
+}
+
+function operationFromWire(w: Record<string, unknown>): OperationInfo {
+  return {
+    id: String(w.id ?? ""),
+    kind: String(w.kind ?? ""),
+    target: String(w.target ?? ""),
+    state: String(w.state ?? ""),
+    cancelRequested: Boolean(w.cancel_requested),
+    progress: Array.isArray(w.progress) ? (w.progress as string[]) : [],
+    doneBytes: Number(w.done_bytes ?? 0),
+    totalBytes: Number(w.total_bytes ?? 0),
+    result: (w.result as Record<string, unknown> | undefined) ?? undefined,
+    error: (w.error as Problem | undefined) ?? undefined,
+    raw: w,
+  };
+}
+
+/** Reads a 202's operation. */
+async function readOperation(a: Answer): Promise<OperationInfo> {
+  let op: Record<string, unknown> | undefined;
+  try {
+    for await (const v of ndjson<Record<string, unknown>>(a)) op ??= v;
+  } finally {
+    a.finish();
+  }
+  if (!op) throw new StreamCutError("the daemon answered 202 without an operation", a.requestId ? { requestId: a.requestId } : {});
+  return operationFromWire(op);
+}
+
+/** A finished operation's result, or its problem thrown. */
+function operationResult(op: OperationInfo): Record<string, unknown> {
+  if (op.state === "succeeded" && op.result) return op.result;
+  if (op.error) throw errorFromProblem(op.error, {});
+  throw new ForkdError(`operation ${op.id} ended ${op.state}`);
+}
+
+/**
+ * Long operations the daemon owns (image builds, snapshot creates and
+ * compacts, background branches): `client.operations`.
+ */
+export class Operations {
+  /** @internal */
+  constructor(private readonly t: Transport) {}
+
+  /** Your tenant's operations (all for an admin), oldest first. */
+  async list(opts: CallOptions = {}): Promise<OperationInfo[]> {
+    const out = await this.t.json<Record<string, unknown>[] | null>({ method: "GET", path: "/v1/operations", signal: opts.signal, what: "list operations" });
+    return (out ?? []).map(operationFromWire);
+  }
+
+  /** One operation as it is now. */
+  async get(id: string, opts: CallOptions = {}): Promise<OperationInfo> {
+    return operationFromWire(await this.t.json({ method: "GET", path: `/v1/operations/${encodeURIComponent(id)}`, signal: opts.signal, what: `operation ${id}` }));
+  }
+
+  /**
+   * Cancels a running operation (what it staged is removed: no tag is
+   * left). Resolves at once with cancelRequested set; {@link wait} says
+   * when it has ended. A finished one rejects with ConflictError.
+   */
+  async cancel(id: string, opts: CallOptions = {}): Promise<OperationInfo> {
+    return operationFromWire(
+      await this.t.json({ method: "POST", path: `/v1/operations/${encodeURIComponent(id)}/cancel`, signal: opts.signal, what: `cancel operation ${id}` }),
+    );
+  }
+
+  /**
+   * Follows an operation's events until it ends and resolves with it. A cut
+   * stream re-attaches (the daemon sends the current state first), up to
+   * three times in a row. Aborting the signal stops following, not the work.
+   */
+  async wait(id: string, opts: WaitOperationOptions = {}): Promise<OperationInfo> {
+    let seen = 0;
+    for (let cuts = 0; cuts < 3; cuts++) {
+      const a = await this.t.request({
+        method: "GET",
+        path: `/v1/operations/${encodeURIComponent(id)}/events`,
+        headers: { accept: "application/x-ndjson" },
+        signal: opts.signal,
+        what: `operation ${id}`,
+      });
+      try {
+        for await (const ev of ndjson<{ type: string; operation?: Record<string, unknown>; message?: string }>(a, (e) => e.operation?.state !== undefined && e.operation.state !== "running")) {
+          if (ev.operation) {
+            const op = operationFromWire(ev.operation);
+            if (op.state !== "running") return op;
+            for (const m of op.progress.slice(seen)) opts.onProgress?.(m);
+            seen = Math.max(seen, op.progress.length);
+          } else if (ev.message) {
+            seen++;
+            opts.onProgress?.(ev.message);
+          }
+        }
+      } catch (err) {
+        if (opts.signal?.aborted || !(err instanceof StreamCutError || err instanceof ForkdError)) throw err;
+      } finally {
+        a.finish();
+      }
+    }
+    throw new StreamCutError(`operation ${id}: its event stream ended before it did (did the daemon at ${this.t.where} restart?)`, {});
+  }
+}
+
 export type ClientOptions = ConnectionOptions;
 
 /**
@@ -453,6 +637,7 @@ export class Client {
   readonly snapshots: Snapshots;
   readonly sandboxes: Sandboxes;
   readonly images: Images;
+  readonly operations: Operations;
   /** @internal */
   readonly transport: Transport;
 
@@ -461,6 +646,7 @@ export class Client {
     this.snapshots = new Snapshots(this.transport);
     this.sandboxes = new Sandboxes(this.transport);
     this.images = new Images(this.transport);
+    this.operations = new Operations(this.transport);
   }
 
   /** Where the daemon is: its socket path or URL. */

@@ -6,7 +6,7 @@
  */
 export { Sandbox } from "./sandbox.js";
 export type { SandboxOptions, ConnectOptions, BranchOptions, BranchResult, BranchMode } from "./sandbox.js";
-export { Client, Snapshots, Sandboxes, Images, DEFAULT_SANDBOX_TIMEOUT_S } from "./client.js";
+export { Client, Snapshots, Sandboxes, Images, Operations, DEFAULT_SANDBOX_TIMEOUT_S } from "./client.js";
 export type {
   ClientOptions,
   CallOptions,
@@ -21,6 +21,8 @@ export type {
   ForkOptions,
   ForkResult,
   SetTimeoutOptions,
+  OperationInfo,
+  WaitOperationOptions,
 } from "./client.js";
 export { Commands, CommandHandle } from "./commands.js";
 export type { CommandOptions, RunOptions, BackgroundOptions, CommandResult, CommandEvent, StdinSource } from "./commands.js";

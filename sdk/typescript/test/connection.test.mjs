@@ -622,3 +622,73 @@ describe("retries of refusals with a Retry-After", () => {
     }
   });
 });
+
+describe("long operations", () => {
+  test("snapshots.create starts an operation (Prefer, Idempotency-Key) and follows its events through a cut", async () => {
+    const op = { id: "op-1", kind: "snapshot.create", target: "t1", state: "running", progress: [] };
+    const seen = [];
+    let attaches = 0;
+    const fake = await fakeDaemon((req, res) => {
+      seen.push({ method: req.method, path: req.url, headers: req.headers });
+      req.resume();
+      req.on("end", () => {
+        if (req.method === "POST" && req.url === "/v1/snapshots") {
+          res.writeHead(202, { "content-type": "application/json", location: "/v1/operations/op-1" });
+          return res.end(JSON.stringify(op) + "\n");
+        }
+        if (req.url === "/v1/operations/op-1/events") {
+          attaches++;
+          res.writeHead(200, { "content-type": "application/x-ndjson" });
+          if (attaches === 1) {
+            // Cut before the end: the SDK re-attaches.
+            return res.end(JSON.stringify({ type: "state", operation: op }) + "\n" + JSON.stringify({ type: "progress", message: "booting template" }) + "\n");
+          }
+          const now = { ...op, progress: ["booting template"] };
+          return res.end(
+            JSON.stringify({ type: "state", operation: now }) + "\n" +
+              JSON.stringify({ type: "state", operation: { ...now, state: "succeeded", result: { tag: "t1", id: "s-1", state: "ready", files: {} } } }) + "\n",
+          );
+        }
+        problem(res, 404, "not_found", "no route");
+      });
+    });
+    try {
+      const msgs = [];
+      const snap = await fake.client.snapshots.create({ tag: "t1", recipe: "minimal", idempotencyKey: "k-1", onProgress: (m) => msgs.push(m) });
+      assert.equal(snap.tag, "t1");
+      assert.deepEqual(msgs, ["booting template"]);
+      assert.equal(attaches, 2);
+      assert.equal(seen[0].headers.prefer, "respond-async");
+      assert.equal(seen[0].headers["idempotency-key"], "k-1");
+    } finally {
+      await fake.close();
+    }
+  });
+
+  test("operations.cancel, a cancelled wait, a bad idempotency key", async () => {
+    const ended = { id: "op-2", kind: "snapshot.create", target: "t2", state: "cancelled", error: { title: "", status: 499, detail: "operation cancelled by request", code: "canceled" } };
+    const fake = await fakeDaemon((req, res) => {
+      req.resume();
+      req.on("end", () => {
+        if (req.url === "/v1/operations/op-2/cancel") {
+          res.writeHead(202, { "content-type": "application/json" });
+          return res.end(JSON.stringify({ ...ended, state: "running", cancel_requested: true }));
+        }
+        if (req.url === "/v1/operations/op-2/events") {
+          res.writeHead(200, { "content-type": "application/x-ndjson" });
+          return res.end(JSON.stringify({ type: "state", operation: ended }) + "\n");
+        }
+        problem(res, 404, "not_found", "no route");
+      });
+    });
+    try {
+      assert.equal((await fake.client.operations.cancel("op-2")).cancelRequested, true);
+      const op = await fake.client.operations.wait("op-2");
+      assert.equal(op.state, "cancelled");
+      assert.equal(op.error.code, "canceled");
+      await assert.rejects(fake.client.sandboxes.fork("x", 1, { idempotencyKey: "k".repeat(256) }), InvalidArgumentError);
+    } finally {
+      await fake.close();
+    }
+  });
+});
