@@ -17,7 +17,7 @@ const APIVersion = "v1"
 // that depend on its configuration.
 var features = []string{
 	"branch.diff", "branch.full", "events", "exec", "files", "fork", "lifetimes",
-	"mcp", "metrics", "network.egress", "operations", "pack", "ports", "processes", "run_code",
+	"idempotency", "mcp", "metrics", "network.egress", "operations", "operations.cancel", "pack", "ports", "processes", "run_code",
 }
 
 // info serves GET /v1/info.
