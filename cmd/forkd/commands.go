@@ -12,6 +12,7 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/progress"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
@@ -22,27 +23,8 @@ func table(header string) *tabwriter.Writer {
 	return tw
 }
 
-func human(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
-
-func progressPrinter(g *globals) func(string) {
-	start := time.Now()
-	return func(msg string) {
-		if !g.jsonOut {
-			fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(start).Seconds(), msg)
-		}
-	}
-}
+// human writes a byte count for people: "512 B", "1.5 GiB".
+func human(n int64) string { return progress.HumanBytes(n) }
 
 func imageCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "image", Short: "Build and list guest images"}

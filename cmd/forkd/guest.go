@@ -206,7 +206,8 @@ func cpCmd(g *globals) *cobra.Command {
 		Short: "Copy a file into or out of a sandbox (ID:/path on one side; '-' is stdin/stdout)",
 		Long: "Copy a file into or out of a sandbox (ID:/path on one side; '-' is stdin/stdout).\n" +
 			"With --json, prints the file written (name, path, size, mode, mod_time), except when\n" +
-			"the destination is '-': stdout then carries the file's bytes only.",
+			"the destination is '-': stdout then carries the file's bytes only. Progress goes to\n" +
+			"stderr (--progress; NDJSON events with --json).",
 		Example: "  forkd cp data.csv sb-abc:/root/data.csv\n  forkd cp sb-abc:/root/out.json ./out.json\n  echo hi | forkd cp - sb-abc:/tmp/hi.txt",
 		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -223,61 +224,29 @@ func cpCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			rep, err := g.reporter("cp", args[1] == "-")
+			if err != nil {
+				return err
+			}
+			var fi apiv1.FileInfo
 			if dstRemote {
-				in := os.Stdin
-				if args[0] != "-" {
-					if in, err = os.Open(args[0]); err != nil {
-						return err
-					}
-					defer in.Close()
-				}
-				if strings.HasSuffix(dstPath, "/") {
-					dstPath += filepath.Base(args[0])
-				}
-				fi, err := c.WriteFile(cmd.Context(), dstID, dstPath, mode, in)
-				if err != nil {
-					return err
-				}
-				if g.jsonOut {
-					return printJSON(fi)
-				}
-				fmt.Fprintf(os.Stderr, "copied %s to %s:%s\n", human(fi.Size), dstID, fi.Path)
-				return nil
+				fi, err = copyIn(cmd.Context(), c, rep, args[0], dstID, dstPath, mode)
+			} else {
+				fi, err = copyOut(cmd.Context(), c, rep, srcID, srcPath, args[1])
 			}
-			// Out of the sandbox: write to a temp file and rename, so an
-			// interrupted copy never leaves a truncated file under the name.
-			if args[1] == "-" {
-				_, err := c.ReadFile(cmd.Context(), srcID, srcPath, os.Stdout)
+			rep.Done(err)
+			switch {
+			case err != nil:
 				return err
-			}
-			dst := args[1]
-			if st, err := os.Stat(dst); err == nil && st.IsDir() {
-				dst = filepath.Join(dst, filepath.Base(srcPath))
-			}
-			tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".forkd-*")
-			if err != nil {
-				return err
-			}
-			defer os.Remove(tmp.Name())
-			n, err := c.ReadFile(cmd.Context(), srcID, srcPath, tmp)
-			if err == nil {
-				err = tmp.Close()
-			}
-			if err != nil {
-				tmp.Close()
-				return err
-			}
-			if err := os.Rename(tmp.Name(), dst); err != nil {
-				return err
-			}
-			if g.jsonOut {
-				fi, err := localFileInfo(dst)
-				if err != nil {
-					return err
-				}
+			case args[1] == "-":
+				return nil // stdout carried the file
+			case g.jsonOut:
 				return printJSON(fi)
+			case dstRemote:
+				fmt.Fprintf(os.Stderr, "copied %s to %s:%s\n", human(fi.Size), dstID, fi.Path)
+			default:
+				fmt.Fprintf(os.Stderr, "copied %s to %s\n", human(fi.Size), fi.Path)
 			}
-			fmt.Fprintf(os.Stderr, "copied %s to %s\n", human(n), dst)
 			return nil
 		},
 	}

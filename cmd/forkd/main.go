@@ -68,6 +68,8 @@ type globals struct {
 	// noJail runs VMMs without their jail (--no-vmm-jail).
 	noJail  bool
 	network networkFlags
+	// progress is --progress.
+	progress progressFlags
 }
 
 func envOr(key, def string) string {
@@ -113,7 +115,8 @@ func newRootCmd(g *globals) *cobra.Command {
 	pf.StringVar(&g.host, "host", os.Getenv("FORKD_HOST"), "remote daemon URL https://HOST:PORT (env FORKD_HOST); default: the local socket")
 	pf.StringVar(&g.token, "token", os.Getenv("FORKD_TOKEN"), "bearer token for --host (env FORKD_TOKEN)")
 	pf.StringVar(&g.caCert, "ca-cert", os.Getenv("FORKD_CA_CERT"), "PEM CA certificate of a --host daemon (env FORKD_CA_CERT)")
-	pf.BoolVar(&g.jsonOut, "json", false, "print JSON for scripts")
+	pf.BoolVar(&g.jsonOut, "json", false, "print JSON for scripts (progress, if any, as NDJSON events on stderr)")
+	addProgressFlag(pf, &g.progress)
 	pf.BoolVar(&g.noStart, "no-autostart", os.Getenv("FORKD_NO_AUTOSTART") != "", "do not start a local daemon when none is running")
 
 	root.AddCommand(

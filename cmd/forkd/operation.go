@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -30,8 +29,9 @@ func (f *opFlags) bind(cmd *cobra.Command) {
 }
 
 // followOperation follows op until it ends and decodes its result into
-// out. Progress goes to stderr as lines; with --json each event is an
-// NDJSON line on stdout. Ctrl-C detaches: the daemon goes on, and the
+// out. Its progress goes to stderr as --progress says (bars, lines, or
+// NDJSON events with --json); with --json the result is the one JSON
+// document on stdout. Ctrl-C detaches: the daemon goes on, and the
 // message says how to re-attach or cancel. With detach it prints the
 // operation and returns errDetached at once.
 func followOperation(ctx context.Context, g *globals, c *client.Client, op apiv1.Operation, detach bool, out any) error {
@@ -43,25 +43,31 @@ func followOperation(ctx context.Context, g *globals, c *client.Client, op apiv1
 		}
 		return errDetached
 	}
-	say := progressPrinter(g)
-	enc := json.NewEncoder(os.Stdout)
+	rep, err := g.reporter(op.Kind, false)
+	if err != nil {
+		return err
+	}
 	end, err := c.WatchOperation(ctx, op.ID, func(ev apiv1.OperationEvent) {
-		if g.jsonOut {
-			enc.Encode(ev)
-			return
-		}
 		switch {
 		case ev.Message != "":
-			say(ev.Message)
-		case ev.TotalBytes > 0:
-			say(fmt.Sprintf("%s of %s", human(ev.DoneBytes), human(ev.TotalBytes)))
+			rep.Step(ev.Message)
+		case ev.TotalBytes > 0 || ev.DoneBytes > 0:
+			total := ev.TotalBytes
+			if total <= 0 {
+				total = -1
+			}
+			rep.Bytes(ev.DoneBytes, total)
 		case ev.Operation != nil && !ev.Operation.Terminal():
-			say(fmt.Sprintf("%s %s: operation %s", ev.Operation.Kind, ev.Operation.Target, ev.Operation.ID))
+			// The first state: what ran before this client attached.
 			for _, m := range ev.Operation.Progress {
-				say(m)
+				rep.Step(m)
 			}
 		}
 	})
+	if err == nil {
+		err = client.OperationResult(end, out)
+	}
+	rep.Done(err)
 	if err != nil && ctx.Err() != nil {
 		fmt.Fprintf(os.Stderr, "detached from operation %s; it goes on in the daemon.\n  re-attach: forkd operation watch %s\n  cancel:    forkd operation cancel %s\n", op.ID, op.ID, op.ID)
 		return exitError{exitDetached}
@@ -69,11 +75,13 @@ func followOperation(ctx context.Context, g *globals, c *client.Client, op apiv1
 	if err != nil {
 		return err
 	}
-	if err := client.OperationResult(end, out); err != nil {
-		return err
-	}
 	if g.jsonOut {
-		return errDetached // the events said it all
+		if out == nil {
+			printJSON(end) // watch: the operation itself
+		} else {
+			printJSON(out)
+		}
+		return errDetached // printed
 	}
 	return nil
 }

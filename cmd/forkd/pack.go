@@ -15,6 +15,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/client"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/pack"
+	"github.com/forkd-dev/forkd/internal/progress"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 )
 
@@ -58,13 +59,24 @@ func packCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			rep, err := g.reporter("pack", out == "-")
+			if err != nil {
+				return err
+			}
+			// The archive's size is known only once written: zstd and
+			// the pages stored as copies or left out make it a fraction
+			// of the snapshot's bytes on disk, by a ratio no one knows
+			// ahead. The bar shows bytes and rate, without a time left.
+			rep.Step("packing snapshot " + tag + " into " + outputName(out))
 			size, err := writeOutput(out, func(w io.Writer) error {
+				w = rep.Writer(w, -1)
 				if key == nil {
 					_, err := c.ExportArchive(cmd.Context(), tag, w, client.ExportOptions{ExcludeImages: noImage})
 					return err
 				}
 				return exportSigned(cmd, c, tag, w, key, noImage)
 			})
+			rep.Done(err)
 			if err != nil {
 				return err
 			}
@@ -122,6 +134,14 @@ func exportSigned(cmd *cobra.Command, c *client.Client, tag string, w io.Writer,
 		err = serr
 	}
 	return err
+}
+
+// outputName is how progress names an output path ("-" is stdout).
+func outputName(path string) string {
+	if path == "-" {
+		return "stdout"
+	}
+	return path
 }
 
 // writeOutput runs write into path through a temporary file that is
@@ -245,20 +265,29 @@ func unpackCmd(g *globals) *cobra.Command {
 					return fmt.Errorf("verify key %s: %w", verify, err)
 				}
 			}
-			in := io.Reader(os.Stdin)
+			in, name := os.Stdin, "stdin"
 			if args[0] != "-" {
 				f, err := os.Open(args[0])
 				if err != nil {
 					return fmt.Errorf("archive: %w: %w", err, errdefs.ErrInvalidArgument)
 				}
 				defer f.Close()
-				in = f
+				in, name = f, args[0]
 			}
 			c, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
-			snap, err := c.ImportArchive(cmd.Context(), in, opts)
+			rep, err := g.reporter("unpack", false)
+			if err != nil {
+				return err
+			}
+			rep.Step("sending " + name + " to the daemon")
+			// Once all is sent, the daemon checks the whole and commits:
+			// a step of its own, so a pause there is not a stalled upload.
+			body := stepAtEOF(rep.Reader(in, regularSize(in)), rep, "daemon committing the snapshot")
+			snap, err := c.ImportArchive(cmd.Context(), body, opts)
+			rep.Done(err)
 			if err != nil {
 				return err
 			}
@@ -282,4 +311,35 @@ func unpackCmd(g *globals) *cobra.Command {
 	f.StringVar(&opts.Tag, "tag", "", "tag to create instead of the archive head's; ancestors keep theirs ("+snapshot.TagRule+")")
 	f.StringVar(&verify, "verify", "", "refuse the archive unless signed by this ed25519 public key (the PEM `file` KEYBASE.pub)")
 	return cmd
+}
+
+// regularSize is the size of f if it is a regular file (a total for
+// progress), else -1: a pipe's size is unknown.
+func regularSize(f *os.File) int64 {
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() {
+		return -1
+	}
+	return st.Size()
+}
+
+// stepAtEOF returns r starting the step next on rep when r ends.
+func stepAtEOF(r io.Reader, rep *progress.Reporter, next string) io.Reader {
+	return &eofStep{r: r, rep: rep, next: next}
+}
+
+type eofStep struct {
+	r    io.Reader
+	rep  *progress.Reporter
+	next string
+	done bool
+}
+
+func (e *eofStep) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err == io.EOF && !e.done {
+		e.done = true
+		e.rep.Step(e.next)
+	}
+	return n, err
 }
