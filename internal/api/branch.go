@@ -7,6 +7,7 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/auth"
+	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/sandbox"
 )
 
@@ -22,7 +23,7 @@ func (s *Server) branch(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	opts := sandbox.BranchOptions{Tag: req.Tag, Mode: req.Mode}
+	opts := sandbox.BranchOptions{Tag: req.Tag, Mode: req.Mode, Tenant: auth.TenantOf(s.principalOf(r).Tenant)}
 	if req.NoWait {
 		s.branchAsync(w, r, opts)
 		return
@@ -53,8 +54,12 @@ func (s *Server) branchAsync(w http.ResponseWriter, r *http.Request, opts sandbo
 		switch {
 		case err == nil:
 			out = s.branchResponse(p, res)
-		case context.Cause(ctx) == errOpCancelled:
-			s.owners.forget(opts.Tag) // a cancelled branch leaves no tag (Engine.BranchAsync)
+		case s.leftNoTag(opts.Tag):
+			// Cancelled, or stopped by the daemon's shutdown: the branch
+			// left no tag and no failed entry (Engine.BranchAsync), so
+			// nor may its owner record stay, to be found by whoever
+			// takes the tag next.
+			s.owners.forget(opts.Tag)
 		}
 		s.finishOperation(ctx, op.ID, out, err)
 	})
@@ -79,4 +84,14 @@ func (s *Server) branchResponse(p auth.Principal, res *sandbox.BranchResult) api
 		PauseMillis: ms(res.Paused.Microseconds()), BytesWritten: res.BytesWritten,
 		TotalMillis: ms(res.Duration.Microseconds()),
 	}
+}
+
+// leftNoTag reports whether nothing holds tag: no snapshot, no pending or
+// failed branch.
+func (s *Server) leftNoTag(tag string) bool {
+	if _, ok := s.Engine.Pending(tag); ok {
+		return false
+	}
+	_, err := s.Engine.Store().Get(tag)
+	return errdefs.IsNotFound(err)
 }

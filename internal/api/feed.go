@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -41,6 +42,10 @@ var eventTypes = []string{
 // skipping the new daemon's first ones.
 type feed struct {
 	epoch string
+	// closing ends when the feed closes (the HTTP server shuts down):
+	// every stream the server holds open follows it (streamContext).
+	closing context.Context
+	shut    context.CancelFunc
 
 	// mu guards the fields below.
 	mu     sync.Mutex
@@ -60,7 +65,8 @@ type feedSub struct {
 }
 
 func newFeed(now time.Time) *feed {
-	return &feed{epoch: strconv.FormatInt(now.UnixNano(), 36), subs: map[*feedSub]struct{}{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &feed{epoch: strconv.FormatInt(now.UnixNano(), 36), subs: map[*feedSub]struct{}{}, closing: ctx, shut: cancel}
 }
 
 // id is an event's stream id: EPOCH.SEQ.
@@ -182,6 +188,7 @@ func (f *feed) close() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.closed = true
+	f.shut()
 	for s := range f.subs {
 		f.dropLocked(s)
 	}

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"net/http"
 	"time"
 
@@ -33,7 +34,9 @@ func (s *Server) events() *feed {
 
 // EngineEvent takes an engine's lifecycle event (sandbox.Config.OnEvent):
 // the audit log records those no request caused, and every one goes to
-// the event streams. A snapshot event is its owner's to see.
+// the event streams. A snapshot event is its owner's to see: the tenant
+// the engine was told (a template's, a branch's, a compaction's), or, for
+// a deletion, the tag's recorded owner.
 func (s *Server) EngineEvent(ev sandbox.Event) {
 	if auditedEvents[ev.Kind] {
 		targets := []string{ev.SandboxID}
@@ -43,7 +46,8 @@ func (s *Server) EngineEvent(ev sandbox.Event) {
 		s.RecordEvent(ev.Kind, targets, ev.Err, map[string]any{"reason": ev.Reason})
 	}
 	out := apiv1.Event{Type: ev.Kind, Sandbox: ev.SandboxID, Tag: ev.Tag, Tenant: ev.Tenant, Reason: ev.Reason}
-	if out.Tenant == "" && ev.Tag != "" {
+	if out.Tenant == "" && ev.Kind == sandbox.EventSnapshotDeleted {
+		// Told before the API forgets the tag's owner.
 		out.Tenant, _ = s.owners.owner(ev.Tag, "")
 	}
 	if ev.Err != nil {
@@ -52,10 +56,20 @@ func (s *Server) EngineEvent(ev sandbox.Event) {
 	s.events().publish(out)
 }
 
-// CloseStreams ends the event streams and refuses new ones; call it when
-// the HTTP server shuts down (http.Server.RegisterOnShutdown), which
-// otherwise waits for them.
+// CloseStreams ends the streams the server holds open (lifecycle events,
+// operation events, a create's progress, a wait for an operation) and
+// refuses new event streams; call it when the HTTP server shuts down
+// (http.Server.RegisterOnShutdown), which otherwise waits for them while
+// the operations they follow go on.
 func (s *Server) CloseStreams() { s.events().close() }
+
+// streamContext is r's context, ended too when the server closes its
+// streams (CloseStreams): a handler that follows something long uses it.
+func (s *Server) streamContext(r *http.Request) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(r.Context())
+	stop := context.AfterFunc(s.events().closing, cancel)
+	return ctx, func() { stop(); cancel() }
+}
 
 // streamEvents serves GET /v1/events: lifecycle events as Server-Sent
 // Events (Accept: text/event-stream) or NDJSON, those of the caller's
@@ -69,9 +83,11 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
+	// A browser's EventSource reconnects to the same URL with a newer
+	// Last-Event-ID: the header wins over ?since=.
 	after := r.Header.Get("Last-Event-ID")
-	if v := r.URL.Query().Get("since"); v != "" {
-		after = v
+	if after == "" {
+		after = r.URL.Query().Get("since")
 	}
 	f := s.events()
 	sub, backlog, err := f.subscribe(s.principalOf(r), types, after)
@@ -83,6 +99,9 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	w.Header().Set("X-Accel-Buffering", "no") // nginx: pass events as they come
 	rc.SetWriteDeadline(time.Now().Add(feedWriteTimeout))
+	// The server sets no write timeout of its own, so a deadline left
+	// here would outlive the stream on a kept-alive connection.
+	defer rc.SetWriteDeadline(time.Time{})
 	out := startEvents(w, r, rc)
 	send := func(ev apiv1.Event) bool {
 		rc.SetWriteDeadline(time.Now().Add(feedWriteTimeout))

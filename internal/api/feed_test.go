@@ -206,3 +206,39 @@ func TestStreamEventsHTTP(t *testing.T) {
 		t.Fatalf("bad type: %d", bad.StatusCode)
 	}
 }
+
+// TestCloseStreamsEndsOperationStreams: a server shutting down ends the
+// streams that follow an operation (which goes on), so that its HTTP
+// shutdown does not wait for the operation.
+func TestCloseStreamsEndsOperationStreams(t *testing.T) {
+	s := &Server{}
+	op := s.ops.start(apiv1.OpImageBuild, "minimal", "")
+	ts := httptest.NewServer(s.Handler())
+	defer ts.Close()
+	resp, err := http.Get(ts.URL + "/v1/operations/" + op.ID + "/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	if line, err := rd.ReadString('\n'); err != nil || !strings.Contains(line, op.ID) {
+		t.Fatalf("first event: %q, %v", line, err)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		_, err := rd.ReadString('\n')
+		ended <- err
+	}()
+	s.CloseStreams()
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Fatal("the stream sent another event instead of ending")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the operation's stream outlived CloseStreams")
+	}
+	if got, _ := s.ops.get(op.ID); got.State != apiv1.OpRunning {
+		t.Fatalf("the operation itself ended: %+v", got)
+	}
+}

@@ -40,8 +40,10 @@ func (s *Server) operationEvents(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, errNoOperation(id))
 		return
 	}
+	ctx, done := s.streamContext(r)
+	defer done()
 	ev := startEvents(w, r, http.NewResponseController(w))
-	s.ops.follow(r.Context(), id, func(e apiv1.OperationEvent) error { return ev.send(e.Type, e) })
+	s.ops.follow(ctx, id, func(e apiv1.OperationEvent) error { return ev.send(e.Type, e) })
 }
 
 // cancelOperation cancels a running operation's work: 202 with the

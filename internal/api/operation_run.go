@@ -125,8 +125,12 @@ func writeAccepted(w http.ResponseWriter, op apiv1.Operation) {
 // not the operation.
 func (s *Server) awaitResult(w http.ResponseWriter, r *http.Request, id string, status int) {
 	w.Header().Set(apiv1.OperationHeader, id)
-	op, err := s.ops.wait(r.Context(), id)
+	ctx, done := s.streamContext(r)
+	defer done()
+	op, err := s.ops.wait(ctx, id)
 	switch {
+	case err != nil && r.Context().Err() == nil:
+		writeProblem(w, r, fmt.Errorf("the daemon is stopping; operation %s goes on until it does (forkd operation watch %s): %w", id, id, errdefs.ErrUnavailable))
 	case err != nil:
 		noteError(r, fmt.Errorf("client left before operation %s ended (it goes on): %w", id, err))
 	case op.State != apiv1.OpSucceeded:

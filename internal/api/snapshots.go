@@ -177,7 +177,9 @@ func (s *Server) followAsProgress(w http.ResponseWriter, r *http.Request, opID s
 	w.Header().Set(apiv1.OperationHeader, opID)
 	ps := newProgressStream(w)
 	first := true
-	s.ops.follow(r.Context(), opID, func(ev apiv1.OperationEvent) error {
+	ctx, done := s.streamContext(r)
+	defer done()
+	s.ops.follow(ctx, opID, func(ev apiv1.OperationEvent) error {
 		op := ev.Operation
 		switch {
 		case op == nil:
@@ -317,7 +319,7 @@ func (s *Server) compactSnapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	op, err := s.startOperation(r, apiv1.OpSnapshotCompact, req.To, func(ctx context.Context, _ opProgress) (any, error) {
-		snap, err := s.Engine.Compact(ctx, from, req.To)
+		snap, err := s.Engine.CompactFor(ctx, from, req.To, auth.TenantOf(p.Tenant))
 		if err != nil {
 			return nil, s.scopeSnapshotErr(p, from, err)
 		}

@@ -25,6 +25,20 @@ const maxConcurrentBranches = 2
 type BranchOptions struct {
 	Tag  string
 	Mode string // BranchDiff (default), BranchFull or BranchLive
+	// Tenant will own the new snapshot: its events are that tenant's to
+	// see ("": the source sandbox's tenant).
+	Tenant string
+}
+
+// eventTenant is who sees the events of a branch of sandbox id.
+func (e *Engine) eventTenant(id string, opts BranchOptions) string {
+	if opts.Tenant != "" {
+		return opts.Tenant
+	}
+	if s, err := e.Get(id); err == nil {
+		return s.Tenant
+	}
+	return ""
 }
 
 // BranchResult is a branch's outcome.
@@ -46,9 +60,10 @@ func (e *Engine) Branch(ctx context.Context, id string, opts BranchOptions) (*Br
 	if err := e.checkBranch(id, &opts); err != nil {
 		return nil, err
 	}
+	tenant := e.eventTenant(id, opts)
 	res, err := e.branch(ctx, id, opts)
 	if err == nil {
-		e.emit(Event{Kind: EventSnapshotCreated, SandboxID: id, Tag: opts.Tag, Reason: "branch " + string(opts.Mode)})
+		e.emit(Event{Kind: EventSnapshotCreated, SandboxID: id, Tag: opts.Tag, Tenant: tenant, Reason: "branch " + string(opts.Mode)})
 	}
 	return res, err
 }

@@ -526,9 +526,15 @@ func (e *Engine) dropMemoryImages(digests []string) {
 // its assembled memory and its device state. The copy forks exactly like
 // the original and no longer needs any ancestor.
 func (e *Engine) Compact(ctx context.Context, from, to string) (*snapshot.Snapshot, error) {
+	return e.CompactFor(ctx, from, to, "")
+}
+
+// CompactFor is Compact for tenant, who will own the copy: its event is
+// that tenant's to see.
+func (e *Engine) CompactFor(ctx context.Context, from, to, tenant string) (*snapshot.Snapshot, error) {
 	snap, err := e.compact(ctx, from, to)
 	if err == nil {
-		e.emit(Event{Kind: EventSnapshotCreated, Tag: to, Reason: "compact"})
+		e.emit(Event{Kind: EventSnapshotCreated, Tag: to, Tenant: tenant, Reason: "compact"})
 	}
 	return snap, err
 }

@@ -210,8 +210,9 @@ func TestSandboxEventMetrics(t *testing.T) {
 }
 
 // TestLifecycleEvents: the engine reports each sandbox created (when its
-// fork answers) and killed, with its tenant, and each snapshot removed;
-// a failed fork reports no sandbox created.
+// fork answers) and killed, with its tenant; a branch's snapshot as its
+// source sandbox's tenant's (or the one the branch names); each snapshot
+// removed; a failed fork reports no sandbox created.
 func TestLifecycleEvents(t *testing.T) {
 	e, _ := newFakeEngineWith(t, &fakeDriver{failRestore: 3}, 0, nil)
 	var (
@@ -231,6 +232,12 @@ func TestLifecycleEvents(t *testing.T) {
 	if _, err := e.Fork(ctx, "base", 1); err == nil {
 		t.Fatal("fork with a failing restore succeeded")
 	}
+	if _, err := e.Branch(ctx, sbs[1].ID, BranchOptions{Tag: "b1", Mode: BranchFull}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Branch(ctx, sbs[1].ID, BranchOptions{Tag: "b2", Mode: BranchFull, Tenant: "beta"}); err != nil {
+		t.Fatal(err)
+	}
 	e.Kill(ctx, []string{sbs[1].ID})
 	if _, err := e.RemoveSnapshotWith(ctx, "base", RemoveOptions{}); err != nil {
 		t.Fatal(err)
@@ -240,6 +247,7 @@ func TestLifecycleEvents(t *testing.T) {
 	defer mu.Unlock()
 	want := []string{
 		"sandbox.created " + sbs[0].ID + " base acme", "sandbox.created " + sbs[1].ID + " base acme",
+		"snapshot.created " + sbs[1].ID + " b1 acme", "snapshot.created " + sbs[1].ID + " b2 beta",
 		"sandbox.killed " + sbs[1].ID + " base acme", "snapshot.deleted  base ",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {

@@ -91,6 +91,7 @@ func (e *Engine) BranchAsync(ctx context.Context, id string, opts BranchOptions,
 	if err := e.checkBranch(id, &opts); err != nil {
 		return PendingSnapshot{}, err
 	}
+	tenant := e.eventTenant(id, opts)
 	p := &PendingSnapshot{Tag: opts.Tag, Mode: opts.Mode, SandboxID: id, Started: time.Now(), State: PendingWriting}
 	e.mu.Lock()
 	if e.closed {
@@ -122,7 +123,7 @@ func (e *Engine) BranchAsync(ctx context.Context, id string, opts BranchOptions,
 		}
 		e.mu.Unlock()
 		// Told outside mu: the listener (the audit log) may take its time.
-		ev := Event{Kind: EventBranchReady, SandboxID: id, Tag: opts.Tag, Reason: string(opts.Mode)}
+		ev := Event{Kind: EventBranchReady, SandboxID: id, Tag: opts.Tag, Tenant: tenant, Reason: string(opts.Mode)}
 		if err != nil {
 			ev.Kind, ev.Err = EventBranchFailed, err
 		}

@@ -126,7 +126,7 @@ func (e *Engine) checkTemplateSpace(tag string, memoryMiB int) error {
 func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions) (_ *snapshot.Snapshot, err error) {
 	defer func() {
 		if err == nil {
-			e.emit(Event{Kind: EventSnapshotCreated, Tag: opts.Tag, Reason: "template"})
+			e.emit(Event{Kind: EventSnapshotCreated, Tag: opts.Tag, Tenant: opts.Tenant, Reason: "template"})
 		}
 	}()
 	start := time.Now()
