@@ -90,6 +90,7 @@ class Operations:
             try:
                 for line in resp.lines():
                     ev = json.loads(line)
+                    cuts = 0  # an event: the stream works; cuts count in a row
                     if ev.get("operation") is not None:
                         last = OperationInfo.from_json(ev["operation"])
                         if on_progress is not None and len(last.progress) > seen and not last.done:

@@ -596,6 +596,7 @@ export class Operations {
    */
   async wait(id: string, opts: WaitOperationOptions = {}): Promise<OperationInfo> {
     let seen = 0;
+    // Cuts count in a row: any event received resets them.
     for (let cuts = 0; cuts < 3; cuts++) {
       const a = await this.t.request({
         method: "GET",
@@ -606,6 +607,7 @@ export class Operations {
       });
       try {
         for await (const ev of ndjson<{ type: string; operation?: Record<string, unknown>; message?: string }>(a, (e) => e.operation?.state !== undefined && e.operation.state !== "running")) {
+          cuts = -1; // this stream worked: after it, the count starts again at 0
           if (ev.operation) {
             const op = operationFromWire(ev.operation);
             if (op.state !== "running") return op;
