@@ -115,7 +115,7 @@ describe("network policies (offline)", () => {
       ];
       for (const [input, want] of forms) {
         await Sandbox.create("base", { client: d.client, network: input });
-        assert.deepEqual(d.last().body, { tag: "base", count: 1, network: want }, `network ${JSON.stringify(input)}`);
+        assert.deepEqual(d.last().body, { tag: "base", count: 1, timeout_s: 300, network: want }, `network ${JSON.stringify(input)}`);
       }
       const sbs = await Sandbox.fork("base", 2, { client: d.client, network: { mode: "allow", allow: ["198.51.100.0/24"] } });
       assert.equal(sbs.length, 2);
