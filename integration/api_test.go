@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -129,9 +130,17 @@ func TestAPIFormats(t *testing.T) {
 	}
 	ids := func(query string) []string {
 		t.Helper()
+		// One sandbox a page: every one comes, filters applied, once.
 		var sbs []apiv1.Sandbox
-		if err := json.Unmarshal([]byte(c.okRaw(hc, "/v1/sandboxes?"+query)), &sbs); err != nil {
-			t.Fatal(err)
+		for cursor := ""; ; {
+			var page apiv1.List[apiv1.Sandbox]
+			if err := json.Unmarshal([]byte(c.okRaw(hc, "/v1/sandboxes?limit=1&cursor="+url.QueryEscape(cursor)+"&"+query)), &page); err != nil {
+				t.Fatal(err)
+			}
+			sbs = append(sbs, page.Items...)
+			if cursor = page.NextCursor; cursor == "" || len(sbs) > 10 {
+				break
+			}
 		}
 		out := []string{}
 		for _, s := range sbs {
@@ -175,8 +184,11 @@ func TestAPIFormats(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &img); err != nil || img.Recipe != "minimal" || len(img.Digest) != 64 {
 		t.Fatalf("image build: %v %s", err, out)
 	}
-	var ops []apiv1.Operation
-	json.Unmarshal([]byte(c.okRaw(hc, "/v1/operations")), &ops)
+	var opList apiv1.List[apiv1.Operation]
+	if err := json.Unmarshal([]byte(c.okRaw(hc, "/v1/operations")), &opList); err != nil {
+		t.Fatal(err)
+	}
+	ops := opList.Items
 	if len(ops) == 0 || ops[len(ops)-1].State != apiv1.OpSucceeded {
 		t.Fatalf("operations after a build (%s): %+v", time.Since(start), ops)
 	}

@@ -51,11 +51,13 @@ func TestBuildsRefusedBeforeAnswering(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ops []apiv1.Operation
-	json.NewDecoder(resp.Body).Decode(&ops)
+	var ops apiv1.List[apiv1.Operation]
+	if err := json.NewDecoder(resp.Body).Decode(&ops); err != nil {
+		t.Fatalf("GET /v1/operations: %v", err)
+	}
 	resp.Body.Close()
-	if len(ops) != 0 {
-		t.Errorf("a refused build left operations: %+v", ops)
+	if len(ops.Items) != 0 {
+		t.Errorf("a refused build left operations: %+v", ops.Items)
 	}
 
 	// Arguments are checked before the slot and before any stream.

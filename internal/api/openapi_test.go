@@ -451,6 +451,11 @@ var wireTypes = map[string]struct {
 	"ProcessInfo":           {reflect.TypeFor[apiv1.ProcessInfo](), true},
 	"SignalRequest":         {reflect.TypeFor[apiv1.SignalRequest](), false},
 	"Tenant":                {reflect.TypeFor[apiv1.Tenant](), true},
+	"SandboxList":           {reflect.TypeFor[apiv1.List[apiv1.Sandbox]](), true},
+	"SnapshotList":          {reflect.TypeFor[apiv1.List[apiv1.Snapshot]](), true},
+	"ImageList":             {reflect.TypeFor[apiv1.List[apiv1.Image]](), true},
+	"OperationList":         {reflect.TypeFor[apiv1.List[apiv1.Operation]](), true},
+	"TenantList":            {reflect.TypeFor[apiv1.List[apiv1.Tenant]](), true},
 	"Quota":                 {reflect.TypeFor[apiv1.Quota](), true},
 	"TenantUsage":           {reflect.TypeFor[apiv1.TenantUsage](), true},
 }

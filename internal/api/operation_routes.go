@@ -16,7 +16,8 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, op)
 }
 
-// listOperations lists the operations of r's tenant (all for an admin).
+// listOperations lists the operations of r's tenant (all for an admin), a
+// page at a time (paging.go), oldest first.
 func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) {
 	p := s.principalOf(r)
 	out := []apiv1.Operation{}
@@ -25,7 +26,7 @@ func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) {
 			out = append(out, op)
 		}
 	}
-	writeJSON(w, out)
+	writePage(w, r, out, operationOrder)
 }
 
 // operationEvents streams an operation's events until it ends: its current

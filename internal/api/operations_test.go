@@ -197,8 +197,7 @@ func TestCancelLeavesNoTag(t *testing.T) {
 			t.Errorf("bob %s %s: %d %s, want 404", c.method, c.path, a.status, a.body)
 		}
 	}
-	var list []apiv1.Operation
-	tk.getJSON("bob", "/v1/operations", &list)
+	list := listAs[apiv1.Operation](tk, "bob", "/v1/operations")
 	if len(list) != 0 {
 		t.Errorf("bob lists %+v", list)
 	}

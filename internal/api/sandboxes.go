@@ -20,7 +20,7 @@ import (
 // sandbox's lifetime; exec, run_code and files have their own files).
 
 // listSandboxes lists the sandboxes the caller may see, filtered by tag,
-// state and labels.
+// state and labels, a page at a time (paging.go), oldest first.
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	out := []apiv1.Sandbox{}
 	tag := r.URL.Query().Get("tag")
@@ -50,7 +50,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		}
 		out = append(out, info)
 	}
-	writeJSON(w, out)
+	writePage(w, r, out, sandboxOrder)
 }
 
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {

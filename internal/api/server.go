@@ -244,6 +244,8 @@ func imageInfo(img *image.Image) apiv1.Image {
 	}
 }
 
+// listImages lists the built images, a page at a time (paging.go),
+// newest first.
 func (s *Server) listImages(w http.ResponseWriter, r *http.Request) {
 	imgs, err := s.Engine.Images()
 	if err != nil && len(imgs) == 0 {
@@ -254,7 +256,7 @@ func (s *Server) listImages(w http.ResponseWriter, r *http.Request) {
 	for _, img := range imgs {
 		out = append(out, imageInfo(img))
 	}
-	writeJSON(w, out)
+	writePage(w, r, out, imageOrder)
 }
 
 // progressStream writes NDJSON progress lines for a long-running request

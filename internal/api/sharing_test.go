@@ -49,8 +49,7 @@ func TestSharedSnapshotIsForkableNotRemovable(t *testing.T) {
 	if seen.Owner != "beta" || seen.SharedWith != nil || seen.ID != got.ID {
 		t.Errorf("alice's view: owner %q shared %v", seen.Owner, seen.SharedWith)
 	}
-	var list []apiv1.Snapshot
-	tk.getJSON("alice", "/v1/snapshots", &list)
+	list := listAs[apiv1.Snapshot](tk, "alice", "/v1/snapshots")
 	if len(list) != 2 || list[0].Tag != "a-base" || list[1].Tag != "b-base" {
 		t.Errorf("alice lists %+v", list)
 	}
@@ -160,12 +159,11 @@ func TestTenantQuotas(t *testing.T) {
 	}
 
 	// Tenants: a non-admin sees its own only.
-	var list []apiv1.Tenant
-	tk.getJSON("alice", "/v1/tenants", &list)
+	list := listAs[apiv1.Tenant](tk, "alice", "/v1/tenants")
 	if len(list) != 1 || list[0].Name != "acme" || list[0].Quota.MaxMemoryMiB != 32 {
 		t.Errorf("alice's tenants: %+v", list)
 	}
-	tk.getJSON("ops", "/v1/tenants", &list)
+	list = listAs[apiv1.Tenant](tk, "ops", "/v1/tenants")
 	if len(list) != 3 || list[0].Name != "default" || list[1].Name != "acme" || list[2].Name != "beta" {
 		t.Errorf("admin's tenants: %+v", list)
 	}
@@ -244,8 +242,7 @@ func TestOwnershipSurvivesRestart(t *testing.T) {
 	srv2 := httptest.NewServer(s2.Handler())
 	defer srv2.Close()
 	tk.srv = srv2
-	var list []apiv1.Snapshot
-	tk.getJSON("alice", "/v1/snapshots", &list)
+	list := listAs[apiv1.Snapshot](tk, "alice", "/v1/snapshots")
 	var got []string
 	for _, s := range list {
 		got = append(got, s.Tag+"@"+s.Owner)
@@ -277,8 +274,7 @@ func TestLegacyTokenStoreIsAdmin(t *testing.T) {
 		t.Fatal(err)
 	}
 	tk.tok["old"] = plain
-	var sbs []apiv1.Sandbox
-	tk.getJSON("old", "/v1/sandboxes", &sbs)
+	sbs := listAs[apiv1.Sandbox](tk, "old", "/v1/sandboxes")
 	if len(sbs) != 3 {
 		t.Errorf("the legacy token lists %d sandboxes, want all 3", len(sbs))
 	}

@@ -52,7 +52,8 @@ func (s *Server) pendingView(r *http.Request, p sandbox.PendingSnapshot) apiv1.S
 }
 
 // listSnapshots lists the snapshots r's tenant owns or is shared (all of
-// them for an admin), those being written included.
+// them for an admin), those being written included, a page at a time
+// (paging.go), by tag.
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	p := s.principalOf(r)
 	snaps, err := s.Engine.Store().List()
@@ -71,7 +72,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 			out = append(out, s.pendingView(r, pend))
 		}
 	}
-	writeJSON(w, out)
+	writePage(w, r, out, snapshotOrder)
 }
 
 func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {

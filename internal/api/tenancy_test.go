@@ -241,8 +241,7 @@ func TestListingsAreScoped(t *testing.T) {
 	tk := newTenancy(t, nil)
 	opB := tk.s.ops.start("image.build", "beta-recipe", "beta")
 	ids := func(who string) string {
-		var sbs []apiv1.Sandbox
-		tk.getJSON(who, "/v1/sandboxes", &sbs)
+		sbs := listAs[apiv1.Sandbox](tk, who, "/v1/sandboxes")
 		var out []string
 		for _, sb := range sbs {
 			out = append(out, sb.ID+"@"+sb.Tenant)
@@ -251,8 +250,7 @@ func TestListingsAreScoped(t *testing.T) {
 		return strings.Join(out, " ")
 	}
 	tags := func(who string) string {
-		var snaps []apiv1.Snapshot
-		tk.getJSON(who, "/v1/snapshots", &snaps)
+		snaps := listAs[apiv1.Snapshot](tk, who, "/v1/snapshots")
 		var out []string
 		for _, s := range snaps {
 			out = append(out, s.Tag+"@"+s.Owner)
@@ -261,8 +259,7 @@ func TestListingsAreScoped(t *testing.T) {
 		return strings.Join(out, " ")
 	}
 	ops := func(who string) int {
-		var list []apiv1.Operation
-		tk.getJSON(who, "/v1/operations", &list)
+		list := listAs[apiv1.Operation](tk, who, "/v1/operations")
 		return len(list)
 	}
 	for who, want := range map[string]string{

@@ -56,7 +56,8 @@ func (s *Server) tenantInfo(name string) apiv1.Tenant {
 }
 
 // listTenants lists the tenants the token store knows (and the default
-// tenant) for an admin; any other principal sees its own tenant only.
+// tenant) for an admin; any other principal sees its own tenant only. A
+// page at a time (paging.go): the default tenant first, then by name.
 func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) {
 	p := s.principalOf(r)
 	names := []string{auth.TenantOf(p.Tenant)}
@@ -76,7 +77,7 @@ func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) {
 	for _, n := range names {
 		out = append(out, s.tenantInfo(n))
 	}
-	writeJSON(w, out)
+	writePage(w, r, out, tenantOrder)
 }
 
 // getTenant shows one tenant (authorize lets a non-admin ask for its own
