@@ -185,10 +185,9 @@ func (c *Client) Doctor(ctx context.Context) ([]apiv1.Check, error) {
 	return out, c.call(ctx, http.MethodGet, "/v1/doctor", nil, nil, &out)
 }
 
-// Images lists built images.
+// Images lists built images, every page, newest first.
 func (c *Client) Images(ctx context.Context) ([]apiv1.Image, error) {
-	var out []apiv1.Image
-	return out, c.call(ctx, http.MethodGet, "/v1/images", nil, nil, &out)
+	return listAll[apiv1.Image](ctx, c, "/v1/images", nil)
 }
 
 // progress reads an NDJSON progress stream until its final line.
@@ -261,10 +260,9 @@ func (c *Client) createSnapshotStream(ctx context.Context, req apiv1.CreateSnaps
 	return *p.Snapshot, nil
 }
 
-// Snapshots lists snapshot tags.
+// Snapshots lists snapshot tags, every page.
 func (c *Client) Snapshots(ctx context.Context) ([]apiv1.Snapshot, error) {
-	var out []apiv1.Snapshot
-	return out, c.call(ctx, http.MethodGet, "/v1/snapshots", nil, nil, &out)
+	return listAll[apiv1.Snapshot](ctx, c, "/v1/snapshots", nil)
 }
 
 // Snapshot describes one tag.
@@ -335,8 +333,7 @@ func (c *Client) Sandboxes(ctx context.Context, tag, state string, labels ...str
 	for _, l := range labels {
 		q.Add("label", l)
 	}
-	var out []apiv1.Sandbox
-	return out, c.call(ctx, http.MethodGet, "/v1/sandboxes", q, nil, &out)
+	return listAll[apiv1.Sandbox](ctx, c, "/v1/sandboxes", q)
 }
 
 // Sandbox describes one sandbox.

@@ -91,8 +91,7 @@ func (c *Client) Operation(ctx context.Context, id string) (apiv1.Operation, err
 
 // Operations lists the operations the caller may see, oldest first.
 func (c *Client) Operations(ctx context.Context) ([]apiv1.Operation, error) {
-	var out []apiv1.Operation
-	return out, c.call(ctx, http.MethodGet, "/v1/operations", nil, nil, &out)
+	return listAll[apiv1.Operation](ctx, c, "/v1/operations", nil)
 }
 
 // CancelOperation asks the daemon to cancel a running operation; it

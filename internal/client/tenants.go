@@ -29,8 +29,7 @@ func sharePath(tag, tenant string) string {
 // Tenants lists the tenants with their quotas and use (a non-admin token
 // sees its own tenant only).
 func (c *Client) Tenants(ctx context.Context) ([]apiv1.Tenant, error) {
-	var out []apiv1.Tenant
-	return out, c.call(ctx, http.MethodGet, "/v1/tenants", nil, nil, &out)
+	return listAll[apiv1.Tenant](ctx, c, "/v1/tenants", nil)
 }
 
 // Tenant shows one tenant (apiv1.QuotaDefaultTenant: the default quota).
