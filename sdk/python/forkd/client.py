@@ -47,6 +47,11 @@ PathLike = Union[str, "os.PathLike[str]"]
 #: the daemon's default, or extend a running one with ``set_timeout``.
 DEFAULT_SANDBOX_TIMEOUT = 300.0
 
+#: List endpoints answer a page at a time: the SDK asks for pages this
+#: big (the daemon's maximum) and follows at most this many.
+_LIST_PAGE = 1000
+_LIST_MAX_PAGES = 10000
+
 
 def _whole_seconds(v: float, what: str) -> int:
     """A lifetime for the wire: whole seconds, a part of one counting as
@@ -185,6 +190,27 @@ class Client:
         what: str = "",
     ) -> Any:
         return self._transport.request(method, path, query=query, json_body=body, timeout=timeout, what=what).json()
+
+    def _list(self, path: str, *, query: Optional[Mapping[str, Any]] = None) -> List[Any]:
+        """Every item of a list endpoint, in its order: follows
+        ``next_cursor`` page by page (a daemon from before paging answers
+        one bare array)."""
+        q: Dict[str, Any] = dict(query or {})
+        q["limit"] = _LIST_PAGE
+        out: List[Any] = []
+        cursor = ""
+        for _ in range(_LIST_MAX_PAGES):
+            page = self._json("GET", path, query=q)
+            if page is None or isinstance(page, list):
+                return out + (page or [])
+            out.extend(page.get("items") or [])
+            nxt = page.get("next_cursor") or ""
+            if not nxt:
+                return out
+            if nxt == cursor:
+                raise ForkdError("GET %s: the daemon answered the same next_cursor twice; its paging is broken" % path)
+            cursor = q["cursor"] = nxt
+        raise ForkdError("GET %s: more than %d pages; list with filters" % (path, _LIST_MAX_PAGES))
 
 
 class Branch:
@@ -383,7 +409,7 @@ class Snapshots:
 
     def list(self) -> List[SnapshotInfo]:
         """Every snapshot tag."""
-        return [SnapshotInfo.from_json(d) for d in (self._c._json("GET", "/v1/snapshots") or [])]
+        return [SnapshotInfo.from_json(d) for d in self._c._list("/v1/snapshots")]
 
     def get(self, tag: str) -> SnapshotInfo:
         """One snapshot. Raises NotFound."""
@@ -599,7 +625,7 @@ class Sandboxes:
             q["state"] = state
         if labels:
             q["label"] = ["%s=%s" % (k, v) for k, v in labels.items()]
-        return [SandboxInfo.from_json(d) for d in (self._c._json("GET", "/v1/sandboxes", query=q) or [])]
+        return [SandboxInfo.from_json(d) for d in self._c._list("/v1/sandboxes", query=q)]
 
     def set_timeout(
         self, sandbox_id: str, timeout: float, *, idle_timeout: Optional[float] = None

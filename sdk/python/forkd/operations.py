@@ -46,7 +46,7 @@ class Operations:
 
     def list(self) -> List[OperationInfo]:
         """Your tenant's operations (all for an admin), oldest first."""
-        return [OperationInfo.from_json(d) for d in self._c._json("GET", "/v1/operations") or []]
+        return [OperationInfo.from_json(d) for d in self._c._list("/v1/operations")]
 
     def get(self, op_id: str) -> OperationInfo:
         """One operation as it is now."""

@@ -502,3 +502,37 @@ def test_operation_cancel_and_failed_result(fake: _Server) -> None:
             c.operations._result(op)
         with pytest.raises(forkd.InvalidArgument):
             c.sandboxes.fork("x", idempotency_key="k" * 256)
+
+
+def test_list_follows_cursors(fake: _Server) -> None:
+    ids = ["sb-1", "sb-2", "sb-3", "sb-4", "sb-5"]
+
+    def sandboxes(h: _Handler) -> None:
+        import urllib.parse as up
+
+        q = up.parse_qs(up.urlparse(h.path).query)
+        start = int(q.get("cursor", ["0"])[0])
+        end = min(start + 2, len(ids))  # pages of 2, whatever the limit
+        page: Dict[str, Any] = {"items": [{"id": i, "tag": q["tag"][0]} for i in ids[start:end]]}
+        if end < len(ids):
+            page["next_cursor"] = str(end)
+        h.send_json(200, page)
+
+    fake.routes[("GET", "/v1/sandboxes")] = sandboxes
+    # A daemon from before paging answers a bare array.
+    fake.routes[("GET", "/v1/operations")] = lambda h: h.send_json(200, [{"id": "op-1"}, {"id": "op-2"}])
+    fake.routes[("GET", "/v1/snapshots")] = lambda h: h.send_json(200, {"items": []})
+    c = _client(fake)
+    got = c.sandboxes.list(tag="py", labels={"team": "a"})
+    assert [s.id for s in got] == ids and all(s.tag == "py" for s in got)
+    paths = [p for (m, p, _) in fake.requests if p.startswith("/v1/sandboxes")]
+    assert len(paths) == 3 and all("label=team%3Da" in p and "limit=1000" in p for p in paths)
+    assert "cursor=2" in paths[1] and "cursor=4" in paths[2]
+    assert [o.id for o in c.operations.list()] == ["op-1", "op-2"]
+    assert c.snapshots.list() == []
+
+
+def test_list_stops_on_a_repeated_cursor(fake: _Server) -> None:
+    fake.routes[("GET", "/v1/operations")] = lambda h: h.send_json(200, {"items": [{"id": "op-1"}], "next_cursor": "x"})
+    with pytest.raises(forkd.ForkdError, match="same next_cursor"):
+        _client(fake).operations.list()

@@ -275,8 +275,8 @@ export class Snapshots {
 
   /** All snapshot tags. */
   async list(opts: CallOptions = {}): Promise<SnapshotInfo[]> {
-    const out = await this.t.json<Record<string, unknown>[] | null>({ method: "GET", path: "/v1/snapshots", signal: opts.signal, what: "list snapshots" });
-    return (out ?? []).map(snapshotFromWire);
+    const out = await this.t.list<Record<string, unknown>>({ method: "GET", path: "/v1/snapshots", signal: opts.signal, what: "list snapshots" });
+    return out.map(snapshotFromWire);
   }
 
   /** One snapshot; NotFoundError when there is no such tag. */
@@ -435,14 +435,14 @@ export class Sandboxes {
   /** Sandboxes, optionally filtered by tag, state and metadata labels. */
   async list(opts: ListSandboxesOptions = {}): Promise<SandboxInfo[]> {
     const labels = Object.entries(opts.metadata ?? {}).map(([k, v]) => `${k}=${v}`);
-    const out = await this.t.json<Record<string, unknown>[] | null>({
+    const out = await this.t.list<Record<string, unknown>>({
       method: "GET",
       path: "/v1/sandboxes",
       query: { tag: opts.tag, state: opts.state, label: labels.length ? labels : undefined },
       signal: opts.signal,
       what: "list sandboxes",
     });
-    return (out ?? []).map(sandboxFromWire);
+    return out.map(sandboxFromWire);
   }
 
   /** One sandbox; NotFoundError when there is no such id. */
@@ -508,8 +508,8 @@ export class Images {
 
   /** Built images, newest first. */
   async list(opts: CallOptions = {}): Promise<ImageInfo[]> {
-    const out = await this.t.json<Record<string, unknown>[] | null>({ method: "GET", path: "/v1/images", signal: opts.signal, what: "list images" });
-    return (out ?? []).map(imageFromWire);
+    const out = await this.t.list<Record<string, unknown>>({ method: "GET", path: "/v1/images", signal: opts.signal, what: "list images" });
+    return out.map(imageFromWire);
   }
 }
 
@@ -569,8 +569,8 @@ export class Operations {
 
   /** Your tenant's operations (all for an admin), oldest first. */
   async list(opts: CallOptions = {}): Promise<OperationInfo[]> {
-    const out = await this.t.json<Record<string, unknown>[] | null>({ method: "GET", path: "/v1/operations", signal: opts.signal, what: "list operations" });
-    return (out ?? []).map(operationFromWire);
+    const out = await this.t.list<Record<string, unknown>>({ method: "GET", path: "/v1/operations", signal: opts.signal, what: "list operations" });
+    return out.map(operationFromWire);
   }
 
   /** One operation as it is now. */

@@ -152,6 +152,10 @@ function loadCA(ca: string | Uint8Array): Buffer {
 /** A request body: bytes, text, or a stream that is sent as it is read. */
 export type BodySource = string | Uint8Array | Readable | AsyncIterable<Uint8Array | string> | Iterable<Uint8Array>;
 
+/** List endpoints answer a page at a time: the SDK asks for pages this big (the daemon's maximum) and follows at most LIST_MAX_PAGES. */
+const LIST_PAGE = 1000;
+const LIST_MAX_PAGES = 10000;
+
 export type Query = Record<string, string | number | boolean | string[] | undefined>;
 
 export interface RequestSpec {
@@ -440,6 +444,27 @@ export class Transport {
         fail(err);
       });
     });
+  }
+
+  /**
+   * Every item of a list endpoint (GET), in its order: asks for pages of
+   * LIST_PAGE items and follows `next_cursor` to the last one. A daemon
+   * from before paging answers one bare array.
+   */
+  async list<T>(spec: RequestSpec): Promise<T[]> {
+    const out: T[] = [];
+    let cursor = "";
+    for (let page = 0; page < LIST_MAX_PAGES; page++) {
+      const query: Query = { ...spec.query, limit: LIST_PAGE, cursor: cursor || undefined };
+      const body = await this.json<{ items?: T[] | null; next_cursor?: string } | T[] | null>({ ...spec, query });
+      if (body == null || Array.isArray(body)) return out.concat(body ?? []);
+      out.push(...(body.items ?? []));
+      const next = body.next_cursor ?? "";
+      if (!next) return out;
+      if (next === cursor) throw new ForkdError(`${spec.what ?? `GET ${spec.path}`}: the daemon answered the same next_cursor twice; its paging is broken`);
+      cursor = next;
+    }
+    throw new ForkdError(`${spec.what ?? `GET ${spec.path}`}: more than ${LIST_MAX_PAGES} pages; list with filters`);
   }
 
   /** A call with a JSON (or empty) answer. */

@@ -322,7 +322,7 @@ describe("request shapes (what the SDK sends, per openapi.yaml)", () => {
         const p = url.pathname;
         if (p === "/v1/sandboxes/kill") return json(200, { killed: ["sb-1", "sb-2"] });
         if (p === "/v1/sandboxes" && req.method === "POST") return json(201, { sandboxes: [{ id: "sb-1", tag: "t", state: "running", created: new Date().toISOString(), ready_ms: 1, pooled: false, last_activity: new Date().toISOString() }], total_ms: 1 });
-        if (p === "/v1/sandboxes") return json(200, []);
+        if (p === "/v1/sandboxes") return json(200, { items: [] });
         if (p.endsWith("/exec")) {
           res.writeHead(200, { "content-type": "application/x-ndjson", "x-forkd-pid": "42" });
           return res.end('{"type":"start","pid":42}\n{"type":"exit","duration_us":5}\n');
@@ -368,7 +368,7 @@ describe("request shapes (what the SDK sends, per openapi.yaml)", () => {
 
   test("list filters, kill, killAll", async () => {
     await fake.client.sandboxes.list({ tag: "t", state: "running", metadata: { a: "1", b: "2" } });
-    assert.deepEqual(last().query, { tag: "t", state: "running", label: "a=1,b=2" });
+    assert.deepEqual(last().query, { tag: "t", state: "running", label: "a=1,b=2", limit: "1000" });
     assert.deepEqual(await fake.client.sandboxes.kill(["sb-1", "sb-2"]), ["sb-1", "sb-2"]);
     assert.deepEqual(JSON.parse(last().body), { ids: ["sb-1", "sb-2"] });
     await fake.client.sandboxes.killAll();
@@ -687,6 +687,39 @@ describe("long operations", () => {
       assert.equal(op.state, "cancelled");
       assert.equal(op.error.code, "canceled");
       await assert.rejects(fake.client.sandboxes.fork("x", 1, { idempotencyKey: "k".repeat(256) }), InvalidArgumentError);
+    } finally {
+      await fake.close();
+    }
+  });
+});
+
+describe("list paging", () => {
+  test("list() follows next_cursor with the filters; a bare array is one page", async () => {
+    const ids = ["sb-1", "sb-2", "sb-3", "sb-4", "sb-5"];
+    const queries = [];
+    const fake = await fakeDaemon((req, res) => {
+      const url = new URL(req.url, "http://x");
+      const json = (v) => {
+        res.writeHead(200, { "content-type": "application/json" });
+        res.end(JSON.stringify(v));
+      };
+      if (url.pathname === "/v1/operations") return json([{ id: "op-1" }, { id: "op-2" }]); // a daemon from before paging
+      if (url.pathname === "/v1/images") return json({ items: [{ digest: "d1" }], next_cursor: "same" });
+      queries.push(url.searchParams);
+      const start = Number(url.searchParams.get("cursor") ?? "0");
+      const end = Math.min(start + 2, ids.length); // pages of 2, whatever the limit
+      const page = { items: ids.slice(start, end).map((id) => ({ id, tag: url.searchParams.get("tag") })) };
+      if (end < ids.length) page.next_cursor = String(end);
+      json(page);
+    });
+    try {
+      const got = await fake.client.sandboxes.list({ tag: "py", metadata: { team: "a" } });
+      assert.deepEqual(got.map((s) => s.id), ids);
+      assert.ok(got.every((s) => s.tag === "py"));
+      assert.deepEqual(queries.map((q) => q.get("cursor")), [null, "2", "4"]);
+      assert.ok(queries.every((q) => q.get("label") === "team=a" && q.get("limit") === "1000"));
+      assert.deepEqual((await fake.client.operations.list()).map((o) => o.id), ["op-1", "op-2"]);
+      await assert.rejects(fake.client.images.list(), /same next_cursor/);
     } finally {
       await fake.close();
     }
