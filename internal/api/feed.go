@@ -22,8 +22,11 @@ const (
 	// a slow reader never slows the daemon, and it resumes where it was
 	// with Last-Event-ID.
 	feedBuffer = 256
-	// maxFeedStreams bounds the event streams open at once.
-	maxFeedStreams = 256
+	// maxFeedStreams bounds the event streams open at once, and
+	// maxTenantFeedStreams those of one tenant's non-admin tokens, so
+	// that no tenant can take them all.
+	maxFeedStreams       = 256
+	maxTenantFeedStreams = 32
 )
 
 // eventTypes are the types a stream may ask for (?type=), each also
@@ -130,6 +133,17 @@ func (f *feed) subscribe(p auth.Principal, types []string, after string) (*feedS
 	}
 	if len(f.subs) >= maxFeedStreams {
 		return nil, nil, fmt.Errorf("%d event streams are open, the most the daemon serves; close one: %w", maxFeedStreams, errdefs.ErrResourceExhausted)
+	}
+	if !p.Admin() {
+		n := 0
+		for s := range f.subs {
+			if !s.p.Admin() && auth.TenantOf(s.p.Tenant) == auth.TenantOf(p.Tenant) {
+				n++
+			}
+		}
+		if n >= maxTenantFeedStreams {
+			return nil, nil, fmt.Errorf("tenant %q has %d event streams open, the most one tenant may; close one: %w", auth.TenantOf(p.Tenant), n, errdefs.ErrResourceExhausted)
+		}
 	}
 	s := &feedSub{p: p, types: types, ch: make(chan apiv1.Event, feedBuffer), cut: make(chan struct{})}
 	var backlog []apiv1.Event

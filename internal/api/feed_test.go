@@ -132,6 +132,26 @@ func TestFeedCutsSlowStreams(t *testing.T) {
 	}
 }
 
+// TestFeedTenantStreamLimit: one tenant's tokens cannot hold every
+// stream; others and admins still get theirs.
+func TestFeedTenantStreamLimit(t *testing.T) {
+	f := newFeed(time.Now())
+	for i := range maxTenantFeedStreams {
+		if _, _, err := f.subscribe(acme, nil, ""); err != nil {
+			t.Fatalf("stream %d: %v", i, err)
+		}
+	}
+	if _, _, err := f.subscribe(acme, nil, ""); !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), `tenant "acme"`) {
+		t.Fatalf("one stream past the tenant's limit: %v", err)
+	}
+	beta := auth.Principal{Role: auth.RoleUser, Tenant: "beta"}
+	for _, p := range []auth.Principal{beta, admin} {
+		if _, _, err := f.subscribe(p, nil, ""); err != nil {
+			t.Fatalf("%v after acme's limit: %v", p, err)
+		}
+	}
+}
+
 // TestStreamEventsHTTP: GET /v1/events as SSE carries each engine event
 // with an id, its type and its JSON; Last-Event-ID resumes after it; a
 // bad type is a 400 naming the known ones.

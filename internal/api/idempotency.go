@@ -202,15 +202,16 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, req any, rep
 		return nil, false, fmt.Errorf("the first request with %s %q to %s is still running; retry once it has answered: %w",
 			apiv1.IdempotencyKeyHeader, key, route, errdefs.ErrFailedPrecondition)
 	case done:
-		w.Header().Set(apiv1.IdempotentReplayedHeader, "true")
 		if rec.Operation != "" {
 			if _, ok := s.ops.get(rec.Operation); !ok {
 				return nil, false, fmt.Errorf("%s %q started operation %s, which is no longer kept; send a new key to do the work again: %w",
 					apiv1.IdempotencyKeyHeader, key, rec.Operation, errdefs.ErrFailedPrecondition)
 			}
+			w.Header().Set(apiv1.IdempotentReplayedHeader, "true")
 			replayOp(rec.Operation)
 			return nil, true, nil
 		}
+		w.Header().Set(apiv1.IdempotentReplayedHeader, "true")
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(rec.Status)
 		w.Write(rec.Body)
