@@ -4,7 +4,6 @@
 package apiv1
 
 import (
-	"encoding/json"
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
@@ -71,45 +70,6 @@ type Version struct {
 	DataDir    string `json:"data_dir"`
 }
 
-// Info is GET /v1/info: what this daemon is and offers, so that clients
-// (SDKs, dashboards, agents) read its capabilities instead of probing.
-type Info struct {
-	Version    string `json:"version"`
-	APIVersion string `json:"api_version"`
-	VMM        string `json:"vmm"`
-	VMMVersion string `json:"vmm_version"`
-	Accel      string `json:"accel"`
-	// Features names what this daemon offers, sorted; see
-	// docs/ARCHITECTURE.md for the list. A client checks for a name
-	// rather than for a version.
-	Features []string   `json:"features"`
-	Limits   InfoLimits `json:"limits"`
-	// Caller is who the daemon takes the caller for.
-	Caller InfoCaller `json:"caller"`
-}
-
-// InfoLimits are the daemon's limits and defaults that shape requests.
-type InfoLimits struct {
-	MaxForkCount int `json:"max_fork_count"`
-	// MaxSandboxes bounds sandboxes running at once (0: no limit).
-	MaxSandboxes      int   `json:"max_sandboxes"`
-	MaxTimeoutSeconds int64 `json:"max_timeout_s"`
-	// DefaultTimeoutSeconds is the lifetime of a sandbox whose fork names
-	// none (0: no limit).
-	DefaultTimeoutSeconds int64 `json:"default_timeout_s"`
-	// DeadRetentionSeconds is how long a dead sandbox stays listed (0:
-	// until killed).
-	DeadRetentionSeconds int64 `json:"dead_retention_s"`
-	// PoolSize is how many VMMs are kept ready per snapshot.
-	PoolSize int `json:"pool_size"`
-}
-
-// InfoCaller is the caller's identity as the daemon sees it.
-type InfoCaller struct {
-	Tenant string `json:"tenant"`
-	Role   string `json:"role"`
-}
-
 // Image is a built guest image.
 type Image struct {
 	Digest        string    `json:"digest"`
@@ -129,93 +89,6 @@ type BuildImageRequest struct {
 	Recipe     string `json:"recipe,omitempty"`
 	RecipeTOML string `json:"recipe_toml,omitempty"`
 }
-
-// Operation states. Running is the only state that changes; the others
-// are terminal.
-const (
-	OpRunning   = "running"
-	OpSucceeded = "succeeded"
-	OpFailed    = "failed"
-	OpCancelled = "cancelled"
-)
-
-// Operation kinds.
-const (
-	OpImageBuild      = "image.build"
-	OpSnapshotCreate  = "snapshot.create"
-	OpSnapshotCompact = "snapshot.compact"
-	OpSandboxBranch   = "sandbox.branch"
-)
-
-// Operation is daemon-owned work that outlives the request that started
-// it (an image build, a snapshot create, a compact, a no-wait branch):
-// POST answers 202 with it (Location: /v1/operations/{id}), GET
-// /v1/operations/{id} polls it, GET /v1/operations/{id}/events follows
-// it, POST /v1/operations/{id}/cancel cancels it.
-type Operation struct {
-	ID     string `json:"id"`
-	Kind   string `json:"kind"`   // Op* kinds
-	Target string `json:"target"` // the recipe, or the tag being written
-	State  string `json:"state"`
-	// CancelRequested is set once a cancel was asked for; the state
-	// becomes cancelled when the work has unwound.
-	CancelRequested bool      `json:"cancel_requested,omitempty"`
-	Created         time.Time `json:"created"`
-	Updated         time.Time `json:"updated"`
-	// Progress are the latest progress lines (at most 1000, oldest
-	// dropped first).
-	Progress []string `json:"progress"`
-	// DoneBytes and TotalBytes are the current step's byte progress,
-	// where the step knows it (0: unknown).
-	DoneBytes  int64 `json:"done_bytes,omitempty"`
-	TotalBytes int64 `json:"total_bytes,omitempty"`
-	// Result is set on success: an Image for image.build, a Snapshot for
-	// snapshot.create and snapshot.compact, a BranchResponse for
-	// sandbox.branch.
-	Result json.RawMessage `json:"result,omitempty"`
-	Error  *Problem        `json:"error,omitempty"`
-	// Tenant started the operation; only it (and admins) see it.
-	Tenant string `json:"tenant,omitempty"`
-}
-
-// Terminal reports whether the operation has ended.
-func (o Operation) Terminal() bool { return o.State != OpRunning && o.State != "" }
-
-// Operation event types (GET /v1/operations/{id}/events).
-const (
-	// OpEventState carries the whole operation: first on every stream
-	// (so a client that re-attaches starts from the current state), and
-	// last, with the terminal state, before the stream ends.
-	OpEventState = "state"
-	// OpEventProgress is one progress line, or byte progress of the
-	// current step (DoneBytes/TotalBytes), or both.
-	OpEventProgress = "progress"
-)
-
-// OperationEvent is one line of GET /v1/operations/{id}/events (NDJSON,
-// or Server-Sent Events with Accept: text/event-stream).
-type OperationEvent struct {
-	Type       string     `json:"type"`
-	Operation  *Operation `json:"operation,omitempty"`
-	Message    string     `json:"message,omitempty"`
-	DoneBytes  int64      `json:"done_bytes,omitempty"`
-	TotalBytes int64      `json:"total_bytes,omitempty"`
-}
-
-// Headers of long operations and retried requests.
-const (
-	// IdempotencyKeyHeader makes a retried POST /v1/sandboxes,
-	// /v1/snapshots or /v1/images return the first request's result.
-	IdempotencyKeyHeader = "Idempotency-Key"
-	// IdempotentReplayedHeader is "true" on an answer replayed for a key.
-	IdempotentReplayedHeader = "Idempotent-Replayed"
-	// OperationHeader names the operation behind a synchronous answer
-	// (a snapshot create's progress stream), to re-attach to it.
-	OperationHeader = "X-Forkd-Operation"
-	// PreferAsync, in a Prefer header (RFC 7240), asks a long request to
-	// answer 202 with its operation at once (or ?async=true).
-	PreferAsync = "respond-async"
-)
 
 // CreateSnapshotRequest is POST /v1/snapshots.
 type CreateSnapshotRequest struct {
@@ -506,33 +379,3 @@ type Problem struct {
 	Code      string `json:"code"`
 	RequestID string `json:"request_id,omitempty"`
 }
-
-// Event is one lifecycle event of GET /v1/events: a sandbox created,
-// killed, expired, died or discarded; a snapshot created or deleted; a
-// background branch or an operation ended. Seq orders them (an SSE
-// client resumes after the last one it saw with Last-Event-ID).
-type Event struct {
-	// ID names the event for resuming (Last-Event-ID, ?since=): the
-	// daemon's epoch and Seq.
-	ID   string    `json:"id,omitempty"`
-	Seq  uint64    `json:"seq"`
-	Time time.Time `json:"time"`
-	// Type is the event's name: sandbox.created, sandbox.killed,
-	// sandbox.expired, sandbox.died, sandbox.discarded, snapshot.created,
-	// snapshot.deleted, snapshot.branch_ready, snapshot.branch_failed,
-	// operation.finished; events.lost says events were dropped before
-	// this stream could see them (Detail: the first and last lost seq).
-	Type      string `json:"type"`
-	Sandbox   string `json:"sandbox,omitempty"`
-	Tag       string `json:"tag,omitempty"`
-	Operation string `json:"operation,omitempty"`
-	Tenant    string `json:"tenant,omitempty"`
-	// Reason says why (a timeout, a VMM's exit, a branch's mode).
-	Reason string `json:"reason,omitempty"`
-	// Error is why a branch or operation failed.
-	Error string `json:"error,omitempty"`
-}
-
-// EventsLost is the type of the event a stream starts with when events it
-// asked for (Last-Event-ID) are no longer kept.
-const EventsLost = "events.lost"
