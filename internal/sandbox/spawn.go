@@ -204,6 +204,11 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) (_ []*Sandbox, 
 	}
 	defer releaseQuota()
 	p := e.poolFor(snap)
+	// Deferred first, so it runs last: after releaseSlots. Once the fork
+	// committed, its children count as running; until the release they
+	// count as starting too, and a refill that looked in between found
+	// no room under the guest memory limit.
+	defer p.refill()
 	releaseSlots, err := e.reserveSlots(n, p)
 	if err != nil {
 		return nil, err
@@ -212,7 +217,6 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) (_ []*Sandbox, 
 	if opts.RequestID == "" {
 		opts.RequestID = "fork-" + snapshot.NewID()
 	}
-	defer p.refill()
 
 	results := make([]*Sandbox, n)
 	errs := make([]error, n)
