@@ -247,7 +247,7 @@ def test_models_from_json() -> None:
 def test_fork_and_create_send_network(unix_daemon: Tuple[Any, Client]) -> None:
     srv, c = unix_daemon
     sb = Sandbox.create("base", client=c, network="none")
-    assert srv.requests[-1][2] == {"tag": "base", "count": 1, "network": {"mode": "none"}}
+    assert srv.requests[-1][2] == {"tag": "base", "count": 1, "timeout_s": 300, "network": {"mode": "none"}}
     assert sb._info is not None and sb._info.network is not None and sb._info.network.policy.mode == "none"
 
     sbs = Sandbox.fork("base", 2, client=c, network={"mode": "allow", "allow": ["198.51.100.0/24"]})
