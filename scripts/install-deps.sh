@@ -19,6 +19,10 @@ have debugfs || need+=(e2fsprogs)
 have ip || need+=(iproute2)
 have cpio || need+=(cpio)
 have python3 || need+=(python3)
+# Kernel modules come as .ko.xz or .ko.zst (internal/image/tools.go); the
+# .deb depends on both.
+have xz || need+=(xz-utils)
+have zstd || need+=(zstd)
 if $for_tests; then
   # ldd fails on a static binary: a dynamic busybox cannot run in a guest.
   { have busybox && ! ldd "$(command -v busybox)" >/dev/null 2>&1; } || need+=(busybox-static)
