@@ -160,6 +160,17 @@ func checkIdempotencyKey(key string) error {
 	return nil
 }
 
+// claimIdempotency is idempotent for a handler: ok false means r has
+// been answered (a replay, or the problem), and the handler returns.
+func (s *Server) claimIdempotency(w http.ResponseWriter, r *http.Request, req any, replayOp func(opID string)) (_ *idemClaim, ok bool) {
+	claim, replayed, err := s.idempotent(w, r, req, replayOp)
+	if err != nil {
+		writeProblem(w, r, err)
+		return nil, false
+	}
+	return claim, !replayed
+}
+
 // idempotent handles r's Idempotency-Key, req being its decoded body.
 // Without a key it returns a nil claim. For a key seen before with the
 // same request it answers the replay (replayOp answers a recorded

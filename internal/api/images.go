@@ -20,11 +20,8 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 		op, _ := s.ops.get(opID)
 		writeAccepted(w, op)
 	}
-	claim, replayed, err := s.idempotent(w, r, req, answer)
-	if err != nil || replayed {
-		if err != nil {
-			writeProblem(w, r, err)
-		}
+	claim, ok := s.claimIdempotency(w, r, req, answer)
+	if !ok {
 		return
 	}
 	defer claim.release()

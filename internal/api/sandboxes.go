@@ -63,11 +63,8 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	claim, replayed, err := s.idempotent(w, r, req, nil)
-	if err != nil || replayed {
-		if err != nil {
-			writeProblem(w, r, err)
-		}
+	claim, ok := s.claimIdempotency(w, r, req, nil)
+	if !ok {
 		return
 	}
 	defer claim.release()

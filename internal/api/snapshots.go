@@ -118,11 +118,8 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		}
 		s.followAsProgress(w, r, opID)
 	}
-	claim, replayed, err := s.idempotent(w, r, req, answer)
-	if err != nil || replayed {
-		if err != nil {
-			writeProblem(w, r, err)
-		}
+	claim, ok := s.claimIdempotency(w, r, req, answer)
+	if !ok {
 		return
 	}
 	defer claim.release()
