@@ -62,6 +62,7 @@ type Metrics struct {
 	forkRequests       *prometheus.CounterVec
 	vmmPhase           *prometheus.HistogramVec
 	poolRefillFailures *prometheus.CounterVec
+	poolHandOuts       *prometheus.CounterVec
 	branchPause        *prometheus.HistogramVec
 	branchBytes        *prometheus.CounterVec
 	agentRPC           *prometheus.HistogramVec
@@ -98,6 +99,8 @@ func New(version string) *Metrics {
 			"Duration of VMM start-up phases (prepare, restore, boot, snapshot_save).", "phase"),
 		poolRefillFailures: counter("forkd_pool_refill_failures_total",
 			"Pool refills that stopped before the pool was full, by error class (resource_exhausted: the guest memory limit left no room).", "code"),
+		poolHandOuts: counter("forkd_pool_handout_failures_total",
+			"Children restored ahead in a pool whose hand-out failed (their guest stopped answering while pooled), by error class; each fork went on with a child restored then.", "code"),
 		branchPause: latency("forkd_branch_pause_seconds",
 			"How long a running sandbox was paused to branch it.", "mode"),
 		branchBytes: counter("forkd_branch_written_bytes_total",
@@ -128,7 +131,7 @@ func New(version string) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo,
-		m.forkReady, m.forkRequests, m.vmmPhase, m.poolRefillFailures, m.branchPause, m.branchBytes,
+		m.forkReady, m.forkRequests, m.vmmPhase, m.poolRefillFailures, m.poolHandOuts, m.branchPause, m.branchBytes,
 		m.agentRPC, m.agentRPCErrors, m.requests, m.auditFailures, m.sandboxEvents,
 		stateCollector{m}, filesystemCollector{m},
 	)

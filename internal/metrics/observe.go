@@ -38,6 +38,15 @@ func (m *Metrics) ObservePoolRefillFailure(err error) {
 	m.poolRefillFailures.WithLabelValues(errorClass(err)).Inc()
 }
 
+// ObservePoolHandOutFailure counts a child restored ahead whose hand-out
+// failed, under err's error class.
+func (m *Metrics) ObservePoolHandOutFailure(err error) {
+	if m == nil {
+		return
+	}
+	m.poolHandOuts.WithLabelValues(errorClass(err)).Inc()
+}
+
 // ObserveVMMStart records one VMM start-up phase (PhasePrepare, ...).
 func (m *Metrics) ObserveVMMStart(phase string, d time.Duration) {
 	if m == nil {

@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/metrics"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 )
 
@@ -51,6 +54,41 @@ func TestPoolRestoresAhead(t *testing.T) {
 			t.Fatalf("start only %v: agent says %+v, %v", startOnly, info, err)
 		}
 		e.Kill(context.Background(), []string{s.ID})
+	}
+}
+
+// A child restored ahead whose hand-out fails (its session is alive, its
+// identity call is not) is discarded: the fork restores another VMM on
+// its path, answers with it, and the failure is counted.
+func TestPooledHandOutFailureFallsBack(t *testing.T) {
+	d := &fakeDriver{}
+	e, _ := newFakeEngine(t, d, 1)
+	m := metrics.New("test")
+	e.cfg.Metrics = m
+	e.Warm("base")
+	snap := e.mustSnap(t, "base")
+	waitFor(t, func() bool { return e.PoolSize(snap.ID) == 1 })
+	p := e.poolFor(snap)
+	p.mu.Lock()
+	broken := p.items[0]
+	p.mu.Unlock()
+	d.failIdentity.Store(true)
+	sbs, err := e.Fork(context.Background(), "base", 1)
+	if err != nil {
+		t.Fatalf("the fork failed with its pooled child: %v", err)
+	}
+	if s := sbs[0]; s.ID == broken.id || s.Pooled {
+		t.Fatalf("the fork answered with the child whose hand-out failed: %+v", s.Info())
+	}
+	waitFor(t, func() bool { return isClosed(broken.machine.Done()) })
+	a, _ := e.Agent(sbs[0].ID)
+	if info, err := a.Info(context.Background()); err != nil || info.SandboxID != sbs[0].ID {
+		t.Fatalf("agent says %+v, %v", info, err)
+	}
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if want := `forkd_pool_handout_failures_total{code="internal"} 1`; !strings.Contains(rec.Body.String(), want) {
+		t.Fatalf("metrics lack %s", want)
 	}
 }
 

@@ -31,6 +31,9 @@ type fakeDriver struct {
 	// identities counts identities given after the hello (hand-outs of
 	// children restored ahead).
 	identities atomic.Int64
+	// failIdentity, while set, makes identity calls after the hello
+	// fail (a pooled child whose guest broke while it waited).
+	failIdentity atomic.Bool
 	// rehearse, if set, answers the agent's rehearse requests (unset:
 	// 404, an agent that predates them); rehearsals counts them.
 	rehearse   http.HandlerFunc
@@ -152,6 +155,10 @@ func (m *fakeMachine) Restore(ctx context.Context) (vmm.RestoreTimings, error) {
 		var in agentapi.Identity
 		if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if m.d.failIdentity.Load() {
+			http.Error(w, "injected identity failure", http.StatusInternalServerError)
 			return
 		}
 		id.Store(in.SandboxID)

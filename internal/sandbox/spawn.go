@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -304,7 +305,10 @@ var testHookCommitFork func(sbs []*Sandbox)
 
 // spawnOne turns a prepared VMM (pooled, or started now) into a running
 // sandbox: restore, then the agent handshake carrying the child's identity.
-func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sandbox, err error) {
+// A child restored ahead whose hand-out fails (its guest stopped answering
+// in the pool) is discarded and the fork goes on with a VMM started and
+// restored now: slower, but the caller gets a sandbox.
+func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (*Sandbox, error) {
 	select {
 	case e.spawnSem <- struct{}{}:
 	case <-ctx.Done():
@@ -323,6 +327,28 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 			pv, pooled = nil, false
 		}
 	}
+	s, err := e.spawnFrom(ctx, p, opts, pv, pooled, start)
+	var hf *handOutError
+	if errors.As(err, &hf) && ctx.Err() == nil {
+		e.log.Warn("a pooled child failed its hand-out: restoring another now", "sandbox_id", hf.id, "tag", p.snap.Tag, "err", hf.err)
+		e.cfg.Metrics.ObservePoolHandOutFailure(hf.err)
+		s, err = e.spawnFrom(ctx, p, opts, nil, false, start)
+	}
+	return s, err
+}
+
+// handOutError is a child restored ahead that could not be handed out.
+type handOutError struct {
+	id  string
+	err error
+}
+
+func (h *handOutError) Error() string { return h.err.Error() }
+func (h *handOutError) Unwrap() error { return h.err }
+
+// spawnFrom is spawnOne with its VMM: pv taken from the pool (pooled), or
+// nil for one started now. start is when the fork began to wait for it.
+func (e *Engine) spawnFrom(ctx context.Context, p *pool, opts ForkOptions, pv *prepared, pooled bool, start time.Time) (_ *Sandbox, err error) {
 	if pv == nil {
 		if pv, err = e.prepare(ctx, p.snap, 0); err != nil {
 			return nil, err
@@ -365,7 +391,7 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (_ *Sa
 	if pv.session != nil {
 		t := time.Now()
 		if sess, err = e.handOut(rctx, pv); err != nil {
-			return nil, err
+			return nil, &handOutError{id: pv.id, err: err}
 		}
 		phases.HandOutMillis = since(t)
 	} else {
