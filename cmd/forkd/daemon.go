@@ -130,7 +130,7 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 	e, err := sandbox.New(sandbox.Config{
 		MemoryDir: memDir,
 		DataDir:   g.dataDir, RunDir: d.runDir, Driver: drv, Accel: vmm.Accel(g.accel),
-		RecipeDirs: recipeDirs(g.dataDir), AgentBinary: agent, PoolSize: g.poolSize, PoolStartOnly: g.poolStartOnly,
+		RecipeDirs: recipeDirs(g.dataDir), AgentBinary: agent, PoolSize: g.poolSize, PoolStartOnly: g.poolStartOnly, PoolIdle: g.poolIdle,
 		NetNSPrefix: d.netnsPrefix, Logger: d.log, MaxForkCount: g.maxFork, MaxSandboxes: g.maxSandboxes, MaxGuestMemoryMiB: maxGuestMiB,
 		MaxConcurrentBuilds: g.maxBuilds, Metrics: d.metrics, OnEvent: d.onEvent, DeadRetention: g.deadRetention,
 		State: d.state, KeepSandboxesOnClose: d.state != nil && !g.stopSandboxes,
@@ -304,6 +304,8 @@ func serveCmd(g *globals) *cobra.Command {
 	f.StringVar(&g.vmmName, "vmm", envOr("FORKD_VMM", "qemu"), "VMM driver ("+strings.Join(vmm.List(), ", ")+")")
 	f.StringVar(&g.accel, "accel", os.Getenv("FORKD_ACCEL"), "accelerator: kvm, tcg, or empty for auto (env FORKD_ACCEL)")
 	f.IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, "pre-started VMM processes kept per snapshot")
+	f.DurationVar(&g.poolIdle, "pool-idle", sandbox.DefaultPoolIdle,
+		"stop the pooled VMMs of a snapshot no fork has used for this long (its next fork refills the pool); 0: keep them")
 	f.StringVar(&configPath, "config", "", "TOML config file (default "+defaultConfigPath+" if present)")
 	f.StringVar(&logLevel, "log-level", envOr("FORKD_LOG_LEVEL", "info"),
 		"debug, info, warn or error (env FORKD_LOG_LEVEL); debug adds every API request with its duration, each VMM start, and each branch's and snapshot's timings")

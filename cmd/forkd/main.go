@@ -53,6 +53,8 @@ type globals struct {
 	// sandboxTimeout is the lifetime of a sandbox whose fork names none;
 	// deadRetention how long a dead one stays listed.
 	sandboxTimeout, deadRetention time.Duration
+	// poolIdle is how long an unused snapshot's pool keeps its VMMs.
+	poolIdle time.Duration
 	// stopSandboxes: serve stops sandboxes on exit instead of leaving them
 	// for the next daemon.
 	stopSandboxes bool

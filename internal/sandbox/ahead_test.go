@@ -230,3 +230,43 @@ func TestPoolCloseCancelsRestoreAhead(t *testing.T) {
 		t.Fatal("closing the pool waited for the rehearsal")
 	}
 }
+
+// A pool no fork has taken from for PoolIdle is drained by the janitor;
+// a fork of its snapshot still answers and fills it again, and a pool
+// used since is left alone.
+func TestIdlePoolIsDrained(t *testing.T) {
+	d := &fakeDriver{}
+	e, _ := newFakeEngineWith(t, d, 1, func(c *Config) { c.PoolIdle = time.Minute })
+	e.Warm("base")
+	snap := e.mustSnap(t, "base")
+	waitFor(t, func() bool { return e.PoolSize(snap.ID) == 1 })
+	p := e.poolFor(snap)
+	p.mu.Lock()
+	waiting := p.items[0]
+	p.mu.Unlock()
+
+	e.drainIdlePools(time.Now()) // not idle yet
+	if e.PoolSize(snap.ID) != 1 {
+		t.Fatal("a pool used less than PoolIdle ago was drained")
+	}
+	e.drainIdlePools(time.Now().Add(2 * time.Minute))
+	if n := e.PoolSize(snap.ID); n != 0 {
+		t.Fatalf("%d VMMs still pooled after PoolIdle without a fork", n)
+	}
+	if !isClosed(waiting.machine.Done()) {
+		t.Fatal("the drained VMM still runs")
+	}
+
+	sbs, err := e.Fork(context.Background(), "base", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sbs[0].Pooled {
+		t.Fatal("a fork after the drain came from the pool")
+	}
+	waitFor(t, func() bool { return e.PoolSize(snap.ID) == 1 }) // refilled
+	e.drainIdlePools(time.Now().Add(30 * time.Second))
+	if e.PoolSize(snap.ID) != 1 {
+		t.Fatal("a pool forked from within PoolIdle was drained")
+	}
+}

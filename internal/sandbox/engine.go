@@ -48,6 +48,10 @@ type Config struct {
 	// code itself. By default pooled VMMs are restored ahead and rehearse
 	// their first request (ahead.go).
 	PoolStartOnly bool
+	// PoolIdle drains the pool of a snapshot not forked for this long: its
+	// waiting VMMs are stopped, and its next fork starts one on its path
+	// and refills the pool (0: pools are never drained).
+	PoolIdle time.Duration
 	// MaxForkCount bounds N in one fork request.
 	MaxForkCount int
 	// MaxSandboxes bounds running sandboxes (0: unlimited).
@@ -142,6 +146,12 @@ type Engine struct {
 // QEMU's start-up off the critical path of sequential forks without holding
 // much memory (a waiting QEMU is ~20 MB).
 const DefaultPoolSize = 2
+
+// DefaultPoolIdle is how long a snapshot's pool waits for a fork before
+// it is drained: each waiting child costs guest memory and a little CPU
+// (~1.5 % of a core under TCG), which a snapshot forked once should not
+// hold for the daemon's life.
+const DefaultPoolIdle = 30 * time.Minute
 
 // New opens the stores and removes what a previous daemon left behind.
 func New(cfg Config) (*Engine, error) {

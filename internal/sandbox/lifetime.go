@@ -116,8 +116,9 @@ func (s *Sandbox) MatchLabels(sel map[string]string) bool {
 // enforced to within this.
 const janitorInterval = time.Second
 
-// janitor ends sandboxes whose absolute or idle timeout has passed. The
-// engine owns it; it stops with the engine.
+// janitor ends sandboxes whose absolute or idle timeout has passed,
+// forgets the long dead and drains idle pools. The engine owns it; it
+// stops with the engine.
 func (e *Engine) janitor(ctx context.Context) {
 	t := time.NewTicker(janitorInterval)
 	defer t.Stop()
@@ -128,6 +129,7 @@ func (e *Engine) janitor(ctx context.Context) {
 		case now := <-t.C:
 			e.expireAt(ctx, now)
 			e.forgetDeadAt(now)
+			e.drainIdlePools(now)
 		}
 	}
 }

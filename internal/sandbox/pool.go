@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/snapshot"
@@ -32,6 +33,9 @@ type pool struct {
 	// memory counts against MaxGuestMemoryMiB (admission.go).
 	preparing bool
 	closed    bool
+	// lastUse is when the pool was made or a fork last took from it
+	// (drainIdle).
+	lastUse time.Time
 }
 
 func (e *Engine) poolFor(snap *snapshot.Snapshot) *pool {
@@ -39,7 +43,7 @@ func (e *Engine) poolFor(snap *snapshot.Snapshot) *pool {
 	defer e.mu.Unlock()
 	p := e.pools[snap.ID]
 	if p == nil {
-		p = &pool{e: e, snap: snap, size: e.cfg.PoolSize}
+		p = &pool{e: e, snap: snap, size: e.cfg.PoolSize, lastUse: time.Now()}
 		p.ctx, p.cancel = context.WithCancel(context.Background())
 		e.pools[snap.ID] = p
 	}
@@ -64,6 +68,7 @@ func (e *Engine) Warm(tag string) error {
 func (p *pool) take() (*prepared, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.lastUse = time.Now()
 	for len(p.items) > 0 {
 		pv := p.items[0]
 		p.items = p.items[1:]
@@ -157,6 +162,43 @@ func (p *pool) refill() {
 			p.mu.Unlock()
 		}
 	}()
+}
+
+// drainIdle stops the VMMs waiting in a pool no fork has taken from since
+// idle before now, and reports how many it stopped. A refill in flight
+// is left alone (a fork just asked for it). The pool stays open: the
+// next fork refills it.
+func (p *pool) drainIdle(now time.Time, idle time.Duration) int {
+	p.mu.Lock()
+	if p.closed || p.filling || len(p.items) == 0 || now.Sub(p.lastUse) < idle {
+		p.mu.Unlock()
+		return 0
+	}
+	items := p.items
+	p.items = nil
+	p.mu.Unlock()
+	for _, pv := range items {
+		pv.discard(context.Background())
+	}
+	return len(items)
+}
+
+// drainIdlePools drains the pools idle for PoolIdle at now (janitor).
+func (e *Engine) drainIdlePools(now time.Time) {
+	if e.cfg.PoolIdle <= 0 {
+		return
+	}
+	e.mu.Lock()
+	pools := make([]*pool, 0, len(e.pools))
+	for _, p := range e.pools {
+		pools = append(pools, p)
+	}
+	e.mu.Unlock()
+	for _, p := range pools {
+		if n := p.drainIdle(now, e.cfg.PoolIdle); n > 0 {
+			e.log.Info("pool drained: no fork took from it", "tag", p.snap.Tag, "vmms", n, "idle", e.cfg.PoolIdle)
+		}
+	}
 }
 
 // close discards every waiting VMM, waits for a refill in flight (which
