@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Streamed answer formats, chosen by the Accept header.
@@ -23,6 +24,9 @@ type eventWriter struct {
 	w   io.Writer
 	rc  *http.ResponseController
 	sse bool
+	// writeTimeout, if set, bounds each write: a client that stops
+	// reading fails the stream instead of holding it forever.
+	writeTimeout time.Duration
 }
 
 // startEvents sends the 200 with the format the request accepts (SSE when
@@ -52,6 +56,7 @@ func (e *eventWriter) sendID(id, typ string, ev any) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.deadline()
 	if e.sse {
 		if id != "" {
 			_, err = fmt.Fprintf(e.w, "id: %s\n", id)
@@ -76,10 +81,45 @@ func (e *eventWriter) comment(text string) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.deadline()
 	if _, err := fmt.Fprintf(e.w, ": %s\n\n", text); err != nil {
 		return err
 	}
 	return e.rc.Flush()
+}
+
+// deadline sets the write deadline for the next write, with e.mu held.
+func (e *eventWriter) deadline() {
+	if e.writeTimeout > 0 {
+		e.rc.SetWriteDeadline(time.Now().Add(e.writeTimeout))
+	}
+}
+
+// keepAlive writes an SSE comment every interval until stop is called, so
+// that proxies and clients do not take a quiet stream for a dead one
+// (nothing for NDJSON). stop waits for a write in flight: the handler may
+// return once it has.
+func (e *eventWriter) keepAlive(every time.Duration) (stop func()) {
+	if !e.sse {
+		return func() {}
+	}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+				if e.comment("keep-alive") != nil {
+					return
+				}
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
 }
 
 // stream returns a writer that sends each write as an event of type typ,

@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"net/http"
+	"time"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
 )
@@ -43,7 +44,14 @@ func (s *Server) operationEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, done := s.streamContext(r)
 	defer done()
-	ev := startEvents(w, r, http.NewResponseController(w))
+	rc := http.NewResponseController(w)
+	// The server sets no write timeout of its own: one left here would
+	// outlive the stream on a kept-alive connection.
+	defer rc.SetWriteDeadline(time.Time{})
+	ev := startEvents(w, r, rc)
+	ev.writeTimeout = feedWriteTimeout
+	// A build can print nothing for minutes (a package download).
+	defer ev.keepAlive(feedHeartbeat)()
 	s.ops.follow(ctx, id, func(e apiv1.OperationEvent) error { return ev.send(e.Type, e) })
 }
 
