@@ -83,6 +83,42 @@ func TestAPIFormats(t *testing.T) {
 		t.Fatalf("NDJSON exec ended with %+v", last)
 	}
 
+	// A branch and a compact retried with their Idempotency-Key get the
+	// first answer, replayed, without doing the work again.
+	post := func(path, body string, hdr map[string]string) (*http.Response, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, "http://forkd"+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, data
+	}
+	brTag, flatTag := tag+"-br", tag+"-flat"
+	defer c.run("rmi", brTag)
+	defer c.run("rmi", flatTag)
+	brKey := map[string]string{apiv1.IdempotencyKeyHeader: "branch-" + brTag}
+	r1, b1 := post("/v1/sandboxes/"+id+"/branch", `{"tag":"`+brTag+`"}`, brKey)
+	r2, b2 := post("/v1/sandboxes/"+id+"/branch", `{"tag":"`+brTag+`"}`, brKey)
+	if r1.StatusCode != http.StatusCreated || r2.StatusCode != http.StatusCreated || string(b1) != string(b2) || r2.Header.Get(apiv1.IdempotentReplayedHeader) != "true" {
+		t.Fatalf("retried branch: %d %s then %d %v %s, want the first 201 replayed", r1.StatusCode, b1, r2.StatusCode, r2.Header, b2)
+	}
+	cKey := map[string]string{apiv1.IdempotencyKeyHeader: "compact-" + flatTag, "Prefer": apiv1.PreferAsync}
+	var op1, op2 apiv1.Operation
+	r1, b1 = post("/v1/snapshots/"+brTag+"/compact", `{"to":"`+flatTag+`"}`, cKey)
+	r2, b2 = post("/v1/snapshots/"+brTag+"/compact", `{"to":"`+flatTag+`"}`, cKey)
+	if json.Unmarshal(b1, &op1) != nil || json.Unmarshal(b2, &op2) != nil || r1.StatusCode != http.StatusAccepted || op1.ID == "" || op2.ID != op1.ID || r2.Header.Get(apiv1.IdempotentReplayedHeader) != "true" {
+		t.Fatalf("retried compact: %d %s then %d %s, want the same operation", r1.StatusCode, b1, r2.StatusCode, b2)
+	}
+	c.ok("operation", "watch", op1.ID)
+	c.ok("snapshot", "info", flatTag)
+
 	// Errors are problem+json with the request id, also for bad JSON.
 	req, _ := http.NewRequest(http.MethodPost, "http://forkd/v1/sandboxes", strings.NewReader(`{"tag":`))
 	req.Header.Set("Content-Type", "application/json")

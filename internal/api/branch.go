@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
@@ -23,9 +22,16 @@ func (s *Server) branch(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
+	// A retry with the key gets the first answer: the 201 with the
+	// snapshot, or the 202 naming the background branch's operation.
+	claim, ok := s.claimIdempotency(w, r, req, nil)
+	if !ok {
+		return
+	}
+	defer claim.release()
 	opts := sandbox.BranchOptions{Tag: req.Tag, Mode: req.Mode, Tenant: auth.TenantOf(s.principalOf(r).Tenant)}
 	if req.NoWait {
-		s.branchAsync(w, r, opts)
+		s.branchAsync(w, r, opts, claim)
 		return
 	}
 	// Engine.Branch validates the tag and mode.
@@ -36,15 +42,13 @@ func (s *Server) branch(w http.ResponseWriter, r *http.Request) {
 	}
 	s.claimSnapshot(r, res.Snapshot.Tag, res.Snapshot.ID)
 	noteTargets(r, res.Snapshot.Tag)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusCreated)
-	json.NewEncoder(w).Encode(s.branchResponse(s.principalOf(r), res))
+	writeRecorded(w, r, claim, http.StatusCreated, s.branchResponse(s.principalOf(r), res))
 }
 
 // branchAsync starts a background branch as an operation and answers 202
 // with the pending tag and the operation (Location: the tag, as before
 // operations existed).
-func (s *Server) branchAsync(w http.ResponseWriter, r *http.Request, opts sandbox.BranchOptions) {
+func (s *Server) branchAsync(w http.ResponseWriter, r *http.Request, opts sandbox.BranchOptions, claim *idemClaim) {
 	p := s.principalOf(r)
 	ctx, cancel := context.WithCancelCause(context.Background())
 	op := s.ops.start(apiv1.OpSandboxBranch, opts.Tag, p.Tenant, cancel)
@@ -71,10 +75,8 @@ func (s *Server) branchAsync(w http.ResponseWriter, r *http.Request, opts sandbo
 	}
 	s.claimSnapshot(r, pend.Tag, "") // its id comes when it commits (snapshotOwners.owner)
 	noteTargets(r, op.ID, pend.Tag)
-	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Location", "/v1/snapshots/"+pend.Tag)
-	w.WriteHeader(http.StatusAccepted)
-	json.NewEncoder(w).Encode(apiv1.BranchResponse{Snapshot: s.pendingView(r, pend), Operation: &op})
+	writeRecorded(w, r, claim, http.StatusAccepted, apiv1.BranchResponse{Snapshot: s.pendingView(r, pend), Operation: &op})
 }
 
 // branchResponse renders a finished branch for p.

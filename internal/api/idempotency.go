@@ -110,6 +110,21 @@ func (c *idemClaim) result(status int, body []byte) {
 	}
 }
 
+// writeRecorded answers status with v as JSON, and records the answer on
+// claim (nil: no key) for a replay to repeat.
+func writeRecorded(w http.ResponseWriter, r *http.Request, claim *idemClaim, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	body = append(body, '\n')
+	claim.result(status, body)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(body)
+}
+
 // operation records the operation a replay follows.
 func (c *idemClaim) operation(id string) {
 	if c != nil {

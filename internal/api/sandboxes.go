@@ -1,7 +1,6 @@
 package api
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
@@ -101,12 +100,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		resp.Sandboxes = append(resp.Sandboxes, sandboxInfo(sb))
 		noteTargets(r, sb.ID)
 	}
-	body, _ := json.Marshal(resp)
-	body = append(body, '\n')
-	claim.result(http.StatusCreated, body)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusCreated)
-	w.Write(body)
+	writeRecorded(w, r, claim, http.StatusCreated, resp)
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {

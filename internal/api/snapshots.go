@@ -306,6 +306,19 @@ func (s *Server) compactSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
+	answer := func(opID string) {
+		if async {
+			op, _ := s.ops.get(opID)
+			writeAccepted(w, op)
+			return
+		}
+		s.awaitResult(w, r, opID, http.StatusCreated)
+	}
+	claim, ok := s.claimIdempotency(w, r, req, answer)
+	if !ok {
+		return
+	}
+	defer claim.release()
 	from, p := r.PathValue("tag"), s.principalOf(r)
 	// What fails at once is a plain 4xx, not a failed operation.
 	if _, err := s.Engine.Store().Get(from); err != nil {
@@ -328,12 +341,9 @@ func (s *Server) compactSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
+	claim.operation(op.ID)
 	noteTargets(r, req.To)
-	if async {
-		writeAccepted(w, op)
-		return
-	}
-	s.awaitResult(w, r, op.ID, http.StatusCreated)
+	answer(op.ID)
 }
 
 // pendingInfo describes a tag a background branch is writing (or failed
