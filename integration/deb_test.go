@@ -278,7 +278,43 @@ func TestDebPackage(t *testing.T) {
 	}
 	keeps("upgrade")
 
+	// Removal ends the sandboxes a daemon still runs (the upgrade kept
+	// them): the daemon on the default socket, which prerm asks.
+	defRun := []string{"--data-dir", dataDir, "--run-dir", "/run/forkd"}
+	serve2 := h.cmd(append(append([]string{"/usr/bin/forkd"}, defRun...), "serve", "--pool", "0", "--netns-prefix", "fke"+id[:4]+"-")...)
+	var log2 testutil.SyncBuffer
+	serve2.Stdout, serve2.Stderr = &log2, &log2
+	if err := serve2.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited2 := make(chan struct{})
+	go func() { serve2.Wait(); close(exited2) }()
+	defer func() {
+		serve2.Process.Signal(syscall.SIGTERM)
+		<-exited2
+	}()
+	// The repository's build speaks the same API and outlives the removal.
+	repoForkd := func(args ...string) []string {
+		return append(append([]string{filepath.Join(repoRoot, "bin", "forkd"), "--no-autostart"}, defRun...), args...)
+	}
+	testutil.WaitFor(t, "the upgraded daemon to answer", func() bool {
+		select {
+		case <-exited2:
+			t.Fatalf("upgraded daemon exited; log:\n%s", log2.String())
+		default:
+		}
+		return h.cmd(repoForkd("daemon", "status")...).Run() == nil
+	})
+	var fr2 apiv1.ForkResponse
+	if err := json.Unmarshal([]byte(h.in(repoForkd("--json", "fork", "--tag", tag, "-n", "1")...)), &fr2); err != nil || len(fr2.Sandboxes) != 1 {
+		t.Fatalf("fork before the removal: %v %+v", err, fr2)
+	}
+
 	h.in("dpkg", "--remove", "forkd")
+	testutil.WaitFor(t, "dpkg -r to stop the sandbox's VMM", func() bool {
+		return syscall.Kill(fr2.Sandboxes[0].PID, 0) != nil
+	})
+	h.in(repoForkd("rmi", tag)...)
 	if st := h.status(); !strings.HasPrefix(st, "deinstall ok config-files") {
 		t.Fatalf("after dpkg -r: %q", st)
 	}
