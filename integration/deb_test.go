@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -85,6 +86,45 @@ func newDebHost(t *testing.T) *debHost {
 		h.in("mount", "--bind", src, d)
 	}
 	return h
+}
+
+// serve starts a daemon (the command line serveArgs) in the namespace and
+// waits until it answers cli, the command line of a CLI call to it; stop
+// kills its sandboxes, sends SIGTERM and waits for it to exit (once,
+// however often it is called).
+func (h *debHost) serve(what string, serveArgs []string, cli func(args ...string) []string) (stop func()) {
+	t := h.t
+	t.Helper()
+	serve := h.cmd(serveArgs...)
+	var log testutil.SyncBuffer
+	serve.Stdout, serve.Stderr = &log, &log
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { serve.Wait(); close(exited) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			h.cmd(cli("kill", "--all")...).Run()
+			serve.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-exited:
+			case <-time.After(2 * time.Minute):
+				serve.Process.Kill()
+				t.Errorf("%s did not stop on SIGTERM; log:\n%s", what, log.String())
+			}
+		})
+	}
+	testutil.WaitFor(t, what+" to answer", func() bool {
+		select {
+		case <-exited:
+			t.Fatalf("%s exited; log:\n%s", what, log.String())
+		default:
+		}
+		return h.cmd(cli("daemon", "status")...).Run() == nil
+	})
+	return stop
 }
 
 // cmd is a command in the test's mount namespace.
@@ -187,38 +227,10 @@ func TestDebPackage(t *testing.T) {
 		t.Errorf("installed doctor's socket check: %+v", c)
 	}
 
-	serve := h.cmd(forkd("serve", "--pool", "1", "--netns-prefix", "fkd"+id[:4]+"-")...)
-	var log testutil.SyncBuffer
-	serve.Stdout, serve.Stderr = &log, &log
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { serve.Wait(); close(exited) }()
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		h.cmd(forkd("--no-autostart", "kill", "--all")...).Run()
-		serve.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(2 * time.Minute):
-			serve.Process.Kill()
-			t.Errorf("installed daemon did not stop on SIGTERM; log:\n%s", log.String())
-		}
-	}
-	t.Cleanup(stop)
-	testutil.WaitFor(t, "the installed daemon to answer", func() bool {
-		select {
-		case <-exited:
-			t.Fatalf("installed daemon exited; log:\n%s", log.String())
-		default:
-		}
-		return h.cmd(forkd("--no-autostart", "daemon", "status")...).Run() == nil
+	stop := h.serve("the installed daemon", forkd("serve", "--pool", "1", "--netns-prefix", "fkd"+id[:4]+"-"), func(args ...string) []string {
+		return forkd(append([]string{"--no-autostart"}, args...)...)
 	})
+	t.Cleanup(stop)
 	tag := "it-deb-" + id
 	h.in(forkd("snapshot", "create", "--tag", tag, "--recipe", "minimal")...)
 	defer h.cmd(forkd("rmi", tag)...).Run()
@@ -281,30 +293,11 @@ func TestDebPackage(t *testing.T) {
 	// Removal ends the sandboxes a daemon still runs (the upgrade kept
 	// them): the daemon on the default socket, which prerm asks.
 	defRun := []string{"--data-dir", dataDir, "--run-dir", "/run/forkd"}
-	serve2 := h.cmd(append(append([]string{"/usr/bin/forkd"}, defRun...), "serve", "--pool", "0", "--netns-prefix", "fke"+id[:4]+"-")...)
-	var log2 testutil.SyncBuffer
-	serve2.Stdout, serve2.Stderr = &log2, &log2
-	if err := serve2.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited2 := make(chan struct{})
-	go func() { serve2.Wait(); close(exited2) }()
-	defer func() {
-		serve2.Process.Signal(syscall.SIGTERM)
-		<-exited2
-	}()
 	// The repository's build speaks the same API and outlives the removal.
 	repoForkd := func(args ...string) []string {
 		return append(append([]string{filepath.Join(repoRoot, "bin", "forkd"), "--no-autostart"}, defRun...), args...)
 	}
-	testutil.WaitFor(t, "the upgraded daemon to answer", func() bool {
-		select {
-		case <-exited2:
-			t.Fatalf("upgraded daemon exited; log:\n%s", log2.String())
-		default:
-		}
-		return h.cmd(repoForkd("daemon", "status")...).Run() == nil
-	})
+	defer h.serve("the upgraded daemon", append(append([]string{"/usr/bin/forkd"}, defRun...), "serve", "--pool", "0", "--netns-prefix", "fke"+id[:4]+"-"), repoForkd)()
 	var fr2 apiv1.ForkResponse
 	if err := json.Unmarshal([]byte(h.in(repoForkd("--json", "fork", "--tag", tag, "-n", "1")...)), &fr2); err != nil || len(fr2.Sandboxes) != 1 {
 		t.Fatalf("fork before the removal: %v %+v", err, fr2)
