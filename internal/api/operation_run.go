@@ -111,6 +111,24 @@ func wantsAsync(r *http.Request) (bool, error) {
 	return httpquery.Bool(r.URL.Query(), "async", false)
 }
 
+// operationAnswer returns how a handler answers the operation it started
+// (or the one a replayed Idempotency-Key names): 202 with it when r asked
+// (wantsAsync), else wait(opID) (nil: 202 always).
+func (s *Server) operationAnswer(w http.ResponseWriter, r *http.Request, wait func(opID string)) (func(opID string), error) {
+	async, err := wantsAsync(r)
+	if err != nil {
+		return nil, err
+	}
+	return func(opID string) {
+		if async || wait == nil {
+			op, _ := s.ops.get(opID)
+			writeAccepted(w, op)
+			return
+		}
+		wait(opID)
+	}, nil
+}
+
 // writeAccepted answers 202 with op, Location naming it.
 func writeAccepted(w http.ResponseWriter, op apiv1.Operation) {
 	w.Header().Set("Location", "/v1/operations/"+op.ID)

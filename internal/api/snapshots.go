@@ -105,18 +105,10 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	async, err := wantsAsync(r)
+	answer, err := s.operationAnswer(w, r, func(opID string) { s.followAsProgress(w, r, opID) })
 	if err != nil {
 		writeProblem(w, r, err)
 		return
-	}
-	answer := func(opID string) {
-		if async {
-			op, _ := s.ops.get(opID)
-			writeAccepted(w, op)
-			return
-		}
-		s.followAsProgress(w, r, opID)
 	}
 	claim, ok := s.claimIdempotency(w, r, req, answer)
 	if !ok {
@@ -301,18 +293,10 @@ func (s *Server) compactSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	async, err := wantsAsync(r)
+	answer, err := s.operationAnswer(w, r, func(opID string) { s.awaitResult(w, r, opID, http.StatusCreated) })
 	if err != nil {
 		writeProblem(w, r, err)
 		return
-	}
-	answer := func(opID string) {
-		if async {
-			op, _ := s.ops.get(opID)
-			writeAccepted(w, op)
-			return
-		}
-		s.awaitResult(w, r, opID, http.StatusCreated)
 	}
 	claim, ok := s.claimIdempotency(w, r, req, answer)
 	if !ok {
