@@ -1,0 +1,199 @@
+package uffd
+
+import (
+	"encoding/json"
+	"fmt"
+	"hash/crc32"
+	"net"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// This file is the test's stand-in for Firecracker: a child process (the
+// test binary re-executed, see TestMain) that maps anonymous memory,
+// registers it with a userfaultfd of its own, sends the userfaultfd and
+// the regions to the server's socket as Firecracker does, and then only
+// reads its memory, which the server fills.
+
+// Environment of the child.
+const (
+	envChild   = "FORKD_UFFD_TEST_CHILD" // "check" or "bench"
+	envSocket  = "FORKD_UFFD_TEST_SOCKET"
+	envSplit   = "FORKD_UFFD_TEST_SPLIT"   // region sizes in pages, comma-separated
+	envRemove  = "FORKD_UFFD_TEST_REMOVE"  // "first,last" pages to madvise(DONTNEED) and read again
+	envThreads = "FORKD_UFFD_TEST_THREADS" // bench: faulting threads
+)
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(envChild); mode != "" {
+		if err := runChild(mode); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// newUserfaultfd creates a non-blocking userfaultfd with remove and unmap
+// events, as Firecracker does: with userfaultfd(2), or through
+// /dev/userfaultfd where the syscall is refused.
+func newUserfaultfd() (int, error) {
+	fd, _, errno := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK, 0, 0)
+	if errno != 0 {
+		dev, err := unix.Open("/dev/userfaultfd", unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, fmt.Errorf("userfaultfd(2): %v; /dev/userfaultfd: %v", errno, err)
+		}
+		defer unix.Close(dev)
+		fd, _, errno = unix.Syscall(unix.SYS_IOCTL, uintptr(dev), devIOCNew, unix.O_CLOEXEC|unix.O_NONBLOCK)
+		if errno != 0 {
+			return -1, fmt.Errorf("USERFAULTFD_IOC_NEW: %v", errno)
+		}
+	}
+	api := uffdioAPI{API: uffdAPI, Features: featureEventRemove | featureEventUnmap}
+	if err := ioctl(int(fd), ioctlAPI, unsafe.Pointer(&api)); err != nil {
+		unix.Close(int(fd))
+		return -1, fmt.Errorf("UFFDIO_API: %w", err)
+	}
+	return int(fd), nil
+}
+
+// sendHandshake connects to socket and sends fd with the regions' JSON.
+func sendHandshake(socket string, fd int, regions any) error {
+	body, err := json.Marshal(regions)
+	if err != nil {
+		return err
+	}
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_, _, err = c.WriteMsgUnix(body, unix.UnixRights(fd), nil)
+	return err
+}
+
+// childMemory maps and registers the regions given in pages, one after
+// the other in the snapshot's memory, and hands them to the server.
+func childMemory(socket string, split []uint64) ([][]byte, error) {
+	ps := uint64(os.Getpagesize())
+	fd, err := newUserfaultfd()
+	if err != nil {
+		return nil, err
+	}
+	var mems [][]byte
+	var ms []Mapping
+	var off uint64
+	for _, pages := range split {
+		mem, err := unix.Mmap(-1, 0, int(pages*ps), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+		if err != nil {
+			return nil, err
+		}
+		addr := uint64(uintptr(unsafe.Pointer(&mem[0])))
+		reg := uffdioRegister{Range: uffdioRange{Start: addr, Len: pages * ps}, Mode: registerModeMissing}
+		if err := ioctl(fd, ioctlRegister, unsafe.Pointer(&reg)); err != nil {
+			return nil, fmt.Errorf("UFFDIO_REGISTER: %w", err)
+		}
+		mems = append(mems, mem)
+		ms = append(ms, Mapping{BaseHostVirtAddr: addr, Size: pages * ps, Offset: off, PageSize: ps})
+		off += pages * ps
+	}
+	if err := sendHandshake(socket, fd, ms); err != nil {
+		return nil, err
+	}
+	return mems, unix.Close(fd)
+}
+
+func runChild(mode string) error {
+	var split []uint64
+	for _, f := range strings.Split(os.Getenv(envSplit), ",") {
+		n, err := strconv.ParseUint(f, 10, 64)
+		if err != nil {
+			return fmt.Errorf("%s: %w", envSplit, err)
+		}
+		split = append(split, n)
+	}
+	mems, err := childMemory(os.Getenv(envSocket), split)
+	if err != nil {
+		return err
+	}
+	ps := os.Getpagesize()
+	var pages [][]byte // every page, in memory order
+	for _, mem := range mems {
+		for off := 0; off < len(mem); off += ps {
+			pages = append(pages, mem[off:off+ps])
+		}
+	}
+	if mode == "bench" {
+		threads, _ := strconv.Atoi(os.Getenv(envThreads))
+		return benchChild(pages, max(threads, 1))
+	}
+	for i, p := range pages {
+		fmt.Printf("P %d %08x\n", i, crc32.ChecksumIEEE(p))
+	}
+	if r := os.Getenv(envRemove); r != "" {
+		var first, last int
+		if _, err := fmt.Sscanf(r, "%d,%d", &first, &last); err != nil {
+			return err
+		}
+		// Pages [first, last) lie in one region (the test sees to it).
+		if err := unix.Madvise(unsafe.Slice(&pages[first][0], (last-first)*ps), unix.MADV_DONTNEED); err != nil {
+			return fmt.Errorf("madvise: %w", err)
+		}
+		for i := first; i < last; i++ {
+			fmt.Printf("R %d %08x\n", i, crc32.ChecksumIEEE(pages[i]))
+		}
+	}
+	return nil
+}
+
+// benchResult is what the bench child prints.
+type benchResult struct {
+	Pages     int   `json:"pages"`
+	ElapsedNS int64 `json:"elapsed_ns"`
+	P50NS     int64 `json:"p50_ns"`
+	P99NS     int64 `json:"p99_ns"`
+}
+
+// sink keeps the bench child's reads from being optimized away.
+var sink atomic.Uint32
+
+// benchChild touches every page once from threads threads, each timing
+// its faults, and prints a benchResult.
+func benchChild(pages [][]byte, threads int) error {
+	lat := make([]time.Duration, len(pages))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for t := range threads {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			var sum byte
+			for i := t; i < len(pages); i += threads {
+				t0 := time.Now()
+				sum += pages[i][0]
+				lat[i] = time.Since(t0)
+			}
+			sink.Add(uint32(sum))
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	slices.Sort(lat)
+	return json.NewEncoder(os.Stdout).Encode(benchResult{
+		Pages: len(pages), ElapsedNS: elapsed.Nanoseconds(),
+		P50NS: lat[len(lat)/2].Nanoseconds(), P99NS: lat[len(lat)*99/100].Nanoseconds(),
+	})
+}
