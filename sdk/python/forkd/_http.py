@@ -14,43 +14,35 @@ import ssl
 import threading
 import time
 import urllib.parse
-from typing import Any, Dict, Generator, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Generator, Iterable, Iterator, List, Mapping, Optional, Tuple
 
-from .errors import (
-    AuthenticationError,
-    ForkdError,
-    InvalidArgument,
-    StreamInterrupted,
-    Timeout,
-    Unavailable,
-    error_from_problem,
+from ._wire import (
+    _BLOCK,
+    DEFAULT,
+    DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_RETRIES,
+    MAX_PROBLEM_BODY,
+    MAX_RETRY_WAIT,
+    Body,
+    Query,
+    base_headers,
+    connect_error,
+    problem_error,
+    replayable,
+    request_headers,
+    retry_wait,
+    split_lines,
+    target,
+    timeout_value,
 )
+from .errors import ForkdError, InvalidArgument, StreamInterrupted, Timeout, Unavailable
+
+__all__ = [
+    "DEFAULT", "DEFAULT_REQUEST_TIMEOUT", "DEFAULT_RETRIES", "MAX_RETRY_WAIT", "Endpoint", "Response",
+    "Transport", "DuplexSender", "_BLOCK",
+]
 
 DEFAULT_RUN_DIR = "/run/forkd"
-
-#: Seconds a plain (non-streamed) request may wait for the daemon by default.
-DEFAULT_REQUEST_TIMEOUT = 120.0
-
-#: Times a request answered 429 or 503 with a Retry-After is sent again by
-#: default (the daemon refused it without acting: a limit, a cap, a restart).
-DEFAULT_RETRIES = 2
-
-#: The longest Retry-After a client waits out; a longer one is raised at once.
-MAX_RETRY_WAIT = 10.0
-
-_BLOCK = 256 * 1024  # upload/download block size
-
-Query = Optional[Mapping[str, Union[str, Sequence[str]]]]
-Body = Union[None, bytes, bytearray, memoryview, Iterable[bytes], Any]
-
-
-class _Unset:
-    def __repr__(self) -> str:  # pragma: no cover
-        return "<default>"
-
-
-#: Sentinel: "use the client's default timeout".
-DEFAULT: Any = _Unset()
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
@@ -145,27 +137,6 @@ class Endpoint:
                 self.host, self.port, timeout=timeout, context=self._ssl, blocksize=_BLOCK
             )
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout, blocksize=_BLOCK)
-
-
-def _timeout_value(t: Any, default: Optional[float]) -> Optional[float]:
-    if t is DEFAULT:
-        return default
-    if t is None or t <= 0:
-        return None
-    return float(t)
-
-
-def _parse_retry_after(v: Optional[str]) -> Optional[float]:
-    if not v:
-        return None
-    try:
-        return float(v)
-    except ValueError:
-        return None
-
-
-def _replayable(body: Body) -> bool:
-    return body is None or isinstance(body, (bytes, bytearray, memoryview))
 
 
 class Response:
@@ -286,14 +257,8 @@ class Response:
         """The body's lines (NDJSON), each as it arrives, without the newline."""
         buf = b""
         for chunk in self.chunks(65536):
-            buf = buf + chunk if buf else chunk
-            if b"\n" not in chunk:
-                continue
-            parts = buf.split(b"\n")
-            buf = parts.pop()
-            for p in parts:
-                if p:
-                    yield p
+            done, buf = split_lines(buf, chunk)
+            yield from done
         if buf.strip():
             yield buf
 
@@ -317,10 +282,7 @@ class Transport:
         self._idle: List[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
         self._closed = False
-        base = {"User-Agent": "forkd-python", "Accept-Encoding": "identity"}
-        if endpoint.token:
-            base["Authorization"] = "Bearer " + endpoint.token
-        self._base_headers = base
+        self._base_headers = base_headers(endpoint.token)
 
     # -- pool ------------------------------------------------------------
 
@@ -355,98 +317,19 @@ class Transport:
     # -- errors ----------------------------------------------------------
 
     def _connect_error(self, err: BaseException) -> ForkdError:
-        ep = self.endpoint
-        where = ep.describe()
-        if isinstance(err, socket.timeout):
-            return Timeout("connecting to the forkd daemon at %s timed out" % where)
-        if ep.kind == "unix":
-            if isinstance(err, FileNotFoundError):
-                return Unavailable(
-                    "forkd daemon is not running: no socket at %s. Start it with `forkd daemon start` "
-                    "(or `sudo forkd serve`), or point FORKD_SOCKET or FORKD_HOST at a running daemon" % ep.socket_path
-                )
-            if isinstance(err, ConnectionRefusedError):
-                return Unavailable(
-                    "forkd daemon is not running: nothing listens on %s (a stale socket). Start it with "
-                    "`forkd daemon start` (or `sudo forkd serve`)" % ep.socket_path
-                )
-            if isinstance(err, PermissionError):
-                return Unavailable(
-                    "permission denied on the forkd socket %s: it is root-only (0600). Run as root, or reach a "
-                    "TCP listener with FORKD_HOST and FORKD_TOKEN" % ep.socket_path
-                )
-            return Unavailable("cannot connect to the forkd daemon at %s: %s" % (where, err))
-        if isinstance(err, ssl.SSLError):
-            hint = " (is FORKD_CA_CERT the CA that signed the daemon's certificate?)"
-            return Unavailable("TLS handshake with the forkd daemon at %s failed: %s%s" % (where, err, hint))
-        if isinstance(err, ConnectionRefusedError):
-            return Unavailable(
-                "forkd daemon is not reachable at %s: connection refused. Is `forkd serve --listen` running there?"
-                % where
-            )
-        if isinstance(err, socket.gaierror):
-            return Unavailable("cannot resolve the forkd host in %s: %s" % (where, err))
-        return Unavailable("cannot connect to the forkd daemon at %s: %s" % (where, err))
+        return connect_error(self.endpoint, err)
 
     def _problem(self, resp: http.client.HTTPResponse, what: str) -> ForkdError:
-        rid = resp.getheader("X-Request-Id")
-        retry = _parse_retry_after(resp.getheader("Retry-After"))
         try:
-            data = resp.read(1 << 20)
+            data = resp.read(MAX_PROBLEM_BODY)
         except (http.client.HTTPException, OSError):
             data = b""
-        problem: Any = None
-        try:
-            problem = json.loads(data) if data else None
-        except ValueError:
-            problem = None
-        if isinstance(problem, dict) and (problem.get("detail") or problem.get("title")):
-            err = error_from_problem(problem, status=resp.status, request_id=rid, retry_after=retry)
-        else:
-            text = data.decode("utf-8", "replace").strip()[:500]
-            err = error_from_problem(
-                {"status": resp.status, "detail": "%s: daemon answered HTTP %d %s%s"
-                 % (what, resp.status, resp.reason, (": " + text) if text else "")},
-                status=resp.status,
-                request_id=rid,
-                retry_after=retry,
-            )
-        if isinstance(err, AuthenticationError) and not self.endpoint.token:
-            err.message += " (set FORKD_TOKEN or pass token=)"
-        return err
+        return problem_error(resp.status, resp.reason, resp.getheader, data, what, bool(self.endpoint.token))
 
     # -- requests --------------------------------------------------------
 
-    def _retry_wait(self, err: ForkdError, body: Body, retried: int) -> Optional[float]:
-        """Seconds to wait before sending a refused request again, or None
-        to raise err. Only 429 and 503 answers that carry a Retry-After
-        are retried: the daemon says it did nothing and when to come back.
-        A body that cannot be sent twice, a wait over MAX_RETRY_WAIT, or
-        the retries used up raise at once."""
-        retry_after = getattr(err, "retry_after", None)
-        if (
-            err.status not in (429, 503)
-            or retry_after is None
-            or retried >= self.retries
-            or not _replayable(body)
-            or retry_after > MAX_RETRY_WAIT
-        ):
-            return None
-        return max(0.0, float(retry_after))
-
     def url(self, path: str, query: Query = None) -> str:
-        if query:
-            items: List[Tuple[str, str]] = []
-            for k, v in query.items():
-                if v is None:
-                    continue
-                if isinstance(v, (list, tuple)):
-                    items.extend((k, str(x)) for x in v)
-                else:
-                    items.append((k, str(v)))
-            if items:
-                return path + "?" + urllib.parse.urlencode(items)
-        return path
+        return target(path, query)
 
     def request(
         self,
@@ -463,15 +346,8 @@ class Transport:
         """Send one request and return its answer once the status line and
         headers arrived. Error statuses raise the typed ForkdError. The
         caller must read or close the answer."""
-        hdrs: Dict[str, str] = dict(self._base_headers)
-        if headers:
-            hdrs.update(headers)
-        if json_body is not None:
-            body = json.dumps(json_body, separators=(",", ":")).encode()
-            hdrs["Content-Type"] = "application/json"
-        if body is None and method in ("POST", "PUT", "PATCH"):
-            hdrs["Content-Length"] = "0"
-        t = _timeout_value(timeout, self.request_timeout)
+        hdrs, body = request_headers(self._base_headers, method, body, json_body, headers)
+        t = timeout_value(timeout, self.request_timeout)
         target = self.url(path, query)
         what = what or "%s %s" % (method, path)
         attempt = 0
@@ -480,7 +356,7 @@ class Transport:
             attempt += 1
             if self._closed:
                 raise ForkdError("the client is closed")
-            if _replayable(body):
+            if replayable(body):
                 conn, reused = self._get()
             else:
                 # A streamed body cannot be sent twice: a fresh connection
@@ -509,7 +385,7 @@ class Transport:
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError,
                     ConnectionAbortedError) as e:
                 conn.close()
-                if reused and attempt == 1 and _replayable(body):
+                if reused and attempt == 1 and replayable(body):
                     continue  # a keep-alive connection the daemon had closed
                 raise Unavailable(
                     "%s: the connection to the forkd daemon at %s was lost (%s)" % (what, self.endpoint.describe(), e)
@@ -530,7 +406,7 @@ class Transport:
                     # A request body cut short leaves the connection unusable.
                     r.reusable = sent_err is None
                     r.close()
-                wait = self._retry_wait(err, body, retried)
+                wait = retry_wait(err, body, retried, self.retries)
                 if wait is not None:
                     retried += 1
                     time.sleep(wait)

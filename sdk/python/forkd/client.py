@@ -12,9 +12,7 @@ import os
 import stat as _stat
 import threading
 import time
-import urllib.parse
 from typing import (
-    IO,
     TYPE_CHECKING,
     Any,
     BinaryIO,
@@ -29,6 +27,18 @@ from typing import (
     Union,
 )
 
+from ._api import (
+    DEFAULT_SANDBOX_TIMEOUT,
+    Pager,
+    fork_body,
+    kill_ids,
+    list_query,
+    q,
+    removed_tags,
+    sandbox_path,
+    set_timeout_body,
+    snapshot_delete_query,
+)
 from ._http import DEFAULT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRIES, Endpoint, Transport, _BLOCK
 from .errors import ForkdError, InvalidArgument, NotFound, StreamInterrupted, Timeout, error_from_problem
 from .models import NetworkPolicyLike, OperationInfo, SandboxInfo, SnapshotInfo, VersionInfo, _network_body
@@ -42,33 +52,7 @@ __all__ = ["Client", "Snapshots", "Sandboxes", "Branch", "Operations"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-#: A new sandbox's lifetime in seconds when the caller names none: five
-#: minutes, as E2B. Pass ``timeout=0`` for no limit, ``timeout=None`` for
-#: the daemon's default, or extend a running one with ``set_timeout``.
-DEFAULT_SANDBOX_TIMEOUT = 300.0
-
-#: List endpoints answer a page at a time: the SDK asks for pages this
-#: big (the daemon's maximum) and follows at most this many.
-_LIST_PAGE = 1000
-_LIST_MAX_PAGES = 10000
-
-
-def _whole_seconds(v: float, what: str) -> int:
-    """A lifetime for the wire: whole seconds, a part of one counting as
-    one (0.5 is not "never")."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0:
-        raise InvalidArgument("%s must be a number of seconds >= 0 (0: no limit), not %r" % (what, v))
-    if v == float("inf"):
-        raise InvalidArgument("%s must be finite; use 0 for no limit" % what)
-    n = int(v)
-    return n + 1 if n < v else n
-
-
-def _q(segment: str, what: str) -> str:
-    """A path segment, refusing empty ones (the daemon would redirect)."""
-    if not segment or not isinstance(segment, str):
-        raise InvalidArgument("%s must be a non-empty string, not %r" % (what, segment))
-    return urllib.parse.quote(segment, safe="")
+_q = q
 
 
 class Client:
@@ -164,6 +148,11 @@ class Client:
         """The daemon's version, its Go and VMM versions, and its data dir."""
         return VersionInfo.from_json(self._transport.request("GET", "/v1/version").json())
 
+    def info(self) -> Dict[str, Any]:
+        """``GET /v1/info``: the daemon's version, ``features`` (``"pty"``,
+        ``"branch.live"``, ...), ``limits`` and who the caller is."""
+        return self._json("GET", "/v1/info", what="daemon info") or {}
+
     def close(self) -> None:
         """Close idle connections. Requests in flight finish; new ones fail."""
         self._transport.close()
@@ -195,41 +184,17 @@ class Client:
         """Every item of a list endpoint, in its order: follows
         ``next_cursor`` page by page (a daemon from before paging answers
         one bare array)."""
-        q: Dict[str, Any] = dict(query or {})
-        q["limit"] = _LIST_PAGE
-        out: List[Any] = []
-        cursor = ""
-        for _ in range(_LIST_MAX_PAGES):
-            page = self._json("GET", path, query=q)
-            if page is None or isinstance(page, list):
-                return out + (page or [])
-            out.extend(page.get("items") or [])
-            nxt = page.get("next_cursor") or ""
-            if not nxt:
-                return out
-            if nxt == cursor:
-                raise ForkdError("GET %s: the daemon answered the same next_cursor twice; its paging is broken" % path)
-            cursor = q["cursor"] = nxt
-        raise ForkdError("GET %s: more than %d pages; list with filters" % (path, _LIST_MAX_PAGES))
+        p = Pager(path, query)
+        while p.query is not None:
+            p.feed(self._json("GET", path, query=p.query))
+        return p.items
 
 
-class Branch:
-    """The result of :meth:`Sandbox.branch`: a new snapshot of a running
-    sandbox, and what taking it cost the source.
+class BranchBase:
+    """What a branch returned (see :class:`Branch`); shared by the sync
+    and asyncio clients."""
 
-    With ``wait=False`` the snapshot may still be ``writing``: call
-    :meth:`wait` (or ``client.snapshots.get(tag)``) until it is ``ready``.
-
-    Attributes:
-        snapshot: The snapshot as last seen (:meth:`wait` and
-            :meth:`refresh` update it).
-        pause_ms: How long the source sandbox was paused.
-        bytes_written: Bytes the branch wrote.
-        total_ms: How long the branch request took.
-    """
-
-    def __init__(self, client: Client, data: Mapping[str, Any]) -> None:
-        self._client = client
+    def __init__(self, data: Mapping[str, Any]) -> None:
         self.snapshot = SnapshotInfo.from_json(data.get("snapshot") or {})
         self.pause_ms = float(data.get("pause_ms") or 0)
         self.bytes_written = int(data.get("bytes_written") or 0)
@@ -251,6 +216,31 @@ class Branch:
         """True when the snapshot can be forked (as last seen)."""
         return self.snapshot.state == "ready"
 
+    def __repr__(self) -> str:
+        return "%s(tag=%r, state=%r, pause_ms=%.1f, bytes_written=%d)" % (
+            type(self).__name__, self.tag, self.state, self.pause_ms, self.bytes_written,
+        )
+
+
+class Branch(BranchBase):
+    """The result of :meth:`Sandbox.branch`: a new snapshot of a running
+    sandbox, and what taking it cost the source.
+
+    With ``wait=False`` the snapshot may still be ``writing``: call
+    :meth:`wait` (or ``client.snapshots.get(tag)``) until it is ``ready``.
+
+    Attributes:
+        snapshot: The snapshot as last seen (:meth:`wait` and
+            :meth:`refresh` update it).
+        pause_ms: How long the source sandbox was paused.
+        bytes_written: Bytes the branch wrote.
+        total_ms: How long the branch request took.
+    """
+
+    def __init__(self, client: Client, data: Mapping[str, Any]) -> None:
+        super().__init__(data)
+        self._client = client
+
     def refresh(self) -> SnapshotInfo:
         """Fetch the snapshot's current state."""
         self.snapshot = self._client.snapshots.get(self.tag)
@@ -268,10 +258,16 @@ class Branch:
             self.snapshot = self._client.snapshots.wait(self.tag, timeout=timeout, poll_interval=poll_interval)
         return self.snapshot
 
-    def __repr__(self) -> str:
-        return "Branch(tag=%r, state=%r, pause_ms=%.1f, bytes_written=%d)" % (
-            self.tag, self.state, self.pause_ms, self.bytes_written,
-        )
+
+def snapshot_settled(s: SnapshotInfo, deadline: Optional[float], timeout: Optional[float]) -> bool:
+    """True when s is ready; raises when it failed or the deadline passed."""
+    if s.state == "ready":
+        return True
+    if s.state == "failed":
+        raise ForkdError("snapshot %s failed: %s" % (s.tag, s.error or "no reason given"), code="snapshot_failed")
+    if deadline is not None and time.monotonic() >= deadline:
+        raise Timeout("snapshot %s still %s after %ss" % (s.tag, s.state, timeout))
+    return False
 
 
 class Snapshots:
@@ -436,12 +432,8 @@ class Snapshots:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             s = self.get(tag)
-            if s.state == "ready":
+            if snapshot_settled(s, deadline, timeout):
                 return s
-            if s.state == "failed":
-                raise ForkdError("snapshot %s failed: %s" % (tag, s.error or "no reason given"), code="snapshot_failed")
-            if deadline is not None and time.monotonic() >= deadline:
-                raise Timeout("snapshot %s still %s after %ss" % (tag, s.state, timeout))
             time.sleep(poll_interval)
 
     def delete(self, tag: str, *, cascade: bool = False, force: bool = False) -> List[str]:
@@ -460,15 +452,9 @@ class Snapshots:
             NotFound: no such tag. Conflict: other snapshots depend on it
             (the message names them) and neither cascade nor force was given.
         """
-        q: Dict[str, str] = {}
-        if cascade:
-            q["cascade"] = "true"
-        if force:
-            q["force"] = "true"
+        q = snapshot_delete_query(cascade, force)
         body = self._c._transport.request("DELETE", "/v1/snapshots/" + _q(tag, "tag"), query=q, what="delete snapshot %s" % tag).read()
-        # A daemon from before the list answers 204, with no body.
-        removed = json.loads(body).get("removed") if body else None
-        return list(removed) if removed else [tag]
+        return removed_tags(body, tag)
 
     def compact(self, tag: str, to: str, *, timeout: Any = DEFAULT) -> SnapshotInfo:
         """Write a flat copy (no parent, depth 0) of the chain head ``tag``
@@ -618,13 +604,7 @@ class Sandboxes:
         """Sandboxes, optionally only children of ``tag``, in ``state``
         (``running``, ``dead``, ``stopped``) or carrying every one of the
         ``labels`` (metadata given at fork)."""
-        q: Dict[str, Any] = {}
-        if tag:
-            q["tag"] = tag
-        if state:
-            q["state"] = state
-        if labels:
-            q["label"] = ["%s=%s" % (k, v) for k, v in labels.items()]
+        q = list_query(tag, state, labels)
         return [SandboxInfo.from_json(d) for d in self._c._list("/v1/sandboxes", query=q)]
 
     def set_timeout(
@@ -639,15 +619,13 @@ class Sandboxes:
             limit (7 days). Conflict: the sandbox is dead or already ending.
             NotFound: no such sandbox (an expired one is forgotten).
         """
-        body: Dict[str, Any] = {"timeout_s": _whole_seconds(timeout, "timeout")}
-        if idle_timeout is not None:
-            body["idle_timeout_s"] = _whole_seconds(idle_timeout, "idle_timeout")
-        path = "/v1/sandboxes/" + _q(sandbox_id, "sandbox id")
+        body = set_timeout_body(timeout, idle_timeout)
+        path = sandbox_path(sandbox_id)
         return SandboxInfo.from_json(self._c._json("PATCH", path, body=body, what="set timeout of %s" % sandbox_id))
 
     def get(self, sandbox_id: str) -> SandboxInfo:
         """One sandbox. Raises NotFound (a killed sandbox is forgotten)."""
-        return SandboxInfo.from_json(self._c._json("GET", "/v1/sandboxes/" + _q(sandbox_id, "sandbox id")))
+        return SandboxInfo.from_json(self._c._json("GET", sandbox_path(sandbox_id)))
 
     def fork(
         self,
@@ -688,20 +666,7 @@ class Sandboxes:
         """
         from .sandbox import Sandbox
 
-        if not isinstance(n, int) or n < 1:
-            raise InvalidArgument("n must be an int >= 1, not %r" % (n,))
-        net = _network_body(network)
-        body: Dict[str, Any] = {"tag": tag, "count": n}
-        if timeout is not None:
-            body["timeout_s"] = _whole_seconds(timeout, "timeout")
-        if idle_timeout:
-            body["idle_timeout_s"] = max(1, int(round(idle_timeout)))
-        if metadata:
-            body["metadata"] = {str(k): str(v) for k, v in metadata.items()}
-        if net is not None:
-            body["network"] = net
-        if cpus is not None:
-            body["cpus"] = float(cpus)
+        body = fork_body(tag, n, timeout, idle_timeout, metadata, network, cpus)
         data = self._c._transport.request(
             "POST", "/v1/sandboxes", json_body=body, headers=_idempotency_headers(idempotency_key),
             timeout=request_timeout, what="fork %d from %s" % (n, tag),
@@ -721,12 +686,7 @@ class Sandboxes:
     def kill(self, *sandbox_ids: Union[str, Iterable[str]]) -> List[str]:
         """Kill sandboxes by id; returns the ids killed. Raises NotFound when
         one does not exist."""
-        ids: List[str] = []
-        for s in sandbox_ids:
-            if isinstance(s, str):
-                ids.append(s)
-            else:
-                ids.extend(s)
+        ids = kill_ids(sandbox_ids)
         if not ids:
             return []
         data = self._c._json("POST", "/v1/sandboxes/kill", body={"ids": ids})
