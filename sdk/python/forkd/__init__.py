@@ -10,10 +10,19 @@ snapshot to fork from::
         print(sb.commands.run("echo hello").stdout)
         print(sb.run_code("21 * 2").text)
 
+For asyncio code, :class:`AsyncSandbox` has the same calls, awaited::
+
+    async with await AsyncSandbox.create("py") as sb:
+        print((await sb.commands.run("echo hello")).stdout)
+
 Standard library only; Python >= 3.9. See README.md for the full guide.
 """
 
 from ._http import DEFAULT_REQUEST_TIMEOUT
+from .async_client import AsyncBranch, AsyncClient, AsyncSandboxes, AsyncSnapshots
+from .async_commands import AsyncCommandHandle, AsyncCommands, AsyncPty
+from .async_files import AsyncFiles, AsyncFileStream
+from .async_sandbox import AsyncSandbox
 from .client import DEFAULT_SANDBOX_TIMEOUT, Branch, Client, Operations, Sandboxes, Snapshots
 from .errors import (
     AuthenticationError,
@@ -47,6 +56,7 @@ from .models import (
     SnapshotInfo,
     VersionInfo,
 )
+from .pty import Pty, PtySize
 from .sandbox import CommandHandle, Commands, Files, FileStream, Sandbox
 
 __version__ = "0.1.0"
@@ -69,6 +79,18 @@ __all__ = [
     "CommandHandle",
     "Files",
     "FileStream",
+    "Pty",
+    "PtySize",
+    "AsyncClient",
+    "AsyncSandboxes",
+    "AsyncSnapshots",
+    "AsyncBranch",
+    "AsyncSandbox",
+    "AsyncCommands",
+    "AsyncCommandHandle",
+    "AsyncFiles",
+    "AsyncFileStream",
+    "AsyncPty",
     "CommandResult",
     "Execution",
     "ExecutionError",
