@@ -190,7 +190,10 @@ export class Commands {
   }
 
   /** @internal Starts a process; resolves when the daemon answered 200. */
-  async start(cmd: string | readonly string[], opts: Omit<CommandOptions, "stdin"> & { stdin?: StdinSource | true }): Promise<Answer> {
+  async start(
+    cmd: string | readonly string[],
+    opts: Omit<CommandOptions, "stdin"> & { stdin?: StdinSource | true; pty?: { rows: number; cols: number } },
+  ): Promise<Answer> {
     const req: Record<string, unknown> = {};
     if (typeof cmd === "string") {
       req.shell = cmd;
@@ -202,6 +205,7 @@ export class Commands {
     if (opts.envs && Object.keys(opts.envs).length > 0) req.env = opts.envs;
     if (opts.cwd) req.cwd = opts.cwd;
     if (opts.timeoutMs && opts.timeoutMs > 0) req.timeout_ms = Math.ceil(opts.timeoutMs);
+    if (opts.pty) req.pty = { rows: opts.pty.rows, cols: opts.pty.cols };
     let body: BodySource | undefined;
     if (opts.stdin === true) {
       req.stdin_open = true; // written later through .../processes/{pid}/stdin
@@ -335,7 +339,8 @@ export class Commands {
     }
   }
 
-  private processPath(pid: number, sub: string): string {
+  /** @internal */
+  processPath(pid: number, sub: string): string {
     if (!Number.isSafeInteger(pid) || pid <= 0) {
       throw new InvalidArgumentError(`pid ${String(pid)}: want the positive pid a command reported (handle.pid, commands.list())`, { code: "invalid_argument" });
     }
@@ -375,8 +380,10 @@ export class Output {
   constructor(
     private readonly onStdout?: (data: string) => void,
     private readonly onStderr?: (data: string) => void,
+    private readonly onData?: (data: Uint8Array) => void,
   ) {}
   stdout(b: Buffer): void {
+    this.onData?.(b);
     const s = this.outDec.write(b);
     if (s) {
       this.out += s;

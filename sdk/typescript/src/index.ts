@@ -26,6 +26,8 @@ export type {
 } from "./client.js";
 export { Commands, CommandHandle } from "./commands.js";
 export type { CommandOptions, RunOptions, BackgroundOptions, CommandResult, CommandEvent, StdinSource } from "./commands.js";
+export { Pty } from "./pty.js";
+export type { PtySize, PtyCreateOptions } from "./pty.js";
 export { Files } from "./files.js";
 export type { WriteData, WriteOptions, WriteEntry, ReadOptions, RemoveOptions, MakeDirOptions } from "./files.js";
 export { Execution, Result, ExecutionError } from "./code.js";

@@ -4,6 +4,7 @@ import { runCode, type Execution, type RunCodeOptions } from "./code.js";
 import { Commands } from "./commands.js";
 import { resolveConnection, type ConnectionOptions } from "./connection.js";
 import { Files } from "./files.js";
+import { Pty } from "./pty.js";
 import type { SandboxContext } from "./internal.js";
 import { InvalidArgumentError, NotFoundError } from "./errors.js";
 import {
@@ -105,6 +106,8 @@ export class Sandbox {
   readonly commands: Commands;
   /** The filesystem: read(), write(), list(), ... */
   readonly files: Files;
+  /** Interactive terminals: create(), sendInput(), resize(), kill(). */
+  readonly pty: Pty;
   /** What the daemon said about it when it was created or connected to. */
   readonly initialInfo: SandboxInfo | undefined;
 
@@ -120,6 +123,7 @@ export class Sandbox {
     };
     this.commands = new Commands(ctx);
     this.files = new Files(ctx);
+    this.pty = new Pty(ctx, this.commands);
     this.ctx = ctx;
   }
 

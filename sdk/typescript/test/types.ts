@@ -28,6 +28,11 @@ export async function typesOfTheApi(): Promise<void> {
   const many: Sandbox[] = await Sandbox.fork("tag", 3, { idleTimeoutS: 30 });
   const again: Sandbox = await Sandbox.connect(sb.id, { client: new Client({ host: "https://h:7443", token: "t", caCert: "/ca.pem" }) });
   const info: SandboxInfo = await sb.info();
+  const term: CommandHandle = await sb.pty.create({ rows: 24, cols: 80, onData: (d: Uint8Array) => void d, timeoutMs: 0 });
+  await sb.pty.sendInput(term.pid ?? 0, new Uint8Array([3]));
+  await sb.pty.resize(term.pid ?? 0, { rows: 40, cols: 120 });
+  const killedTerm: boolean = await sb.pty.kill(term.pid ?? 0);
+  void killedTerm;
   const state: string = info.state;
   const expires: Date | undefined = info.expiresAt;
 
