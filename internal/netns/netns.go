@@ -21,10 +21,18 @@
 // # Lifecycle
 //
 // Create makes the namespace and its tap; the namespace lives until Remove,
-// also across restarts of the daemon (List finds leftovers by prefix).
-// Remove deletes the tap, unmounts and deletes the bind mount; it is
-// idempotent. A VMM still running inside keeps the namespace alive after
-// Remove until it exits, but it is no longer reachable by name.
+// and after it as long as a process (a VMM) lives in it. Remove unmounts
+// and deletes the bind mount; it is idempotent.
+//
+// A name is a mount, seen only in the mount namespace that made it and in
+// those that share mounts with it. A daemon that runs in a mount namespace
+// of its own (a systemd service with ProtectSystem=, PrivateTmp=, ...) and
+// is restarted comes back in a new one without its predecessor's names, so
+// nothing relies on a name outliving the daemon that made it: the VMM of
+// each sandbox lives in the sandbox's namespace, and OpenProcess names the
+// namespace again from the VMM process (checked by its start time and the
+// namespace's recorded inode). List finds the leftovers of a daemon that
+// shared this mount namespace.
 package netns
 
 import (
@@ -91,6 +99,7 @@ type Options struct {
 type NS struct {
 	name string
 	tap  string
+	ino  uint64 // the namespace's inode (see Inode); 0 if unknown
 }
 
 // Create makes the named namespace with lo and a tap carrying HostAddr/30.
@@ -130,11 +139,15 @@ func Create(ctx context.Context, name string, opts Options) (*NS, error) {
 	}); err != nil {
 		return nil, err
 	}
+	ns.ino, _ = pathInode(ns.Path()) // just made: the stat cannot fail
 	return ns, nil
 }
 
-// Open returns the existing namespace name (for Remove or Do after a
-// restart). The tap name is assumed to be DefaultTap unless given.
+// Open returns the existing namespace name, as named in this process's
+// mount namespace (for Remove). The tap name is assumed to be DefaultTap
+// unless given. A daemon coming back to a sandbox's namespace after a
+// restart uses OpenProcess: the name may be gone with the mount namespace
+// that made it.
 func Open(name string, tapName string) (*NS, error) {
 	if err := validName(name); err != nil {
 		return nil, err
@@ -143,12 +156,14 @@ func Open(name string, tapName string) (*NS, error) {
 		tapName = DefaultTap
 	}
 	ns := &NS{name: name, tap: tapName}
-	if _, err := os.Stat(ns.Path()); err != nil {
+	ino, err := pathInode(ns.Path())
+	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("netns %s: %w", name, errdefs.ErrNotFound)
 		}
 		return nil, fmt.Errorf("netns %s: %w", name, err)
 	}
+	ns.ino = ino
 	return ns, nil
 }
 
