@@ -182,9 +182,13 @@ func (sn *sbNet) stats() (egress.Stats, error) {
 }
 
 // readoptNetwork rebuilds the network state of a recorded sandbox being
-// adopted (see network.readopt).
+// adopted (see network.readopt). Its namespace is reached through its VMM,
+// which lives in it, and named again: the name the earlier daemon made
+// may have gone with that daemon's mount namespace (netns.OpenProcess).
+// Everything after (ports, egress rules and DNS, counters, teardown) uses
+// that name.
 func (e *Engine) readoptNetwork(rec state.SandboxRecord) (*sbNet, error) {
-	ns, err := netns.Open(rec.NetNS, netns.DefaultTap)
+	ns, err := netns.OpenProcess(rec.NetNS, netns.Process{PID: rec.Process.PID, StartTime: rec.Process.StartTime}, rec.NetNSInode)
 	if err != nil {
 		return nil, err
 	}

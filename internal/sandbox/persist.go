@@ -42,6 +42,7 @@ func (e *Engine) record(s *Sandbox) state.SandboxRecord {
 	if s.net != nil {
 		p := s.net.Policy()
 		rec.Network = &p
+		rec.NetNSInode = s.net.ns.Inode()
 	}
 	if s.base != nil {
 		rec.BaseManifest, _ = json.Marshal(s.base) // a struct of plain fields: cannot fail

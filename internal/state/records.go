@@ -29,6 +29,11 @@ type SandboxRecord struct {
 	NetNS       string            `json:"netns,omitempty"`
 	GuestIP     string            `json:"guest_ip,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`
+	// NetNSInode is the inode of the sandbox's network namespace
+	// (netns.NS.Inode): a later daemon reaches the namespace through the
+	// VMM process and checks that it is this one. 0 in records written
+	// before it existed.
+	NetNSInode uint64 `json:"netns_inode,omitempty"`
 	// Network is the sandbox's egress policy (absent: none, as every
 	// sandbox recorded before policies existed).
 	Network *egress.Policy `json:"network,omitempty"`
