@@ -1,8 +1,6 @@
 package sandbox
 
 import (
-	"syscall"
-
 	"github.com/forkd-dev/forkd/internal/metrics"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 )
@@ -34,12 +32,7 @@ func (e *Engine) MetricsState() metrics.State {
 		// Every snapshot's tag label is reported, 0 when its pool is
 		// empty or not started, so an empty pool is a series at 0.
 		st.PooledVMMs[MetricsTag(snap)] += e.PoolSize(snap.ID)
-		for name := range snap.Files {
-			var fi syscall.Stat_t
-			if syscall.Stat(snap.Path(name), &fi) == nil {
-				st.SnapshotBytes += fi.Blocks * 512 // allocated: memory files are sparse
-			}
-		}
+		st.SnapshotBytes += snapshotBytes(snap) // allocated: memory files are sparse
 	}
 	return st
 }
