@@ -93,6 +93,28 @@ func archiveServerWith(t *testing.T, change func(*Server)) (*client.Client, stri
 	return c, dataDir
 }
 
+// addImage puts a small image of recipe, its digest made of seed, into
+// dataDir.
+func addImage(t *testing.T, dataDir, recipe, seed string) (digest, dir string) {
+	t.Helper()
+	sum := sha256.Sum256([]byte(seed))
+	digest = hex.EncodeToString(sum[:])
+	dir = filepath.Join(dataDir, "images", digest)
+	os.MkdirAll(dir, 0o700)
+	files := map[string]snapshot.FileEntry{}
+	for _, name := range []string{"vmlinuz", "initrd.img", "rootfs.ext4"} {
+		p := filepath.Join(dir, name)
+		b := make([]byte, 8192)
+		rand.Read(b)
+		os.WriteFile(p, b, 0o444)
+		size, sum, _ := fsutil.HashFile(p)
+		files[name] = snapshot.FileEntry{Size: size, SHA256: sum}
+	}
+	im, _ := json.Marshal(map[string]any{"format_version": 1, "digest": digest, "recipe": map[string]string{"name": recipe}, "files": files, "created": time.Now()})
+	os.WriteFile(filepath.Join(dir, "image.json"), im, 0o444)
+	return digest, dir
+}
+
 // addSnapshot puts a small image and a snapshot tagged tag into dataDir;
 // its memory file holds dataBytes of random data.
 func addSnapshot(t *testing.T, dataDir, tag string, dataBytes int) {
@@ -102,19 +124,7 @@ func addSnapshot(t *testing.T, dataDir, tag string, dataBytes int) {
 		rand.Read(b)
 		return b
 	}
-	sum := sha256.Sum256([]byte(tag))
-	digest := hex.EncodeToString(sum[:])
-	imgDir := filepath.Join(dataDir, "images", digest)
-	os.MkdirAll(imgDir, 0o700)
-	files := map[string]snapshot.FileEntry{}
-	for _, name := range []string{"vmlinuz", "initrd.img", "rootfs.ext4"} {
-		p := filepath.Join(imgDir, name)
-		os.WriteFile(p, random(8192), 0o444)
-		size, sum, _ := fsutil.HashFile(p)
-		files[name] = snapshot.FileEntry{Size: size, SHA256: sum}
-	}
-	im, _ := json.Marshal(map[string]any{"format_version": 1, "digest": digest, "recipe": map[string]string{"name": "fake"}, "files": files, "created": time.Now()})
-	os.WriteFile(filepath.Join(imgDir, "image.json"), im, 0o444)
+	digest, imgDir := addImage(t, dataDir, "fake", tag)
 	store, err := snapshot.Open(dataDir)
 	if err != nil {
 		t.Fatal(err)

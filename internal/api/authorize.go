@@ -66,6 +66,10 @@ var routePolicies = map[string]policy{
 	"GET /metrics":         {adminOnly, noScope},
 	"GET /v1/images":       {adminOnly, noScope},
 	"POST /v1/images":      {adminOnly, noScope},
+	// Images and the daemon's disk are shared by every tenant.
+	"DELETE /v1/images/{digest}": {adminOnly, noScope},
+	"GET /v1/system/df":          {adminOnly, noScope},
+	"POST /v1/system/prune":      {adminOnly, noScope},
 
 	"GET /v1/events":          {reader, noScope}, // filtered by tenant (feed.go)
 	"GET /v1/operations":      {reader, noScope},

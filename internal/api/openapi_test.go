@@ -458,6 +458,10 @@ var wireTypes = map[string]struct {
 	"TenantList":            {reflect.TypeFor[apiv1.List[apiv1.Tenant]](), true},
 	"Quota":                 {reflect.TypeFor[apiv1.Quota](), true},
 	"TenantUsage":           {reflect.TypeFor[apiv1.TenantUsage](), true},
+	"Usage":                 {reflect.TypeFor[apiv1.Usage](), true},
+	"DiskUsage":             {reflect.TypeFor[apiv1.DiskUsage](), true},
+	"PruneRequest":          {reflect.TypeFor[apiv1.PruneRequest](), false},
+	"PruneResponse":         {reflect.TypeFor[apiv1.PruneResponse](), true},
 }
 
 // jsonType is the JSON Schema type encoding/json gives a Go type.
