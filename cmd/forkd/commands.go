@@ -17,74 +17,17 @@ import (
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
-func table(header string) *tabwriter.Writer {
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+func table(header string) *tabwriter.Writer { return tableTo(os.Stdout, header) }
+
+// tableTo starts a table with its header on w.
+func tableTo(w io.Writer, header string) *tabwriter.Writer {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, header)
 	return tw
 }
 
 // human writes a byte count for people: "512 B", "1.5 GiB".
 func human(n int64) string { return progress.HumanBytes(n) }
-
-func imageCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "image", Short: "Build and list guest images"}
-	var of opFlags
-	build := &cobra.Command{
-		Use:   "build RECIPE",
-		Short: "Build (or find cached) the image of a recipe: kernel, initramfs with forkd-agent, read-only root fs",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client(cmd.Context())
-			if err != nil {
-				return err
-			}
-			var req apiv1.BuildImageRequest
-			if req.Recipe, req.RecipeTOML, err = recipeArg(args[0]); err != nil {
-				return err
-			}
-			op, err := c.StartBuildImage(cmd.Context(), req, "")
-			if err != nil {
-				return err
-			}
-			var img apiv1.Image
-			if done, err := printedOr(followOperation(cmd.Context(), g, c, op, of.detach, &img)); done {
-				return err
-			}
-			fmt.Printf("image %s (recipe %s, kernel %s, %s) in %s\n", img.Digest[:12], img.Recipe, img.KernelVersion, human(img.SizeBytes), img.Dir)
-			return nil
-		},
-	}
-	of.bind(build)
-	cmd.AddCommand(build)
-	ls := imagesCmd(g)
-	ls.Use = "ls"
-	cmd.AddCommand(ls)
-	return cmd
-}
-
-func imagesCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use: "images", Short: "List built images", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client(cmd.Context())
-			if err != nil {
-				return err
-			}
-			imgs, err := c.Images(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if g.jsonOut {
-				return printJSON(imgs)
-			}
-			tw := table("DIGEST\tRECIPE\tKERNEL\tMEMORY\tSIZE\tCREATED")
-			for _, i := range imgs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d MiB\t%s\t%s\n", i.Digest[:12], i.Recipe, i.KernelVersion, i.MemoryMiB, human(i.SizeBytes), i.Created.Local().Format(time.DateTime))
-			}
-			return tw.Flush()
-		},
-	}
-}
 
 // recipeArg turns a --recipe argument into what the API takes: a name as
 // is, or, for a path to a .toml file, its contents (the daemon may be
@@ -233,7 +176,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 	ls := snapshotsCmd(g)
 	ls.Use, ls.Aliases = "ls", []string{"list"}
 	rm := rmiCmd(g)
-	rm.Use = "rm TAG..."
+	rm.Use, rm.Aliases = "rm TAG...", []string{"delete", "remove"}
 
 	var from, to string
 	var compactOf opFlags

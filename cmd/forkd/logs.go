@@ -50,12 +50,26 @@ func daemonLogsCmd(g *globals) *cobra.Command {
 			if g.jsonOut {
 				return printJSON(map[string]any{"path": g.logPath(), "log": log})
 			}
+			if strings.TrimSpace(log) == "" {
+				// Never a bare empty line: say where the log would be.
+				fmt.Fprintln(os.Stderr, noLogMessage(g.logPath()))
+				return nil
+			}
 			fmt.Println(log)
 			return nil
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing the log as it grows, until Ctrl-C")
 	return cmd
+}
+
+// noLogMessage says why `forkd daemon logs` printed nothing: the log
+// file at path is empty or missing, and where else to look.
+func noLogMessage(path string) string {
+	if _, err := os.Stat(path); err != nil {
+		return fmt.Sprintf("forkd: no daemon log: %s does not exist (no daemon was started by `forkd daemon start` or the CLI with this --run-dir; under systemd the log is in the journal: journalctl -u %s)", path, unitName)
+	}
+	return fmt.Sprintf("forkd: the daemon log %s is empty", path)
 }
 
 // daemonUnit is the systemd unit whose journal holds this daemon's log,

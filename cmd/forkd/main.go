@@ -126,12 +126,15 @@ func newRootCmd(g *globals) *cobra.Command {
 		imageCmd(g), imagesCmd(g),
 		snapshotCmd(g), snapshotsCmd(g), rmiCmd(g),
 		packCmd(g), unpackCmd(g),
-		forkCmd(g), branchCmd(g), lsCmd(g), killCmd(g), sandboxCmd(g),
-		execCmd(g), runCodeCmd(g), cpCmd(g),
+		dockerRunCmd(g), forkCmd(g), branchCmd(g), lsCmd(g), psCmd(g), killCmd(g), rmCmd(g), sandboxCmd(g),
+		execCmd(g), runCodeCmd(g), cpCmd(g), systemCmd(g),
 		doctorCmd(g), benchCmd(g), auditCmd(g), tokenCmd(g), tenantCmd(g), operationCmd(g),
 	)
 	root.AddCommand(mcpCmd(g))
 	root.AddCommand(portCmd(g), portForwardCmd(g))
+	guardGroups(root)
+	applyExamples(root)
+	registerCompletions(root, g)
 	return root
 }
 

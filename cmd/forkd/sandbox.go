@@ -19,7 +19,7 @@ import (
 // sandboxCmd groups the commands about one sandbox, as `forkd snapshot`
 // does for snapshots; fork, ls, kill, exec and cp stay top-level.
 func sandboxCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "sandbox", Short: "Inspect and list sandboxes"}
+	cmd := &cobra.Command{Use: "sandbox", Short: "Inspect, list and stop sandboxes"}
 	info := &cobra.Command{
 		Use:   "info ID",
 		Short: "Show everything about a sandbox: state, why it died, timings, labels, timeouts, console tail",
@@ -42,7 +42,9 @@ func sandboxCmd(g *globals) *cobra.Command {
 	}
 	ls := lsCmd(g)
 	ls.Aliases = []string{"list"}
-	cmd.AddCommand(info, ls, sandboxNetworkCmd(g), sandboxTimeoutCmd(g))
+	kill := killCmd(g)
+	kill.Aliases = []string{"rm", "remove"}
+	cmd.AddCommand(info, ls, kill, sandboxNetworkCmd(g), sandboxTimeoutCmd(g))
 	return cmd
 }
 
