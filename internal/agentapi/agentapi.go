@@ -75,6 +75,12 @@ func ProcessStdinPath(pid int) string { return PathProcesses + "/" + itoa(pid) +
 // exec with guest pid pid (POST SignalRequest) -> 204.
 func ProcessSignalPath(pid int) string { return PathProcesses + "/" + itoa(pid) + "/signal" }
 
+// ProcessResizePath is where the terminal of the exec with guest pid pid
+// (one started with ExecRequest.PTY) is resized (POST ResizeRequest) ->
+// 204; the kernel sends SIGWINCH to the terminal's foreground group. An
+// exec without a terminal answers failed_precondition.
+func ProcessResizePath(pid int) string { return PathProcesses + "/" + itoa(pid) + "/resize" }
+
 // PidHeader is set on the 200 of PathExec: the guest pid of the process,
 // the handle for PathProcesses and its sub-paths. It is the pid of the
 // process started (the shell for ExecRequest.Shell), which leads its own
@@ -94,6 +100,14 @@ func itoa(n int) string {
 		b[i] = byte('0' + n%10)
 	}
 	return string(b[i:])
+}
+
+// itoaSigned is itoa for any int.
+func itoaSigned(n int) string {
+	if n < 0 {
+		return "-" + itoa(-n)
+	}
+	return itoa(n)
 }
 
 // ExecHeader carries the JSON ExecRequest for PathExec, so the body can be
@@ -163,7 +177,41 @@ type ExecRequest struct {
 	// any) ends: more is written with ProcessStdinPath, which also closes
 	// it; it is closed when the process exits.
 	StdinOpen bool `json:"stdin_open,omitempty"`
+	// PTY runs the process on a new pseudo-terminal of this size: in a
+	// new session (setsid) with the terminal as its controlling tty and as
+	// fds 0, 1 and 2, TERM from Env or else "xterm-256color". All output
+	// arrives as EventStdout (a terminal merges the streams). Input is
+	// what a keyboard types (0x03 interrupts the foreground group); the
+	// end of input (the body's EOF without StdinOpen, a close, or no
+	// Stdin and no StdinOpen at all) types the terminal's EOF character
+	// (^D) once, and the process runs on.
+	PTY *PTY `json:"pty,omitempty"`
 }
+
+// PTY is the size of an exec's terminal, in character cells.
+type PTY struct {
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
+}
+
+// MaxPTYSize bounds each of a terminal's rows and cols (1..MaxPTYSize).
+const MaxPTYSize = 1000
+
+// Check returns why the size is not valid ("pty cols 0: want 1..1000"),
+// or "" if it is.
+func (p PTY) Check() string {
+	if p.Rows < 1 || p.Rows > MaxPTYSize {
+		return "pty rows " + itoaSigned(p.Rows) + ": want 1.." + itoa(MaxPTYSize)
+	}
+	if p.Cols < 1 || p.Cols > MaxPTYSize {
+		return "pty cols " + itoaSigned(p.Cols) + ": want 1.." + itoa(MaxPTYSize)
+	}
+	return ""
+}
+
+// ResizeRequest is the body of ProcessResizePath: the terminal's new size
+// (each of rows and cols 1..MaxPTYSize).
+type ResizeRequest = PTY
 
 // ProcessInfo describes a running exec (PathProcesses). An exec is listed
 // from its start until its process exits.

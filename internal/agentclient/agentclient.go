@@ -302,6 +302,15 @@ func (c *Client) Signal(ctx context.Context, pid int, sig string) error {
 	return c.call(ctx, op, http.MethodPost, agentapi.ProcessSignalPath(pid), nil, 0, agentapi.SignalRequest{Signal: sig}, nil)
 }
 
+// Resize sets the terminal size of the exec with guest pid pid (one
+// started with ExecRequest.PTY). errdefs.ErrNotFound: no such running
+// exec; errdefs.ErrFailedPrecondition: it has no terminal;
+// errdefs.ErrInvalidArgument: a size outside 1..agentapi.MaxPTYSize.
+func (c *Client) Resize(ctx context.Context, pid int, size agentapi.ResizeRequest) error {
+	op := "resize the terminal of process " + strconv.Itoa(pid)
+	return c.call(ctx, op, http.MethodPost, agentapi.ProcessResizePath(pid), nil, 0, size, nil)
+}
+
 // ReadFile streams the guest file at path to w and returns its size.
 func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (int64, error) {
 	op := "read file " + path

@@ -99,6 +99,7 @@ func New(cfg Config) *Agent {
 	m.HandleFunc("GET "+agentapi.PathProcesses, a.handleListProcesses)
 	m.HandleFunc("POST "+agentapi.PathProcesses+"/{pid}/stdin", a.handleProcessStdin)
 	m.HandleFunc("POST "+agentapi.PathProcesses+"/{pid}/signal", a.handleProcessSignal)
+	m.HandleFunc("POST "+agentapi.PathProcesses+"/{pid}/resize", a.handleProcessResize)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, fmt.Errorf("no such API: %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})

@@ -64,10 +64,17 @@ func (a *Agent) parseExec(r *http.Request) (execSpec, error) {
 	if req.TimeoutMillis < 0 {
 		return execSpec{}, fmt.Errorf("negative timeout: %w", errdefs.ErrInvalidArgument)
 	}
-	if err := procenv.Validate(req.Env); err != nil {
+	reqEnv := req.Env
+	if req.PTY != nil {
+		if err := checkPTY(*req.PTY); err != nil {
+			return execSpec{}, err
+		}
+		reqEnv = withTerm(reqEnv)
+	}
+	if err := procenv.Validate(reqEnv); err != nil {
 		return execSpec{}, err
 	}
-	env := procenv.Merge(a.cfg.Env, req.Env)
+	env := procenv.Merge(a.cfg.Env, reqEnv)
 	path, err := procenv.LookPath(argv[0], env)
 	if err != nil {
 		return execSpec{}, err
@@ -96,16 +103,6 @@ func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rc := http.NewResponseController(w)
-
-	// All of the child's ends, closed here once it has started.
-	var childEnds []*os.File
-	defer func() {
-		for _, f := range childEnds {
-			f.Close()
-		}
-	}()
-	var stdin *os.File
-	var stdinW *stdinPipe
 	if spec.req.Stdin {
 		// HTTP/1 servers stop reading a request once the response starts,
 		// unless full duplex is on: stdin and output flow at the same time.
@@ -114,54 +111,29 @@ func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if spec.req.Stdin || spec.req.StdinOpen {
-		var f *os.File
-		if stdin, f, err = os.Pipe(); err != nil {
-			writeProblem(w, fsError(err))
-			return
-		}
-		stdinW = &stdinPipe{f: f, keep: spec.req.StdinOpen}
-		defer func() {
-			if childEnds != nil { // returned before the process started
-				stdinW.close()
-			}
-		}()
-	} else if stdin, err = os.Open(os.DevNull); err != nil {
-		writeProblem(w, fsError(err))
-		return
-	}
-	childEnds = append(childEnds, stdin)
-	outR, outW, err := os.Pipe()
+	xio, err := openExecIO(spec.req)
 	if err != nil {
-		writeProblem(w, fsError(err))
+		writeProblem(w, err)
 		return
 	}
-	defer outR.Close()
-	childEnds = append(childEnds, outW)
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		writeProblem(w, fsError(err))
-		return
-	}
-	defer errR.Close()
-	childEnds = append(childEnds, errW)
+	defer xio.closeOurs()
+	stdinW := xio.stdin
 
+	sys := &syscall.SysProcAttr{Setpgid: true} // its own group: a timeout kills what it started too
+	if xio.tty != nil {
+		// Its own session, led by it (so also its own group), with the
+		// terminal as controlling tty (fd 0 in the child).
+		sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	}
 	start := time.Now()
 	proc, err := reaper.Default().Start(spec.path, spec.argv, &syscall.ProcAttr{
-		Dir:   spec.cwd,
-		Env:   spec.env,
-		Files: []uintptr{stdin.Fd(), outW.Fd(), errW.Fd()},
-		// Its own group: a timeout kills what it started too.
-		Sys: &syscall.SysProcAttr{Setpgid: true},
+		Dir: spec.cwd, Env: spec.env, Files: xio.childFds(), Sys: sys,
 	})
 	if err != nil {
 		writeProblem(w, startError(spec.argv[0], err))
 		return
 	}
-	for _, f := range childEnds {
-		f.Close()
-	}
-	childEnds = nil
+	xio.started()
 
 	// Listed (and reachable by pid) from before the host learns the pid
 	// until the exit; the watcher below removes it.
@@ -171,7 +143,13 @@ func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
 	if spec.req.StdinOpen {
 		entry.stdin = stdinW
 	}
+	entry.tty = xio.tty
 	a.procs.add(entry)
+	if xio.tty != nil && !spec.req.Stdin && !spec.req.StdinOpen {
+		// No input at all: the terminal's input has ended, as /dev/null
+		// would have.
+		go stdinW.close()
+	}
 
 	if spec.req.Stdin {
 		// Ends at the body's EOF (closing stdin unless it is kept open), or
@@ -187,9 +165,10 @@ func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
 	events := make(chan agentapi.ExecEvent, execEvents)
 	var drain drainState
 	var pumps sync.WaitGroup
-	pumps.Add(2)
-	go a.pump(&pumps, outR, agentapi.EventStdout, events, &drain)
-	go a.pump(&pumps, errR, agentapi.EventStderr, events, &drain)
+	for _, o := range xio.outputs {
+		pumps.Add(1)
+		go a.pump(&pumps, o.f, o.typ, events, &drain)
+	}
 	go func() {
 		pumps.Wait()
 		close(events)
@@ -218,20 +197,17 @@ func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
 		if stdinW != nil {
 			// A writer blocked on a full pipe (a child that inherited
 			// stdin and does not read) returns now.
-			stdinW.close()
+			stdinW.release()
 		}
 		drain.exited.Store(true)
 		// Wake pumps blocked in Read; from now on each read waits at most
 		// ExecQuiet (see pump).
-		quiet := time.Now().Add(a.cfg.ExecQuiet)
-		outR.SetReadDeadline(quiet)
-		errR.SetReadDeadline(quiet)
-		// Children left running (`cmd &`) may keep the pipes open and
-		// busy; stop collecting after ExecDrain.
+		xio.setReadDeadline(time.Now().Add(a.cfg.ExecQuiet))
+		// Children left running (`cmd &`) may keep the pipes (or the
+		// terminal) open and busy; stop collecting after ExecDrain.
 		time.AfterFunc(a.cfg.ExecDrain, func() {
 			drain.over.Store(true)
-			outR.SetReadDeadline(time.Unix(1, 0))
-			errR.SetReadDeadline(time.Unix(1, 0))
+			xio.setReadDeadline(time.Unix(1, 0))
 		})
 	}()
 
@@ -275,7 +251,8 @@ type drainState struct {
 
 // pump turns one output pipe into events. Once the process has exited it
 // stops at EOF, at the first read that waits longer than ExecQuiet and
-// finds the pipe empty, or when the drain period is over. Data already in
+// finds the pipe empty, or when the drain period is over. A terminal's
+// master reads EIO once no process holds the terminal open: its EOF. Data already in
 // the pipe when the process exits is read however slow the host is: the
 // quiet period starts at each read, not at the exit.
 func (a *Agent) pump(wg *sync.WaitGroup, f *os.File, typ string, events chan<- agentapi.ExecEvent, st *drainState) {

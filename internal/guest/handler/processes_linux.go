@@ -43,6 +43,9 @@ type process struct {
 	// StdinOpen; nil otherwise (stdin is /dev/null, or only the exec's
 	// request body feeds it).
 	stdin *stdinPipe
+	// tty is the master of the process's terminal (ExecRequest.PTY), for
+	// resizing; nil for an exec with pipes.
+	tty *os.File
 }
 
 func (t *processTable) add(p *process) {
@@ -96,11 +99,16 @@ func (t *processTable) list() []agentapi.ProcessInfo {
 // its whole body, so bytes of one request are never interleaved with
 // another's. Nothing is buffered beyond the pipe (64 KiB in the kernel) and
 // one chunk per writer: a process that does not read blocks its writers.
+//
+// For an exec with a terminal, f is the terminal's master (shared with the
+// output pump): the end of input types the EOF character instead of
+// closing f, and the process runs on.
 type stdinPipe struct {
 	f *os.File
 	// keep: the end of the exec's request body does not close stdin
 	// (ExecRequest.StdinOpen).
 	keep   bool
+	tty    bool // f is a terminal's master
 	mu     sync.Mutex
 	closed atomic.Bool
 	once   sync.Once
@@ -108,13 +116,40 @@ type stdinPipe struct {
 
 var errStdinClosed = errors.New("stdin is closed")
 
-// close closes stdin (EOF for the process). It does not wait for writers:
-// a write blocked on a full pipe returns with an error.
+// close ends the input (EOF for the process): a pipe is closed without
+// waiting for writers (a write blocked on a full pipe returns with an
+// error); a terminal gets its EOF character once, after the writer
+// holding the lock.
 func (p *stdinPipe) close() {
+	if !p.tty {
+		p.release()
+		return
+	}
 	p.once.Do(func() {
-		p.closed.Store(true)
-		p.f.Close()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if !p.closed.Swap(true) { // not released in the meantime
+			p.f.Write([]byte{eofChar(p.f)})
+		}
 	})
+}
+
+// release ends the input because nobody may write any more (the process
+// exited, or a write failed): a pipe is closed; a terminal is marked
+// closed and a write blocked on it returns, without typing EOF (the exec
+// closes the master itself).
+func (p *stdinPipe) release() {
+	if !p.tty {
+		p.once.Do(func() {
+			p.closed.Store(true)
+			p.f.Close()
+		})
+		return
+	}
+	// Not under once or mu: a close blocked typing EOF into a full
+	// terminal holds both, and returns when the deadline passes.
+	p.closed.Store(true)
+	p.f.SetWriteDeadline(time.Unix(1, 0))
 }
 
 // feed copies the exec's request body to stdin, then closes stdin unless
@@ -132,7 +167,7 @@ func (p *stdinPipe) feed(body io.Reader) {
 			}
 			p.mu.Unlock()
 			if werr != nil {
-				p.close()
+				p.release()
 				return
 			}
 		}
@@ -218,7 +253,7 @@ func (a *Agent) handleProcessStdin(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, fmt.Errorf("stdin of process %d is closed: %w", pid, errdefs.ErrFailedPrecondition))
 		return
 	case errors.Is(werr, syscall.EPIPE):
-		p.stdin.close()
+		p.stdin.release()
 		writeProblem(w, fmt.Errorf("process %d closed its stdin (%d bytes of this request were written first): %w", pid, n, errdefs.ErrFailedPrecondition))
 		return
 	case errors.Is(werr, os.ErrClosed):
