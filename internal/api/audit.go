@@ -83,7 +83,7 @@ func mutating(method string) bool {
 }
 
 // auditRequests records one hash-chained audit record per mutating
-// request, after it is answered (or its handler panicked): who (token name, peer), what (the route as
+// request (and per exec WebSocket, a GET that runs a process), after it is answered (or its handler panicked): who (token name, peer), what (the route as
 // action, path ids and created ids as targets), the outcome and how long it
 // took. It wraps auth (the Handler chain is auditRequests, auth,
 // auditAdmit, routes), so requests auth refuses are recorded too, with the
@@ -95,7 +95,7 @@ func (s *Server) auditRequests(mux *http.ServeMux, next http.Handler) http.Handl
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, pattern := mux.Handler(r)
-		if !mutating(r.Method) || strings.HasPrefix(pattern, portProxyPrefix) {
+		if (!mutating(r.Method) && pattern != execWSPattern) || strings.HasPrefix(pattern, portProxyPrefix) {
 			// Reads, and an app's own traffic through the port proxy.
 			next.ServeHTTP(w, r)
 			return

@@ -103,6 +103,8 @@ var routePolicies = map[string]policy{
 	"GET /v1/sandboxes/{id}/processes":                 {reader, sandboxScope},
 	"POST /v1/sandboxes/{id}/processes/{pid}/stdin":    {writer, sandboxScope},
 	"POST /v1/sandboxes/{id}/processes/{pid}/signal":   {writer, sandboxScope},
+	"POST /v1/sandboxes/{id}/processes/{pid}/resize":   {writer, sandboxScope},
+	"GET /v1/sandboxes/{id}/exec/ws":                   {writer, sandboxScope}, // a GET that runs a process (execWSPattern)
 	"POST /v1/sandboxes/{id}/run_code":                 {writer, sandboxScope},
 	"POST /v1/sandboxes/{id}/run_code/stream":          {writer, sandboxScope},
 	"POST /v1/sandboxes/{id}/branch":                   {writer, sandboxScope},

@@ -406,7 +406,8 @@ func TestOpenAPIStreamsAndRawBodies(t *testing.T) {
 	}
 	// JSON request bodies are strict, as decode is.
 	for _, key := range []string{"POST /v1/images", "POST /v1/snapshots", "POST /v1/sandboxes", "POST /v1/sandboxes/kill",
-		"POST /v1/sandboxes/{id}/run_code", "POST /v1/sandboxes/{id}/files/mkdir", "POST /v1/sandboxes/{id}/processes/{pid}/signal"} {
+		"POST /v1/sandboxes/{id}/run_code", "POST /v1/sandboxes/{id}/files/mkdir", "POST /v1/sandboxes/{id}/processes/{pid}/signal",
+		"POST /v1/sandboxes/{id}/processes/{pid}/resize"} {
 		s := doc.resolve(t, obj(content(op(key)["requestBody"])["application/json"])["schema"])
 		if s["additionalProperties"] != false {
 			t.Errorf("%s: request schema allows unknown fields; the server rejects them", key)
@@ -450,6 +451,7 @@ var wireTypes = map[string]struct {
 	"MkdirRequest":          {reflect.TypeFor[apiv1.MkdirRequest](), false},
 	"ProcessInfo":           {reflect.TypeFor[apiv1.ProcessInfo](), true},
 	"SignalRequest":         {reflect.TypeFor[apiv1.SignalRequest](), false},
+	"PTY":                   {reflect.TypeFor[apiv1.PTY](), false},
 	"Tenant":                {reflect.TypeFor[apiv1.Tenant](), true},
 	"SandboxList":           {reflect.TypeFor[apiv1.List[apiv1.Sandbox]](), true},
 	"SnapshotList":          {reflect.TypeFor[apiv1.List[apiv1.Snapshot]](), true},

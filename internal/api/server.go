@@ -143,6 +143,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/processes", s.listProcesses)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/processes/{pid}/stdin", s.processStdin)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/processes/{pid}/signal", s.signalProcess)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/processes/{pid}/resize", s.resizeProcess)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/exec/ws", s.execWS) // execWSPattern
 	mux.HandleFunc("POST /v1/sandboxes/{id}/run_code", s.runCode)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/branch", s.branch)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/network", s.getNetwork)
@@ -322,8 +324,8 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, fmt.Errorf("%s header: %w", apiv1.ExecHeader, err))
 		return
 	}
-	if (len(req.Argv) == 0) == (req.Shell == "") {
-		writeProblem(w, r, fmt.Errorf("exec needs exactly one of argv or shell: %w", errdefs.ErrInvalidArgument))
+	if err := checkExec(req); err != nil {
+		writeProblem(w, r, err)
 		return
 	}
 	agent := s.agentOf(w, r)

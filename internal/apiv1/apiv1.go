@@ -19,12 +19,17 @@ type (
 	CodeError     = agentapi.CodeError
 	ProcessInfo   = agentapi.ProcessInfo
 	SignalRequest = agentapi.SignalRequest
+	PTY           = agentapi.PTY
+	ResizeRequest = agentapi.ResizeRequest
 )
 
 // PidHeader carries the guest pid of an exec's process on the exec answer
 // (streamed answers: with the 200; the first event, type start, carries it
 // too). The pid names the process in /v1/sandboxes/{id}/processes/{pid}/….
 const PidHeader = agentapi.PidHeader
+
+// MaxPTYSize bounds each of a terminal's rows and cols (1..MaxPTYSize).
+const MaxPTYSize = agentapi.MaxPTYSize
 
 // ExecHeader carries the JSON ExecRequest on POST .../exec so the body can
 // stream stdin.

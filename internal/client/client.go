@@ -111,20 +111,25 @@ func (c *Client) send(ctx context.Context, method, path string, q url.Values, bo
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		if c.token == "" && (errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)) {
-			return nil, fmt.Errorf("%w at %s: start it with `forkd daemon start` (or `forkd serve`): %w", ErrDaemonNotRunning, c.socket, errdefs.ErrUnavailable)
-		}
-		if c.token == "" && errors.Is(err, syscall.EACCES) {
-			return nil, fmt.Errorf("forkd daemon at %s: permission denied: use sudo, or join the socket's group (sudo usermod -aG forkd $USER, then log in again; membership is root-equivalent on this host): %w",
-				c.socket, errdefs.ErrPermissionDenied)
-		}
-		return nil, fmt.Errorf("forkd daemon at %s: %w", c.socket, err)
+		return nil, c.connectError(err)
 	}
 	if resp.StatusCode >= 400 {
 		defer resp.Body.Close()
 		return nil, decodeProblem(resp)
 	}
 	return resp, nil
+}
+
+// connectError explains a request that reached no daemon.
+func (c *Client) connectError(err error) error {
+	if c.token == "" && (errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)) {
+		return fmt.Errorf("%w at %s: start it with `forkd daemon start` (or `forkd serve`): %w", ErrDaemonNotRunning, c.socket, errdefs.ErrUnavailable)
+	}
+	if c.token == "" && errors.Is(err, syscall.EACCES) {
+		return fmt.Errorf("forkd daemon at %s: permission denied: use sudo, or join the socket's group (sudo usermod -aG forkd $USER, then log in again; membership is root-equivalent on this host): %w",
+			c.socket, errdefs.ErrPermissionDenied)
+	}
+	return fmt.Errorf("forkd daemon at %s: %w", c.socket, err)
 }
 
 func decodeProblem(resp *http.Response) error {
