@@ -107,6 +107,7 @@ var argCompletions = map[string]argCompletion{
 	"kill":             {sandboxIDs, true},
 	"rm":               {sandboxIDs, true},
 	"exec":             {sandboxIDs, false},
+	"shell":            {sandboxIDs, false},
 	"run-code":         {sandboxIDs, false},
 	"branch":           {sandboxIDs, false},
 	"port":             {sandboxIDs, false},

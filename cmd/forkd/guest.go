@@ -20,7 +20,7 @@ func execCmd(g *globals) *cobra.Command {
 	var env []string
 	var cwd string
 	var timeout time.Duration
-	var shell bool
+	var shell, interactive, tty bool
 	cmd := &cobra.Command{
 		Use:   "exec ID [flags] -- CMD [ARG...]",
 		Short: "Run a command in a sandbox, streaming its output; exits with the command's code",
@@ -30,7 +30,18 @@ func execCmd(g *globals) *cobra.Command {
 			"With --json, stdout carries the API's NDJSON events instead, one per line as they\n" +
 			"arrive: {\"type\":\"start\",\"pid\":N} (the guest pid), {\"type\":\"stdout\"|\"stderr\",\n" +
 			"\"data\":BASE64} chunks, then one {\"type\":\"exit\",\"exit_code\":N,...}; forkd still\n" +
-			"exits with the command's code.",
+			"exits with the command's code.\n\n" +
+			"Interactive, like docker: -i keeps stdin open and streams it; -t runs the command on a\n" +
+			"terminal in the guest sized like yours (following resizes). With -it your terminal is in\n" +
+			"raw mode until the command exits: keys, Ctrl-C included, go to the guest (Ctrl-C interrupts\n" +
+			"the guest's foreground process). -t with -i needs a terminal on stdin (an error otherwise);\n" +
+			"-t alone runs on a guest terminal with no input. A command killed by signal N exits\n" +
+			"128+N. See also `forkd shell`.",
+		Example: "  forkd exec sb-1 -- uname -a\n" +
+			"  forkd exec --shell sb-1 -- 'ls /tmp | wc -l'\n" +
+			"  echo hi | forkd exec sb-1 -- cat\n" +
+			"  forkd exec -it sb-1 -- python3\n" +
+			"  forkd exec -it -e TERM=vt100 -w /srv sb-1 -- top",
 		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := apiv1.ExecRequest{Cwd: cwd, TimeoutMillis: timeout.Milliseconds(), Env: map[string]string{}}
@@ -46,11 +57,17 @@ func execCmd(g *globals) *cobra.Command {
 				}
 				req.Env[k] = v
 			}
-			req.Stdin = !isTerminal(os.Stdin)
 			c, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
+			if interactive || tty {
+				if g.jsonOut {
+					return fmt.Errorf("-i and -t do not go with --json: %w", errdefs.ErrInvalidArgument)
+				}
+				return runInteractive(cmd.Context(), c, args[0], req, interactive, tty)
+			}
+			req.Stdin = !isTerminal(os.Stdin)
 			var ev apiv1.ExecEvent
 			if g.jsonOut {
 				// Output and exit as one stream of events: a script
@@ -82,6 +99,8 @@ func execCmd(g *globals) *cobra.Command {
 	f.StringVarP(&cwd, "cwd", "w", "", "working directory in the guest")
 	f.DurationVar(&timeout, "timeout", 0, "kill the command's process group after this long (e.g. 30s)")
 	f.BoolVar(&shell, "shell", false, "run the command line with /bin/sh -c")
+	f.BoolVarP(&interactive, "interactive", "i", false, "keep stdin open and stream it to the command")
+	f.BoolVarP(&tty, "tty", "t", false, "run the command on a terminal in the guest (raw local terminal with -i)")
 	return cmd
 }
 

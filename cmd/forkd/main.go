@@ -127,7 +127,7 @@ func newRootCmd(g *globals) *cobra.Command {
 		snapshotCmd(g), snapshotsCmd(g), rmiCmd(g),
 		packCmd(g), unpackCmd(g),
 		dockerRunCmd(g), forkCmd(g), branchCmd(g), lsCmd(g), psCmd(g), killCmd(g), rmCmd(g), sandboxCmd(g),
-		execCmd(g), runCodeCmd(g), cpCmd(g), systemCmd(g),
+		execCmd(g), shellCmd(g), runCodeCmd(g), cpCmd(g), systemCmd(g),
 		doctorCmd(g), benchCmd(g), auditCmd(g), tokenCmd(g), tenantCmd(g), operationCmd(g),
 	)
 	root.AddCommand(mcpCmd(g))

@@ -16,14 +16,11 @@ import (
 	"github.com/forkd-dev/forkd/internal/errdefs"
 )
 
-// examplesExempt are the commands whose examples another change adds.
-var examplesExempt = map[string]bool{"exec": true, "shell": true}
-
 // TestEveryCommandHasExamples walks the command tree: every runnable
 // command has an Examples section.
 func TestEveryCommandHasExamples(t *testing.T) {
 	walkCommands(newRootCmd(&globals{}), func(c *cobra.Command) {
-		if c.HasParent() && c.Runnable() && !c.Hidden && !c.HasSubCommands() && !examplesExempt[commandKey(c)] && c.Example == "" {
+		if c.HasParent() && c.Runnable() && !c.Hidden && !c.HasSubCommands() && c.Example == "" {
 			t.Errorf("%q has no Example: add one to examples.go (or the command's Example field)", c.CommandPath())
 		}
 	})
