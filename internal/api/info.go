@@ -16,8 +16,9 @@ const APIVersion = "v1"
 // features lists what every daemon of this build offers; info adds those
 // that depend on its configuration.
 var features = []string{
-	"branch.diff", "branch.full", "events", "exec", "files", "fork", "lifetimes",
-	"idempotency", "mcp", "metrics", "network.egress", "operations", "operations.cancel", "pack", "ports", "processes", "run_code",
+	"branch.diff", "branch.full", "events", "exec", "exec.websocket", "files", "fork", "lifetimes",
+	"idempotency", "images.remove", "mcp", "metrics", "network.egress", "operations", "operations.cancel", "pack", "ports", "processes", "pty", "run_code",
+	"system.df", "system.prune",
 }
 
 // info serves GET /v1/info.
