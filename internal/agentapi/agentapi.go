@@ -158,7 +158,21 @@ type Info struct {
 	Python bool `json:"python"`
 	// IdentityApplyMicros is how long applying the last identity took.
 	IdentityApplyMicros int64 `json:"identity_apply_us"`
+	// Features names what this agent does beyond protocol Version's base
+	// (AgentFeatures): a host asks before it relies on one, since a
+	// sandbox forked from an old snapshot runs the agent of its day, which
+	// would ignore a field it does not know.
+	Features []string `json:"features,omitempty"`
 }
+
+// Agent features (Info.Features).
+const (
+	// FeaturePTY: ExecRequest.PTY and ProcessResizePath.
+	FeaturePTY = "pty"
+)
+
+// AgentFeatures is what an agent of this build offers.
+var AgentFeatures = []string{FeaturePTY}
 
 // ExecRequest starts a process. Exactly one of Argv or Shell is set; Shell is
 // run as /bin/sh -c SHELL.

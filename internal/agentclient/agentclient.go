@@ -19,7 +19,9 @@ import (
 	"io/fs"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
@@ -40,6 +42,33 @@ type Client struct {
 	// was killed, or its VM exited), or nil while it can: a call that
 	// loses the connection then fails with that reason.
 	Gone func() error
+
+	// featMu guards features, the agent's Info.Features once known.
+	featMu   sync.Mutex
+	features []string
+}
+
+// require fails with failed_precondition when the agent does not offer
+// feature: it predates it (its sandbox was forked from a snapshot made by
+// an older forkd). The agent is asked once per client.
+func (c *Client) require(ctx context.Context, feature, what string) error {
+	c.featMu.Lock()
+	known := c.features
+	c.featMu.Unlock()
+	if known == nil {
+		info, err := c.Info(ctx)
+		if err != nil {
+			return err
+		}
+		known = append([]string{}, info.Features...)
+		c.featMu.Lock()
+		c.features = known
+		c.featMu.Unlock()
+	}
+	if !slices.Contains(known, feature) {
+		return fmt.Errorf("%s: this sandbox's agent predates it (its snapshot was made by an older forkd): create the snapshot again: %w", what, errdefs.ErrFailedPrecondition)
+	}
+	return nil
 }
 
 // New returns a client of the agent at the other end of s.
@@ -210,6 +239,11 @@ func (c *Client) Exec(ctx context.Context, req agentapi.ExecRequest, stdin io.Re
 // can still answer it with a plain error instead of an event stream.
 // req.StdinOpen keeps stdin open after stdin's EOF, for WriteStdin.
 func (c *Client) ExecStarted(ctx context.Context, req agentapi.ExecRequest, stdin io.Reader, started func(pid int), stdout, stderr io.Writer) (agentapi.ExecEvent, error) {
+	if req.PTY != nil {
+		if err := c.require(ctx, agentapi.FeaturePTY, "a terminal (pty)"); err != nil {
+			return agentapi.ExecEvent{}, err
+		}
+	}
 	req.Stdin = stdin != nil
 	h, err := json.Marshal(req)
 	if err != nil {
@@ -307,6 +341,9 @@ func (c *Client) Signal(ctx context.Context, pid int, sig string) error {
 // exec; errdefs.ErrFailedPrecondition: it has no terminal;
 // errdefs.ErrInvalidArgument: a size outside 1..agentapi.MaxPTYSize.
 func (c *Client) Resize(ctx context.Context, pid int, size agentapi.ResizeRequest) error {
+	if err := c.require(ctx, agentapi.FeaturePTY, "resizing a terminal"); err != nil {
+		return err
+	}
 	op := "resize the terminal of process " + strconv.Itoa(pid)
 	return c.call(ctx, op, http.MethodPost, agentapi.ProcessResizePath(pid), nil, 0, size, nil)
 }

@@ -161,3 +161,38 @@ func TestWriteFileMode(t *testing.T) {
 		t.Fatalf("request: %s", g)
 	}
 }
+
+// A terminal asked of an agent that does not list the pty feature (one
+// forked from a snapshot an older forkd made, which would ignore the
+// field) is refused before any exec; the agent's features are asked once.
+func TestPTYNeedsTheAgentFeature(t *testing.T) {
+	for _, feats := range [][]string{nil, {agentapi.FeaturePTY}} {
+		var infos, execs int
+		c := server(t, func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case agentapi.PathInfo:
+				infos++
+				json.NewEncoder(w).Encode(agentapi.Info{ProtocolVersion: agentapi.Version, Features: feats})
+			case agentapi.PathExec:
+				execs++
+				w.Header().Set("Content-Type", "application/x-ndjson")
+				json.NewEncoder(w).Encode(agentapi.ExecEvent{Type: agentapi.EventExit})
+			default:
+				w.WriteHeader(http.StatusNoContent)
+			}
+		})
+		for range 2 {
+			_, err := c.Exec(context.Background(), agentapi.ExecRequest{Argv: []string{"sh"}, PTY: &agentapi.PTY{Rows: 24, Cols: 80}}, nil, io.Discard, io.Discard)
+			rerr := c.Resize(context.Background(), 7, agentapi.ResizeRequest{Rows: 24, Cols: 80})
+			if feats == nil && (!errdefs.IsFailedPrecondition(err) || !errdefs.IsFailedPrecondition(rerr)) {
+				t.Fatalf("an agent without pty: exec %v, resize %v; want failed_precondition", err, rerr)
+			}
+			if feats != nil && (err != nil || rerr != nil) {
+				t.Fatalf("an agent with pty: exec %v, resize %v", err, rerr)
+			}
+		}
+		if infos != 1 || (feats == nil) != (execs == 0) {
+			t.Errorf("features %v: %d info calls (want 1), %d execs", feats, infos, execs)
+		}
+	}
+}

@@ -158,6 +158,7 @@ func (a *Agent) info() agentapi.Info {
 		Kernel:              identity.KernelRelease(),
 		UptimeMillis:        identity.Uptime().Milliseconds(),
 		Python:              a.py.Running(),
+		Features:            agentapi.AgentFeatures,
 		IdentityApplyMicros: a.applyMicros,
 	}
 }
