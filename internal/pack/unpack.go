@@ -131,6 +131,8 @@ type unpacker struct {
 	imgRoot  string
 
 	m     *Manifest
+	raw   []byte        // the manifest's bytes, as signed
+	sig   []byte        // the signature's, nil if unsigned
 	snaps []*unpackSnap // root first, the head last
 	tag   string        // the head's tag here
 
@@ -310,7 +312,7 @@ func (u *unpacker) readManifest(st *stream) error {
 	if err != nil {
 		return err
 	}
-	u.m = m
+	u.m, u.raw, u.sig = m, data, sig
 	return nil
 }
 
