@@ -40,6 +40,8 @@ var examples = map[string][]string{
 	"rmi":              {"forkd rmi py", "forkd rmi base --cascade"},
 	"pack":             {"forkd pack py -o py.forkd", "forkd pack py -o py.forkd --sign release.key"},
 	"pack keygen":      {"forkd pack keygen -o release"},
+	"push":             {"forkd push py localhost:5000/forkd/py:v1", "forkd push py registry.example.com/team/py:v1 --sign release.key"},
+	"pull":             {"forkd pull localhost:5000/forkd/py:v1", "forkd pull registry.example.com/team/py:v1 --tag py2"},
 	"unpack":           {"forkd unpack py.forkd", "forkd unpack py.forkd --tag py2"},
 
 	"run": {

@@ -125,7 +125,7 @@ func newRootCmd(g *globals) *cobra.Command {
 		serveCmd(g), daemonCmd(g),
 		imageCmd(g), imagesCmd(g),
 		snapshotCmd(g), snapshotsCmd(g), rmiCmd(g),
-		packCmd(g), unpackCmd(g),
+		packCmd(g), unpackCmd(g), pushCmd(g), pullCmd(g),
 		dockerRunCmd(g), forkCmd(g), branchCmd(g), lsCmd(g), psCmd(g), killCmd(g), rmCmd(g), sandboxCmd(g),
 		execCmd(g), shellCmd(g), runCodeCmd(g), cpCmd(g), systemCmd(g),
 		doctorCmd(g), benchCmd(g), auditCmd(g), tokenCmd(g), tenantCmd(g), operationCmd(g),

@@ -85,6 +85,7 @@ var routePolicies = map[string]policy{
 	"GET /v1/snapshots":                          {reader, noScope},
 	"POST /v1/snapshots":                         {writer, noScope},
 	"POST /v1/snapshots/import":                  {writer, noScope}, // ?force: admin (importArchive)
+	"POST /v1/snapshots/pull":                    {writer, noScope}, // force: admin (pullSnapshot)
 	"GET /v1/snapshots/{tag}":                    {reader, snapshotSeen},
 	"DELETE /v1/snapshots/{tag}":                 {writer, snapshotOwned},
 	"GET /v1/snapshots/{tag}/archive":            {reader, snapshotOwned},

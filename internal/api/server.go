@@ -128,6 +128,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/snapshots/{tag}/archive", s.exportArchive)
 	mux.HandleFunc("POST /v1/snapshots/{tag}/compact", s.compactSnapshot)
 	mux.HandleFunc("POST /v1/snapshots/import", s.importArchive)
+	mux.HandleFunc("POST /v1/snapshots/pull", s.pullSnapshot)
 	mux.HandleFunc("PUT /v1/snapshots/{tag}/shares/{tenant}", s.shareSnapshot)
 	mux.HandleFunc("DELETE /v1/snapshots/{tag}/shares/{tenant}", s.unshareSnapshot)
 	mux.HandleFunc("GET /v1/tenants", s.listTenants)

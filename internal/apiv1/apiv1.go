@@ -334,6 +334,28 @@ type CompactRequest struct {
 	To string `json:"to"`
 }
 
+// PullSnapshotRequest is POST /v1/snapshots/pull: fetch a snapshot
+// artifact (`forkd push`) from an OCI registry into this daemon's data
+// directory, verified under its import policy.
+type PullSnapshotRequest struct {
+	// Ref is host[:port]/repository:tag (or @sha256:...).
+	Ref string `json:"ref"`
+	// Tag, if set, is the local tag instead of the snapshot's own.
+	Tag string `json:"tag,omitempty"`
+	// Force replaces existing tags (admin only), as an import does.
+	Force bool `json:"force,omitempty"`
+	// VerifyKey refuses an artifact not signed by this ed25519 public key
+	// (base64 of its 32 bytes), on top of the daemon's trusted keys.
+	VerifyKey string `json:"verify_key,omitempty"`
+	// PlainHTTP allows plain HTTP to a registry not on loopback.
+	PlainHTTP bool `json:"plain_http,omitempty"`
+	// Username and Password authenticate to the registry (the CLI sends
+	// its docker config's credentials); without them the daemon uses its
+	// own docker config.
+	Username string `json:"username,omitempty"`
+	Password string `json:"password,omitempty"`
+}
+
 // RemovedSnapshots answers DELETE /v1/snapshots/{tag}: the tags removed,
 // the layers of a cascade first (deepest first), the tag asked for last.
 type RemovedSnapshots struct {

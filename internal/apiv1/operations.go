@@ -20,6 +20,7 @@ const (
 	OpSnapshotCreate  = "snapshot.create"
 	OpSnapshotCompact = "snapshot.compact"
 	OpSandboxBranch   = "sandbox.branch"
+	OpSnapshotPull    = "snapshot.pull"
 )
 
 // Operation is daemon-owned work that outlives the request that started

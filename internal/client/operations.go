@@ -83,6 +83,20 @@ func (c *Client) StartCompact(ctx context.Context, from, to string) (apiv1.Opera
 	return op, err
 }
 
+// PullSnapshot has the daemon fetch a snapshot artifact from a registry
+// and follows the operation until it ends.
+func (c *Client) PullSnapshot(ctx context.Context, req apiv1.PullSnapshotRequest, onMsg func(string)) (apiv1.Snapshot, error) {
+	op, err := c.startOperation(ctx, "/v1/snapshots/pull", req, "")
+	if errors.Is(err, errLegacyStream) {
+		err = fmt.Errorf("this daemon cannot pull snapshots; upgrade it: %w", errdefs.ErrNotImplemented)
+	}
+	if err != nil {
+		return apiv1.Snapshot{}, err
+	}
+	var snap apiv1.Snapshot
+	return snap, c.awaitOperation(ctx, op.ID, onMsg, &snap)
+}
+
 // Operation polls one operation.
 func (c *Client) Operation(ctx context.Context, id string) (apiv1.Operation, error) {
 	var op apiv1.Operation

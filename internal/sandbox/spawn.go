@@ -154,6 +154,13 @@ func (e *Engine) canRestore(snap *snapshot.Snapshot) error {
 	return nil
 }
 
+// CanRestoreManifest checks that this engine's driver can restore a
+// snapshot described by m, one from another host (a pull): the same VMM
+// and a version it can read.
+func (e *Engine) CanRestoreManifest(m *snapshot.Manifest) error {
+	return e.canRestore(&snapshot.Snapshot{Manifest: *m})
+}
+
 // Fork creates n children of the snapshot tagged tag and returns once every
 // child's agent answers. If any child fails, every child of the request is
 // torn down and the first error is returned; the same happens when ctx ends
