@@ -43,8 +43,7 @@ func benchCmd(g *globals) *cobra.Command {
 	f.IntVar(&o.cold, "cold", 3, "cold boots (median reported)")
 	f.IntVar(&o.memChildren, "mem-children", 10, "children running while memory is measured")
 	f.IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, "pre-started VMMs per snapshot")
-	f.StringVar(&g.vmmName, "vmm", envOr("FORKD_VMM", "qemu"), "VMM driver")
-	f.StringVar(&g.accel, "accel", os.Getenv("FORKD_ACCEL"), "accelerator (kvm, tcg, auto)")
+	addDriverFlags(f, g, "")
 	addVMMFlags(f, g) // --memory-dir: where clones' memory images live, as a daemon has it
 	addNetworkFlags(f, &g.network)
 	cmd.AddCommand(spawn)

@@ -73,8 +73,7 @@ func benchAPICmd(g *globals) *cobra.Command {
 	f.DurationVar(&o.requestTimeout, "request-timeout", 2*time.Minute, "a load request taking longer fails")
 	f.IntVar(&o.maxErrorsToShow, "show-errors", 5, "first errors printed")
 	f.IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, "pre-started VMMs per snapshot")
-	f.StringVar(&g.vmmName, "vmm", envOr("FORKD_VMM", "qemu"), "VMM driver")
-	f.StringVar(&g.accel, "accel", os.Getenv("FORKD_ACCEL"), "accelerator (kvm, tcg, auto)")
+	addDriverFlags(f, g, "")
 	return cmd
 }
 

@@ -68,8 +68,7 @@ func benchBranchCmds(g *globals) []*cobra.Command {
 	chain.Flags().StringVar(&oc.memories, "memory", "512", "guest memory in MiB")
 	for _, c := range []*cobra.Command{branch, chain} {
 		c.Flags().IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, "pre-started VMMs per snapshot")
-		c.Flags().StringVar(&g.vmmName, "vmm", envOr("FORKD_VMM", "qemu"), "VMM driver")
-		c.Flags().StringVar(&g.accel, "accel", os.Getenv("FORKD_ACCEL"), "accelerator (kvm, tcg, auto)")
+		addDriverFlags(c.Flags(), g, "")
 		addVMMFlags(c.Flags(), g)
 	}
 	return []*cobra.Command{branch, chain}

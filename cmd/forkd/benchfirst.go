@@ -57,8 +57,7 @@ func benchFirstCmd(g *globals) *cobra.Command {
 	f.IntVar(&o.concurrent, "concurrent", 10, "children forked at once (N)")
 	f.DurationVar(&o.poolWait, "pool-wait", 3*time.Minute, "longest wait for the pool to fill before each fork")
 	f.IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, "pooled VMMs per snapshot in the started and restored modes")
-	f.StringVar(&g.vmmName, "vmm", envOr("FORKD_VMM", "qemu"), "VMM driver")
-	f.StringVar(&g.accel, "accel", "", "accelerator (kvm, tcg, auto)")
+	addDriverFlags(f, g, "")
 	addVMMFlags(f, g)
 	addNetworkFlags(f, &g.network)
 	return cmd

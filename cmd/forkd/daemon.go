@@ -106,7 +106,7 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 	if err != nil {
 		return nil, ctor, err
 	}
-	drv, err := ctor.New(vmm.Options{Accel: vmm.Accel(g.accel), Logger: d.log, NoJail: g.noJail})
+	drv, err := ctor.New(vmm.Options{Accel: vmm.Accel(g.accel), Logger: d.log, NoJail: g.noJail, Config: g.driverConfig})
 	if err != nil {
 		return nil, ctor, err
 	}
@@ -159,9 +159,11 @@ func serveCmd(g *globals) *cobra.Command {
 			if configPath == "" {
 				configPath = defaultConfigPath
 			}
-			if err := applyConfig(cmd, configPath, explicit); err != nil {
+			drivers, err := applyConfig(cmd, configPath, explicit)
+			if err != nil {
 				return err
 			}
+			g.driverConfig = drivers[g.vmmName]
 			if maxConnsEnvErr != nil {
 				return fmt.Errorf("FORKD_MAX_CONNECTIONS=%q: %v: %w", os.Getenv("FORKD_MAX_CONNECTIONS"), maxConnsEnvErr, errdefs.ErrInvalidArgument)
 			}
@@ -225,7 +227,7 @@ func serveCmd(g *globals) *cobra.Command {
 			}
 			srv.Engine = e
 			srv.Checks = func(ctx context.Context) []vmm.Check {
-				return ctor.Checks(ctx, vmm.Options{Accel: vmm.Accel(g.accel), NoJail: g.noJail})
+				return ctor.Checks(ctx, vmm.Options{Accel: vmm.Accel(g.accel), NoJail: g.noJail, Config: g.driverConfig})
 			}
 			m.SetStateFunc(e.MetricsState)
 			m.SetFilesystems(daemonFilesystems(g.dataDir, g.runDir, e.Config().MemoryDir)...)
@@ -301,8 +303,7 @@ func serveCmd(g *globals) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&g.vmmName, "vmm", envOr("FORKD_VMM", "qemu"), "VMM driver ("+strings.Join(vmm.List(), ", ")+")")
-	f.StringVar(&g.accel, "accel", os.Getenv("FORKD_ACCEL"), "accelerator: kvm, tcg, or empty for auto (env FORKD_ACCEL)")
+	addDriverFlags(f, g, "")
 	f.IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, "pre-started VMM processes kept per snapshot")
 	f.DurationVar(&g.poolIdle, "pool-idle", sandbox.DefaultPoolIdle,
 		"stop the pooled VMMs of a snapshot no fork has used for this long (its next fork refills the pool); 0: keep them")
@@ -369,13 +370,9 @@ func addVMMFlags(f *pflag.FlagSet, g *globals) {
 		"tmpfs or hugetlbfs directory for the memory images clones map (env FORKD_MEMORY_DIR; default with --live-branch: /dev/shm/forkd-<hash of the data dir>). On hugetlbfs a live branch pauses about 1 ms at 256 MiB and 1 GiB alike (on tmpfs it grows with memory), and each sandbox reserves its guest memory in huge pages: size /proc/sys/vm/nr_hugepages for the images plus the running and pooled VMMs")
 }
 
-// uffdNeeder is a driver that knows whether its VMMs need the host-wide
-// vm.unprivileged_userfaultfd for live branches (qemu.Driver).
-type uffdNeeder interface{ NeedsUnprivilegedUserfaultfd() bool }
-
 // liveBranchSetup returns the memory dir the engine uses ("" for the data
-// dir) and, for --live-branch, lets QEMU (an unprivileged user) create the
-// userfaultfd that background-snapshot needs.
+// dir) and, for --live-branch, has the driver set up the host for live
+// snapshots (vmm.LiveBranchHost: QEMU's userfaultfd).
 func (g *globals) liveBranchSetup(log *slog.Logger, drv vmm.Driver) (string, error) {
 	if log == nil {
 		log = slog.Default()
@@ -403,15 +400,9 @@ func (g *globals) liveBranchSetup(log *slog.Logger, drv vmm.Driver) (string, err
 		log.Info("memory dir on hugetlbfs: each image and each sandbox (running or pooled) takes its guest memory in huge pages from the host's pool",
 			"dir", dir, "page_bytes", sfs.Bsize, "pool", "HugePages_Free in /proc/meminfo")
 	}
-	if u, ok := drv.(uffdNeeder); ok && g.liveBranch && !u.NeedsUnprivilegedUserfaultfd() {
-		log.Info("live branches: each VMM gets a userfaultfd device of its own uid in its jail; vm.unprivileged_userfaultfd is left as it is")
-	} else if g.liveBranch {
-		const knob = "/proc/sys/vm/unprivileged_userfaultfd"
-		if v, err := os.ReadFile(knob); err == nil && strings.TrimSpace(string(v)) != "1" {
-			if err := os.WriteFile(knob, []byte("1\n"), 0o644); err != nil {
-				return "", fmt.Errorf("--live-branch: QEMU runs unprivileged and needs %s = 1 to create a userfaultfd: %v", knob, err)
-			}
-			log.Warn("set vm.unprivileged_userfaultfd=1 for live branches: unprivileged processes on this host may now create userfaultfds", "knob", knob)
+	if h, ok := drv.(vmm.LiveBranchHost); ok && g.liveBranch {
+		if err := h.SetupLiveBranches(log); err != nil {
+			return "", err
 		}
 	}
 	return dir, nil

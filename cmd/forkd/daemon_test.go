@@ -29,7 +29,7 @@ func TestServeMaxConnections(t *testing.T) {
 		if err := serve.Flags().Parse(args); err != nil {
 			t.Fatal(err)
 		}
-		if err := applyConfig(serve, config, true); err != nil {
+		if _, err := applyConfig(serve, config, true); err != nil {
 			t.Fatal(err)
 		}
 		return serve.Flags().Lookup("max-connections").Value.String()

@@ -314,8 +314,7 @@ func doctorCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&g.vmmName, "vmm", envOr("FORKD_VMM", "qemu"), "VMM driver to check")
-	cmd.Flags().StringVar(&g.accel, "accel", os.Getenv("FORKD_ACCEL"), "accelerator to check (kvm, tcg, auto)")
+	addDriverFlags(cmd.Flags(), g, "to check")
 	return cmd
 }
 

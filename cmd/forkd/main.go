@@ -67,6 +67,9 @@ type globals struct {
 	diskReadMiBps, diskReadIOPS int64
 	// envErrs are environment values of flags that did not parse.
 	envErrs []error
+	// driverConfig is the config file's section for the chosen driver
+	// ([driver.NAME], vmm.Options.Config; serve only).
+	driverConfig map[string]any
 	// noJail runs VMMs without their jail (--no-vmm-jail).
 	noJail  bool
 	network networkFlags

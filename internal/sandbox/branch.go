@@ -91,18 +91,12 @@ func (e *Engine) checkBranch(id string, opts *BranchOptions) error {
 	}
 	// A live branch the host cannot take is refused now, not reported
 	// later as a failed background branch.
-	if ls, ok := s.machine.(liveSupporter); ok && opts.Mode == BranchLive {
+	if ls, ok := s.machine.(vmm.LiveBrancher); ok && opts.Mode == BranchLive {
 		if err := ls.LiveBranchSupport(); err != nil {
 			return fmt.Errorf("live branch of sandbox %s: %w", id, err)
 		}
 	}
 	return nil
-}
-
-// liveSupporter is a machine that can tell whether a live branch would
-// work on it (the QEMU driver: memory on tmpfs, userfaultfd allowed).
-type liveSupporter interface {
-	LiveBranchSupport() error
 }
 
 // branch does the work of Branch once the request was checked.

@@ -8,12 +8,6 @@ import (
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
-// cpuLimiter is a machine whose CPU quota can change while it runs (qemu,
-// in its cgroup).
-type cpuLimiter interface {
-	SetCPULimit(millicores int64) error
-}
-
 // checkCPU bounds a fork's CPU: at least MinCPUMillicores, at most one CPU
 // per vCPU of its snapshot (more could not be used; the default adds half
 // a CPU for the VMM's own threads).
@@ -33,7 +27,7 @@ func setCPULimit(m vmm.Machine, millicores int64, vcpus int) error {
 	if err := checkCPU(millicores, vcpus); err != nil {
 		return err
 	}
-	l, ok := m.(cpuLimiter)
+	l, ok := m.(vmm.CPULimiter)
 	if !ok {
 		return fmt.Errorf("this VMM driver cannot limit a sandbox's CPU (cpus): %w", errdefs.ErrNotImplemented)
 	}

@@ -52,7 +52,7 @@ type fakeDriver struct {
 	holdGate    chan struct{}
 
 	// restorable, if set, is CanRestore's answer for a snapshot's
-	// version (restoreChecker); unset, every version restores.
+	// version (vmm.RestoreChecker); unset, every version restores.
 	restorable func(version string) error
 
 	mu       sync.Mutex
@@ -66,7 +66,10 @@ func (d *fakeDriver) CanRestore(version string) error {
 	return d.restorable(version)
 }
 
-var _ vmm.Driver = (*fakeDriver)(nil)
+var (
+	_ vmm.Driver         = (*fakeDriver)(nil)
+	_ vmm.RestoreChecker = (*fakeDriver)(nil)
+)
 
 func (d *fakeDriver) Name() string                            { return "fake" }
 func (d *fakeDriver) Version(context.Context) (string, error) { return "1", nil }
@@ -109,7 +112,10 @@ type fakeMachine struct {
 	cpu         atomic.Int64 // SetCPULimit's last millicores
 }
 
-var _ vmm.Machine = (*fakeMachine)(nil)
+var (
+	_ vmm.Machine    = (*fakeMachine)(nil)
+	_ vmm.CPULimiter = (*fakeMachine)(nil)
+)
 
 func (m *fakeMachine) SetCPULimit(millicores int64) error {
 	m.cpu.Store(millicores)

@@ -327,11 +327,6 @@ func cleanupDeadResources(rec state.SandboxRecord) {
 	}
 }
 
-// groupCleaner is a driver that keeps a cgroup per VMM (qemu).
-type groupCleaner interface {
-	RemoveLeftoverGroups(ctx context.Context, dir string, keep func(id string) bool) ([]string, error)
-}
-
 // reapLeftovers kills VMM processes and removes run dirs and network
 // namespaces of this engine that no adopted sandbox owns: what a crashed
 // daemon was preparing (pooled VMMs, forks in flight) or never recorded.
@@ -347,7 +342,7 @@ func (e *Engine) reapLeftovers(keep map[string]bool) {
 			syscall.Kill(v.PID, syscall.SIGKILL)
 		}
 	}
-	if c, ok := e.cfg.Driver.(groupCleaner); ok {
+	if c, ok := e.cfg.Driver.(vmm.GroupCleaner); ok {
 		// The leftover VMMs' cgroups (killed above), and those of
 		// machines no daemon will come back for.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -134,19 +134,13 @@ func (e *Engine) prepare(ctx context.Context, snap *snapshot.Snapshot, nice int)
 	return &prepared{id: id, snap: snap, machine: m, netns: ns.Name(), net: sn, conn: conn, teardown: cl.Release(), took: took}, nil
 }
 
-// restoreChecker is a driver that knows which versions of its VMM wrote
-// snapshots it can restore (qemu.Driver).
-type restoreChecker interface {
-	CanRestore(version string) error
-}
-
 // canRestore checks that this engine's driver can restore snap: the same
 // VMM, and a version it can read.
 func (e *Engine) canRestore(snap *snapshot.Snapshot) error {
 	if snap.VMM.Kind != e.cfg.Driver.Name() {
 		return fmt.Errorf("snapshot %q was made by VMM %q, this daemon runs %q: %w", snap.Tag, snap.VMM.Kind, e.cfg.Driver.Name(), errdefs.ErrFailedPrecondition)
 	}
-	if rc, ok := e.cfg.Driver.(restoreChecker); ok {
+	if rc, ok := e.cfg.Driver.(vmm.RestoreChecker); ok {
 		if err := rc.CanRestore(snap.VMM.Version); err != nil {
 			return fmt.Errorf("snapshot %q: %w", snap.Tag, err)
 		}

@@ -218,6 +218,8 @@ type Machine interface {
 	// Restore (the bytes flow once the guest runs). One connection at a time.
 	DialAgent(ctx context.Context) (net.Conn, error)
 	// Restore loads the snapshot of a prepared machine and lets it run.
+	// On failure (a missing or corrupt snapshot) the machine is killed:
+	// nothing is left running that the caller would have to stop.
 	Restore(ctx context.Context) (RestoreTimings, error)
 	Snapshot(ctx context.Context, spec SnapshotSpec) (SnapshotResult, error)
 	// Stop asks the VMM to quit, then kills it after the context ends.
@@ -274,6 +276,10 @@ type Options struct {
 	// Logger receives the driver's messages (nil: slog.Default()); the
 	// daemon passes its own, so that its log level applies.
 	Logger *slog.Logger
+	// Config is the driver's own settings: its section of forkd.toml
+	// ([driver.qemu] for qemu), keys as written there. The driver decodes
+	// it (DecodeConfig) and rejects a key it does not know. Nil: defaults.
+	Config map[string]any
 }
 
 var (
@@ -313,68 +319,4 @@ func Lookup(name string) (Constructor, error) {
 		return Constructor{}, fmt.Errorf("vmm driver %q (known: %v): %w", name, List(), errdefs.ErrNotFound)
 	}
 	return c, nil
-}
-
-// ProcessIdentity identifies a VMM process across daemon restarts. A PID
-// alone can be reused by an unrelated process once the VMM has exited; the
-// PID plus the process start time (field 22 of /proc/PID/stat, in clock
-// ticks since boot) cannot.
-type ProcessIdentity struct {
-	PID       int
-	StartTime uint64
-}
-
-// Identifiable is implemented by machines that can report the identity of
-// their VMM process, for the engine to record so that a later daemon can
-// adopt the process (see Adopter). The identity stays valid after the
-// process has exited (PID then returns 0).
-type Identifiable interface {
-	ProcessIdentity() ProcessIdentity
-}
-
-// AdoptSpec describes a running VMM process, started by an earlier daemon,
-// to take over: the configuration its Machine reported (Machine.Config)
-// and the identity it reported (Identifiable).
-type AdoptSpec struct {
-	MachineConfig
-	Process ProcessIdentity
-}
-
-// Adopter is an optional Driver capability: taking over a VMM process that
-// an earlier daemon started and left running (a restart, or a daemon killed
-// with SIGKILL). Callers type-assert for it; a driver without it cannot
-// adopt, and its VMMs should not outlive the daemon.
-//
-// Adopt returns a running machine that behaves as one the driver started,
-// except that its exit status is unknown (the daemon is not the process's
-// parent). It fails with an errdefs.ErrNotFound-class error when the process
-// is gone or is not the one recorded (its PID was reused). A process that is
-// the recorded VMM but cannot be taken over (its control socket does not
-// answer, or it is not running a guest) is killed, and Adopt fails with an
-// errdefs.ErrUnavailable-class error saying why: nothing is left running
-// that no daemon accounts for.
-type Adopter interface {
-	Adopt(ctx context.Context, spec AdoptSpec) (Machine, error)
-}
-
-// LeftoverVMM is a VMM process found by a Lister: its pid and the run dir
-// it was started with (MachineConfig.RunDir).
-type LeftoverVMM struct {
-	PID    int
-	RunDir string
-}
-
-// Lister is an optional Driver capability: finding the VMM processes this
-// driver starts whose run dirs lie under a directory, whoever started them
-// (an earlier daemon, a bench run that died), so they can be killed.
-// Only processes that are such VMMs are returned, never another process
-// that merely names a path under dir (a `tail -f` of a console log).
-type Lister interface {
-	VMMsUnder(dir string) []LeftoverVMM
-}
-
-// Prioritizer is implemented by machines whose CPU priority can change
-// after start (every thread of the VMM process).
-type Prioritizer interface {
-	SetNice(nice int) error
 }

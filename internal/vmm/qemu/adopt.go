@@ -34,8 +34,6 @@ import (
 // adoptTimeout bounds Adopt when the caller's context has no deadline.
 const adoptTimeout = 10 * time.Second
 
-var _ vmm.Adopter = (*Driver)(nil)
-
 // Adopt takes over a QEMU process that an earlier daemon started with this
 // driver and left running (see vmm.Adopter). It checks that spec.Process is
 // still alive and is the recorded process (PID and start time, and a command

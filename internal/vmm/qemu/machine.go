@@ -88,10 +88,7 @@ type Machine struct {
 	events    chan struct{} // closed when watchEvents has seen the last event
 }
 
-var (
-	_ vmm.Machine      = (*Machine)(nil)
-	_ vmm.Identifiable = (*Machine)(nil)
-)
+var _ vmm.Machine = (*Machine)(nil)
 
 // process is the QEMU process behind a Machine.
 type process interface {

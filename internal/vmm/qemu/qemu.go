@@ -186,23 +186,6 @@ var _ vmm.Driver = (*Driver)(nil)
 // either way, median of 5).
 const DefaultRunAs = "nobody"
 
-func init() {
-	vmm.Register(Name, vmm.Constructor{
-		New: func(o vmm.Options) (vmm.Driver, error) {
-			cfg := Config{Binary: o.Binary, Accel: o.Accel, Logger: o.Logger, Jail: !o.NoJail}
-			if os.Geteuid() == 0 {
-				cfg.UIDs = DefaultUIDRange
-			}
-			if cfg.Jail {
-				// The jail includes a cgroup per VMM.
-				cfg.Cgroups = &cgroup.Config{Logger: o.Logger}
-			}
-			return New(cfg)
-		},
-		Checks: Checks,
-	})
-}
-
 // New returns a driver. It fails if the QEMU binary or the RunAs user
 // cannot be found.
 func New(cfg Config) (*Driver, error) {
@@ -306,16 +289,6 @@ func (d *Driver) Version(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("qemu: %w", d.versionErr)
 	}
 	return d.version, nil
-}
-
-// NeedsUnprivilegedUserfaultfd reports whether live branches need the
-// host-wide vm.unprivileged_userfaultfd=1: when QEMU runs unprivileged and
-// gets no /dev/userfaultfd node of its own in its jail (QEMU older than
-// 8.1, no jail, or a RunAs user instead of a uid of its own).
-func (d *Driver) NeedsUnprivilegedUserfaultfd() bool {
-	unprivileged := d.uids != nil || d.cfg.RunAs != ""
-	ownDevice := d.cfg.Jail && d.feat.uffdDevice && d.uids != nil
-	return unprivileged && !ownDevice
 }
 
 // Accel resolves the accelerator a machine with the given setting gets.
