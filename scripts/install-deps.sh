@@ -5,7 +5,9 @@
 #   --test   also what the tests need: a static busybox (the VMM driver's
 #            tests boot it as a bare guest), Debian's python3-pytest, Node.js
 #            and npm (the TypeScript SDK needs Node >= 20: a Node already on
-#            PATH is kept).
+#            PATH is kept), and Debian's docker-registry (distribution 2.8:
+#            the registry tests start their own on a unix socket; the
+#            package's own service is disabled when this script installs it).
 set -euo pipefail
 for_tests=false
 [ "${1:-}" = --test ] && for_tests=true
@@ -29,6 +31,7 @@ if $for_tests; then
   /usr/bin/python3 -c 'import pytest' 2>/dev/null || need+=(python3-pytest)
   have node || need+=(nodejs)
   have npm || need+=(npm)
+  have docker-registry || need+=(docker-registry)
 fi
 have apt-get || { echo "forkd needs a Debian-based host with apt-get" >&2; exit 1; }
 
@@ -46,6 +49,11 @@ if [ "${#need[@]}" -gt 0 ]; then
   mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
   echo "forkd: installing ${need[*]}" >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  # The package starts a registry on :5000, every interface, unauthenticated:
+  # the tests need only the binary.
+  if printf '%s\n' "${need[@]}" | grep -qx docker-registry && have systemctl; then
+    systemctl disable --now docker-registry.service >/dev/null 2>&1 || true
+  fi
 fi
 # QEMU 8.2+ lets forkd confine VMMs further: a clone's QEMU opens the
 # template's memory read-only, and takes its userfaultfd (live branches)
