@@ -64,7 +64,7 @@ func Pull(ctx context.Context, dataDir, ref string, opts PullOptions) (*snapshot
 	}
 	desc, rc, err := repo.FetchReference(ctx, repo.Reference.Reference)
 	if err != nil {
-		return nil, stats, wrapRegistry(ctx, "fetch "+ref, err)
+		return nil, stats, wrapRegistry(ctx, repo.Reference.Registry, "fetch "+ref, err)
 	}
 	raw, err := readBounded(rc, desc, maxManifestBytes, "manifest of "+ref)
 	rc.Close()
@@ -82,7 +82,7 @@ func Pull(ctx context.Context, dataDir, ref string, opts PullOptions) (*snapshot
 	}
 	crc, err := repo.Fetch(ctx, man.Config)
 	if err != nil {
-		return nil, stats, wrapRegistry(ctx, "fetch the config of "+ref, err)
+		return nil, stats, wrapRegistry(ctx, repo.Reference.Registry, "fetch the config of "+ref, err)
 	}
 	cfgRaw, err := readBounded(crc, man.Config, maxConfigBytes, "config of "+ref)
 	crc.Close()
@@ -134,14 +134,15 @@ func Pull(ctx context.Context, dataDir, ref string, opts PullOptions) (*snapshot
 		}
 		stats.Fetched = append(stats.Fetched, p.ID())
 		stats.FetchedBytes += l.Size
-		fr := &fetchReader{ctx: ctx, desc: l, part: p.ID(), open: func() (io.ReadCloser, error) {
+		fr := &fetchReader{desc: l, part: p.ID(), ref: ref}
+		fr.open = func() (io.ReadCloser, error) {
 			progress(fmt.Sprintf("%s: fetching %d bytes", p.ID(), l.Size))
 			rc, err := repo.Fetch(ctx, l)
 			if err != nil {
-				return nil, wrapRegistry(ctx, "fetch "+p.ID(), err)
+				return nil, wrapRegistry(ctx, repo.Reference.Registry, fr.what(), err)
 			}
 			return rc, nil
-		}}
+		}
 		fetches = append(fetches, fr)
 		readers = append(readers, fr)
 	}
@@ -152,9 +153,16 @@ func Pull(ctx context.Context, dataDir, ref string, opts PullOptions) (*snapshot
 	snap, ust, err := pack.Unpack(ctx, dataDir, stream, opts.Unpack)
 	stats.Unpack = ust
 	if err != nil {
-		var fe *fetchError
-		if errors.As(err, &fe) {
-			return nil, stats, fe.err // the registry's fault, not the archive's
+		// A fetch that failed is the cause, whatever Unpack made of the
+		// stream it cut short ("archive is truncated"): the registry's
+		// fault, not the archive's.
+		if ctx.Err() != nil {
+			return nil, stats, fmt.Errorf("pull %s: %w", ref, context.Cause(ctx))
+		}
+		for _, f := range fetches {
+			if f.err != nil {
+				return nil, stats, f.err
+			}
 		}
 		return nil, stats, fmt.Errorf("%s: %w", ref, err)
 	}
@@ -174,44 +182,54 @@ func readBounded(rc io.Reader, desc ocispec.Descriptor, limit int64, what string
 	return b, nil
 }
 
-// fetchError carries a registry or digest failure through Unpack.
-type fetchError struct{ err error }
-
-func (e *fetchError) Error() string { return e.err.Error() }
-func (e *fetchError) Unwrap() error { return e.err }
-
 // fetchReader fetches a part only when Unpack reaches it, and checks its
 // size and digest as it goes: bytes past the size, or a digest mismatch
-// at the end, are an error before Unpack sees the end of the part.
+// at the end, are an error before Unpack sees the end of the part. Its
+// first error stays in err, for Pull to report as the cause.
 type fetchReader struct {
-	ctx  context.Context
 	desc ocispec.Descriptor
 	part string
+	ref  string
 	open func() (io.ReadCloser, error)
 	rc   io.ReadCloser
 	vr   *content.VerifyReader
+	n    int64 // bytes read so far
+	err  error
+}
+
+// what names the part, its blob and the artifact, for errors.
+func (f *fetchReader) what() string {
+	return fmt.Sprintf("fetch %s (blob %s) of %s", f.part, f.desc.Digest, f.ref)
 }
 
 func (f *fetchReader) Read(p []byte) (int, error) {
+	if f.err != nil {
+		return 0, f.err
+	}
 	if f.vr == nil {
 		rc, err := f.open()
 		if err != nil {
-			return 0, &fetchError{err}
+			f.err = err
+			return 0, err
 		}
 		f.rc, f.vr = rc, content.NewVerifyReader(rc, f.desc)
 	}
 	n, err := f.vr.Read(p)
-	if errors.Is(err, io.EOF) {
+	f.n += int64(n)
+	switch {
+	case errors.Is(err, io.EOF):
 		if verr := f.vr.Verify(); verr != nil {
-			return n, &fetchError{fmt.Errorf("%s: blob %s does not match its digest or size (%v): corrupt or altered in the registry: %w",
-				f.part, f.desc.Digest, verr, errdefs.ErrInvalidArgument)}
+			f.err = fmt.Errorf("%s: the blob does not match its digest or size (%v): corrupt or altered in the registry: %w",
+				f.what(), verr, errdefs.ErrInvalidArgument)
+			return n, f.err
 		}
 		return n, io.EOF
+	case err != nil:
+		// The connection ended early (io.ErrUnexpectedEOF) or failed.
+		f.err = fmt.Errorf("%s: the transfer broke off after %d of %d bytes (%v); try again: %w",
+			f.what(), f.n, f.desc.Size, err, errdefs.ErrUnavailable)
 	}
-	if err != nil {
-		return n, &fetchError{fmt.Errorf("%s: %w", f.part, err)}
-	}
-	return n, nil
+	return n, f.err
 }
 
 func (f *fetchReader) close() {

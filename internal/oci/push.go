@@ -52,7 +52,7 @@ func Push(ctx context.Context, r io.Reader, ref, tmpDir string, a Auth, progress
 		desc, part, err := stagePart(ctx, pr, tmpDir, func(desc ocispec.Descriptor, part pack.Part, f *os.File) error {
 			ok, err := repo.Exists(ctx, desc)
 			if err != nil {
-				return wrapRegistry(ctx, "check blob "+desc.Digest.String(), err)
+				return wrapRegistry(ctx, repo.Reference.Registry, "check blob "+desc.Digest.String()+" of "+ref, err)
 			}
 			if ok {
 				stats.Present = append(stats.Present, part.ID())
@@ -61,7 +61,7 @@ func Push(ctx context.Context, r io.Reader, ref, tmpDir string, a Auth, progress
 			}
 			progress(fmt.Sprintf("%s: uploading %d bytes", part.ID(), desc.Size))
 			if err := repo.Push(ctx, desc, f); err != nil {
-				return wrapRegistry(ctx, "upload "+part.ID(), err)
+				return wrapRegistry(ctx, repo.Reference.Registry, "upload "+part.ID()+" (blob "+desc.Digest.String()+") to "+ref, err)
 			}
 			stats.Uploaded = append(stats.Uploaded, part.ID())
 			stats.UploadedBytes += desc.Size
@@ -83,7 +83,7 @@ func Push(ctx context.Context, r io.Reader, ref, tmpDir string, a Auth, progress
 	cfgDesc := ocispec.Descriptor{MediaType: ConfigMediaType, Digest: digest.FromBytes(cfg), Size: int64(len(cfg))}
 	if ok, err := repo.Exists(ctx, cfgDesc); err != nil || !ok {
 		if err := repo.Push(ctx, cfgDesc, bytes.NewReader(cfg)); err != nil {
-			return stats, wrapRegistry(ctx, "upload config", err)
+			return stats, wrapRegistry(ctx, repo.Reference.Registry, "upload the config of "+ref, err)
 		}
 	}
 	head := pr.Manifest.Snapshots[len(pr.Manifest.Snapshots)-1].Manifest
@@ -95,10 +95,10 @@ func Push(ctx context.Context, r io.Reader, ref, tmpDir string, a Auth, progress
 		},
 	})
 	if err != nil {
-		return stats, wrapRegistry(ctx, "upload manifest", err)
+		return stats, wrapRegistry(ctx, repo.Reference.Registry, "upload the manifest of "+ref, err)
 	}
 	if err := repo.Tag(ctx, desc, repo.Reference.Reference); err != nil {
-		return stats, wrapRegistry(ctx, "tag "+ref, err)
+		return stats, wrapRegistry(ctx, repo.Reference.Registry, "tag "+ref, err)
 	}
 	stats.Digest = desc.Digest.String()
 	return stats, nil

@@ -9,15 +9,18 @@ package oci
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"strings"
 
+	"oras.land/oras-go/v2/errdef"
 	"oras.land/oras-go/v2/registry"
 	"oras.land/oras-go/v2/registry/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
 	"oras.land/oras-go/v2/registry/remote/credentials"
+	"oras.land/oras-go/v2/registry/remote/errcode"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
 )
@@ -56,17 +59,30 @@ type Auth struct {
 	Client *http.Client
 }
 
+// CheckReference checks that ref names an artifact: host[:port]/repository
+// with a tag or a digest.
+func CheckReference(ref string) error {
+	if ref == "" {
+		return fmt.Errorf("no reference: give the artifact as host[:port]/repository:tag: %w", errdefs.ErrInvalidArgument)
+	}
+	r, err := registry.ParseReference(ref)
+	if err != nil {
+		return fmt.Errorf("reference %q: %v (want host[:port]/repository:tag): %w", ref, err, errdefs.ErrInvalidArgument)
+	}
+	if r.Reference == "" {
+		return fmt.Errorf("reference %q names no tag or digest (want host[:port]/repository:tag): %w", ref, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
 // repository opens the repository of ref ("host[:port]/name:tag" or
 // "...@sha256:..."), with credentials from a, else from the docker config
 // (DOCKER_CONFIG or ~/.docker/config.json, credential helpers included).
 func repository(ref string, a Auth) (*remote.Repository, error) {
-	r, err := registry.ParseReference(ref)
-	if err != nil {
-		return nil, fmt.Errorf("reference %q: %v (want host[:port]/repository:tag): %w", ref, err, errdefs.ErrInvalidArgument)
+	if err := CheckReference(ref); err != nil {
+		return nil, err
 	}
-	if r.Reference == "" {
-		return nil, fmt.Errorf("reference %q names no tag or digest: %w", ref, errdefs.ErrInvalidArgument)
-	}
+	r, _ := registry.ParseReference(ref)
 	repo, err := remote.NewRepository(ref)
 	if err != nil {
 		return nil, fmt.Errorf("reference %q: %v: %w", ref, err, errdefs.ErrInvalidArgument)
@@ -103,21 +119,39 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// wrapRegistry classifies an error from the registry.
-func wrapRegistry(ctx context.Context, what string, err error) error {
+// wrapRegistry classifies an error from the registry at host: what says
+// what was being done, naming the reference or blob. Classes come from
+// oras-go's typed errors (an HTTP error response, errdef.ErrNotFound)
+// and net's, not from the message text.
+func wrapRegistry(ctx context.Context, host, what string, err error) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("%s: %w", what, context.Cause(ctx))
 	}
-	msg := err.Error()
+	var resp *errcode.ErrorResponse
+	var opErr *net.OpError
 	switch {
-	case strings.Contains(msg, "401") || strings.Contains(msg, "403"):
-		return fmt.Errorf("%s: %v (log in with `docker login`, or check the credentials): %w", what, err, errdefs.ErrPermissionDenied)
-	case strings.Contains(msg, "not found") || strings.Contains(msg, "404"):
-		return fmt.Errorf("%s: %v: %w", what, err, errdefs.ErrNotFound)
-	case strings.Contains(msg, "http: server gave HTTP response to HTTPS client"):
-		return fmt.Errorf("%s: %v (a plain-HTTP registry: pass --plain-http if you trust the network): %w", what, err, errdefs.ErrUnavailable)
+	case errors.As(err, &resp) && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden):
+		return fmt.Errorf("%s: registry %s refused access (HTTP %d: %v): log in with `docker login %s`, or check the credentials and the repository's permissions: %w",
+			what, host, resp.StatusCode, registryMessage(resp), host, errdefs.ErrPermissionDenied)
+	case errors.Is(err, errdef.ErrNotFound) || errors.As(err, &resp) && resp.StatusCode == http.StatusNotFound:
+		return fmt.Errorf("%s: not found in registry %s (check the repository and tag; `forkd push` creates them): %w", what, host, errdefs.ErrNotFound)
+	case errors.As(err, &resp):
+		return fmt.Errorf("%s: registry %s answered HTTP %d: %v: %w", what, host, resp.StatusCode, registryMessage(resp), errdefs.ErrUnavailable)
+	case strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"): // net/http has no typed error for it
+		return fmt.Errorf("%s: registry %s speaks plain HTTP: pass --plain-http if you trust the network to it: %w", what, host, errdefs.ErrUnavailable)
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		return fmt.Errorf("%s: registry %s unreachable (%v): is it running, and is the address right? %w", what, host, err, errdefs.ErrUnavailable)
 	}
-	return fmt.Errorf("%s: %v: %w", what, err, errdefs.ErrUnavailable)
+	return fmt.Errorf("%s: registry %s: %v: %w", what, host, err, errdefs.ErrUnavailable)
+}
+
+// registryMessage is the registry's own words for an error response
+// (its error codes and messages), or the HTTP status text.
+func registryMessage(resp *errcode.ErrorResponse) string {
+	if len(resp.Errors) > 0 {
+		return resp.Errors.Error()
+	}
+	return http.StatusText(resp.StatusCode)
 }
 
 // DockerCredential looks up ref's registry in the docker config of this

@@ -27,6 +27,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/oci"
 	"github.com/forkd-dev/forkd/internal/pack"
 	"github.com/forkd-dev/forkd/internal/snapshot"
+	"github.com/forkd-dev/forkd/internal/testutil/testregistry"
 )
 
 var blobPath = regexp.MustCompile(`^/v2/.+/blobs/(sha256:[0-9a-f]{64})$`)
@@ -110,11 +111,27 @@ func assertEmpty(t *testing.T, dataDir string) {
 	}
 }
 
+// TestOCIPushPullFetchesOnlyMissingParts runs against the in-process
+// registry and against Debian's docker-registry (distribution 2.8), the
+// registry most self-hosted setups run.
 func TestOCIPushPullFetchesOnlyMissingParts(t *testing.T) {
-	reg := startRegistry(t)
+	t.Run("in-process", func(t *testing.T) {
+		reg := startRegistry(t)
+		pushPullFetchesOnlyMissingParts(t, reg.host, reg.blobGets)
+	})
+	t.Run("distribution", func(t *testing.T) {
+		reg := testregistry.Start(t)
+		pushPullFetchesOnlyMissingParts(t, reg.Host, reg.BlobGets)
+	})
+}
+
+// pushPullFetchesOnlyMissingParts pushes a chain and a sibling layer to
+// the registry at host, pulls both into a clean data dir and checks,
+// through blobGets, that each pull fetched only what that dir lacked.
+func pushPullFetchesOnlyMissingParts(t *testing.T, host string, blobGets func() []string) {
 	src, chain := pack.MakeChainForTest(t, 4<<20) // base ← l1 ← l2
 	sib := pack.AddSnapshotForTest(t, src, "l1", "l1b", 3, true)
-	ref := reg.host + "/forkd/snap"
+	ref := host + "/forkd/snap"
 	first := push(t, src, "l2", ref+":l2", nil)
 	if len(first.Uploaded) != 4 || len(first.Present) != 0 {
 		t.Fatalf("first push uploaded %v, found %v; want the image and three snapshots uploaded", first.Uploaded, first.Present)
@@ -125,7 +142,7 @@ func TestOCIPushPullFetchesOnlyMissingParts(t *testing.T) {
 	}
 
 	dst := t.TempDir()
-	reg.blobGets()
+	blobGets()
 	snap, st, err := oci.Pull(context.Background(), dst, ref+":l2", oci.PullOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +150,7 @@ func TestOCIPushPullFetchesOnlyMissingParts(t *testing.T) {
 	if snap.Tag != "l2" || snap.Digest() != chain[2].Digest() {
 		t.Fatalf("pulled %s digest %s, want l2 digest %s", snap.Tag, snap.Digest(), chain[2].Digest())
 	}
-	if got := reg.blobGets(); len(got) != 5 || len(st.Fetched) != 4 || len(st.Local) != 0 {
+	if got := blobGets(); len(got) != 5 || len(st.Fetched) != 4 || len(st.Local) != 0 {
 		t.Fatalf("clean pull: %d blob GETs (want config + 4 parts), fetched %v, local %v", len(got), st.Fetched, st.Local)
 	}
 
@@ -145,7 +162,7 @@ func TestOCIPushPullFetchesOnlyMissingParts(t *testing.T) {
 	if snap.Digest() != sib.Digest() {
 		t.Fatalf("l1b digest %s, want %s", snap.Digest(), sib.Digest())
 	}
-	got := reg.blobGets()
+	got := blobGets()
 	if len(got) != 2 || len(st.Fetched) != 1 || st.Fetched[0] != "snapshot/"+sib.ID || len(st.Local) != 3 {
 		t.Fatalf("sibling pull: blob GETs %v (want config + its layer), fetched %v, local %v", got, st.Fetched, st.Local)
 	}
@@ -210,8 +227,14 @@ func TestOCIPullRefusesBadInput(t *testing.T) {
 	}{{"tampered blob", nil, true}, {"interrupted mid-blob", nil, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			dst := t.TempDir()
-			n := 0
-			hit := func(string) bool { n++; return n == 3 } // the config, the image, then a snapshot
+			n, hitDigest := 0, ""
+			hit := func(d string) bool { // the config, the image, then a snapshot
+				n++
+				if n == 3 {
+					hitDigest = d
+				}
+				return n == 3
+			}
 			reg.mu.Lock()
 			if tc.tamp {
 				reg.tamper = hit
@@ -228,10 +251,16 @@ func TestOCIPullRefusesBadInput(t *testing.T) {
 			if err == nil {
 				t.Fatal("pull succeeded")
 			}
-			// Unpack's per-file hashes catch an altered byte before the
-			// blob's end, where its digest would.
+			// The blob's digest (or Unpack's per-file hashes, whichever
+			// sees it first) catches an altered byte.
 			if tc.tamp && !errdefs.IsInvalidArgument(err) {
 				t.Fatalf("got %v, want the altered blob refused (InvalidArgument)", err)
+			}
+			// A cut transfer is the registry's failure, named with the
+			// blob it broke off in; not a truncated archive.
+			if !tc.tamp && (!errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), reg.host) ||
+				!strings.Contains(err.Error(), hitDigest) || strings.Contains(err.Error(), "truncated")) {
+				t.Fatalf("got %v, want Unavailable naming the registry %s and blob %s", err, reg.host, hitDigest)
 			}
 			t.Logf("refused: %v", err)
 			assertEmpty(t, dst)
