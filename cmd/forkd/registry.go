@@ -34,6 +34,9 @@ func pushCmd(g *globals) *cobra.Command {
 			if err := snapshot.ValidateTag(tag); err != nil {
 				return err
 			}
+			if err := oci.CheckReference(ref); err != nil {
+				return err
+			}
 			key, err := readSignKey(signKey)
 			if err != nil {
 				return err
@@ -97,6 +100,9 @@ func pullCmd(g *globals) *cobra.Command {
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.Ref = args[0]
+			if err := oci.CheckReference(req.Ref); err != nil {
+				return err
+			}
 			if req.Tag != "" {
 				if err := snapshot.ValidateTag(req.Tag); err != nil {
 					return err

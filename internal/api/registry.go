@@ -17,7 +17,9 @@ import (
 // which parts it has already (only the others are fetched) and applies
 // its import policy (Server.TrustedKeys), as importArchive does. Push
 // runs in the CLI instead, from an export: the signing key never leaves
-// the client.
+// the client. A pull honours Idempotency-Key (a retry follows the same
+// operation) and holds a build slot while it runs, as a snapshot create
+// does: a flood of pulls is 429, not as many downloads and unpacks.
 func (s *Server) pullSnapshot(w http.ResponseWriter, r *http.Request) {
 	var req apiv1.PullSnapshotRequest
 	if err := decode(w, r, &req); err != nil {
@@ -29,8 +31,9 @@ func (s *Server) pullSnapshot(w http.ResponseWriter, r *http.Request) {
 		Auth:   oci.Auth{Username: req.Username, Password: req.Password, PlainHTTP: req.PlainHTTP},
 		Check:  s.Engine.CanRestoreManifest,
 	}
-	if req.Ref == "" {
-		writeProblem(w, r, fmt.Errorf("ref: give the artifact as host[:port]/repository:tag: %w", errdefs.ErrInvalidArgument))
+	// What fails at once is a plain 4xx, not a failed operation.
+	if err := oci.CheckReference(req.Ref); err != nil {
+		writeProblem(w, r, fmt.Errorf("ref: %w", err))
 		return
 	}
 	if req.Tag != "" {
@@ -57,11 +60,23 @@ func (s *Server) pullSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
+	claim, ok := s.claimIdempotency(w, r, req, answer)
+	if !ok {
+		return
+	}
+	defer claim.release()
+	tenant, quota := s.buildOwner(r)
+	slot, err := s.Engine.TryAcquireBuild("pull "+req.Ref, tenant, quota)
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
 	target := req.Tag
 	if target == "" {
 		target = req.Ref
 	}
 	op, err := s.startOperation(r, apiv1.OpSnapshotPull, target, func(ctx context.Context, pr opProgress) (any, error) {
+		defer slot.Release()
 		opts.Progress = pr.Message
 		snap, stats, err := oci.Pull(ctx, s.Engine.Config().DataDir, req.Ref, opts)
 		if err != nil {
@@ -70,7 +85,8 @@ func (s *Server) pullSnapshot(w http.ResponseWriter, r *http.Request) {
 		for _, id := range stats.Unpack.ReplacedIDs {
 			s.Engine.DropPool(ctx, id)
 		}
-		pr.Message(fmt.Sprintf("pulled %s (%s): fetched %d parts (%d bytes), %d here already", req.Ref, stats.Digest, len(stats.Fetched), stats.FetchedBytes, len(stats.Local)))
+		pr.Message(fmt.Sprintf("pulled %s (%s): fetched %d of %d parts (%d bytes), %d here already",
+			req.Ref, stats.Digest, len(stats.Fetched), len(stats.Fetched)+len(stats.Local), stats.FetchedBytes, len(stats.Local)))
 		// The puller's tenant owns every tag the pull wrote, as for an import.
 		for _, tag := range append(stats.Unpack.Added, stats.Unpack.Replaced...) {
 			id := ""
@@ -82,9 +98,11 @@ func (s *Server) pullSnapshot(w http.ResponseWriter, r *http.Request) {
 		return s.snapshotInfoFor(p, snap), nil
 	})
 	if err != nil {
+		slot.Release()
 		writeProblem(w, r, err)
 		return
 	}
+	claim.operation(op.ID)
 	noteTargets(r, target)
 	answer(op.ID)
 }
