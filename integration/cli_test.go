@@ -25,13 +25,16 @@ type cli struct {
 	runDir string
 }
 
-func newCLI(t *testing.T) *cli {
+func newCLI(t *testing.T) *cli { return newCLIOn(t, dataDir) }
+
+// newCLIOn is newCLI for a daemon over another data dir.
+func newCLIOn(t *testing.T, data string) *cli {
 	runDir, err := os.MkdirTemp("/run", "forkd-cli-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := &cli{t: t, runDir: runDir, env: append(os.Environ(),
-		"FORKD_DATA_DIR="+dataDir,
+		"FORKD_DATA_DIR="+data,
 		"FORKD_RUN_DIR="+runDir,
 		"FORKD_RECIPES="+filepath.Join(repoRoot, "recipes"),
 		"FORKD_NETNS_PREFIX=fkc"+snapshot.NewID()[:4]+"-",
