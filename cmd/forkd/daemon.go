@@ -142,6 +142,7 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 
 func serveCmd(g *globals) *cobra.Command {
 	var netnsPrefix, configPath, logLevel, portDomain, trustedKeys, socketGroup string
+	var privateRegistries []string
 	var listen, tlsCert, tlsKey, tokenFile string
 	var insecure bool
 	var maxConns int
@@ -216,7 +217,7 @@ func serveCmd(g *globals) *cobra.Command {
 			// The server exists before the engine: lifecycle events go
 			// through its audit gate (a failed write refuses mutating
 			// requests until one succeeds) from the first adoption on.
-			srv := &api.Server{Version: version, Log: log, Metrics: m, Audit: alog, PortDomain: strings.ToLower(strings.Trim(portDomain, ".")), TrustedKeys: trusted,
+			srv := &api.Server{Version: version, Log: log, Metrics: m, Audit: alog, PortDomain: strings.ToLower(strings.Trim(portDomain, ".")), TrustedKeys: trusted, PrivateRegistries: privateRegistries,
 				DefaultTimeout: g.sandboxTimeout}
 			if len(trusted) > 0 {
 				log.Info("import policy: archives must be signed by a trusted key", "keys", len(trusted))
@@ -337,6 +338,8 @@ func serveCmd(g *globals) *cobra.Command {
 	f.BoolVar(&g.stopSandboxes, "stop-sandboxes", false, "stop every sandbox when the daemon stops (default: they keep running and the next daemon re-adopts them)")
 	addVMMFlags(f, g)
 	addNetworkFlags(f, &g.network)
+	f.StringSliceVar(&privateRegistries, "registry-private", nil,
+		"registries (HOST or HOST:PORT, as in a pull's reference) that tenants may pull snapshots from although they are at loopback or private addresses; others must be public (an admin may pull from any)")
 	f.StringVar(&trustedKeys, "trusted-keys", "", "import policy: refuse archives (`forkd unpack`, POST /v1/snapshots/import) not signed by one of these ed25519 public keys: comma-separated KEYBASE.pub files of `forkd pack keygen`, or directories of them")
 	f.StringVar(&portDomain, "port-domain", "", "route requests for the host PORT-ID.DOMAIN (e.g. 8080-sb-0123456789.sandbox.example.com, a wildcard DNS name pointing at --listen) to that sandbox's port, whole paths included")
 	return cmd

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/errdefs"
@@ -28,8 +29,10 @@ func (s *Server) pullSnapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	opts := oci.PullOptions{
 		Unpack: pack.UnpackOptions{Tag: req.Tag, Force: req.Force, TrustedKeys: s.TrustedKeys},
-		Auth:   oci.Auth{Username: req.Username, Password: req.Password, PlainHTTP: req.PlainHTTP},
-		Check:  s.Engine.CanRestoreManifest,
+		// Only the credentials the caller sent: never the daemon's own
+		// docker logins.
+		Auth:  oci.Auth{Username: req.Username, Password: req.Password, PlainHTTP: req.PlainHTTP, NoDockerConfig: true},
+		Check: s.Engine.CanRestoreManifest,
 	}
 	// What fails at once is a plain 4xx, not a failed operation.
 	if err := oci.CheckReference(req.Ref); err != nil {
@@ -43,6 +46,10 @@ func (s *Server) pullSnapshot(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	p := s.principalOf(r)
+	// A tenant's pull must not make the daemon reach the host's or its
+	// network's services: public registries only, unless the operator
+	// listed this one. An admin (root on the socket) may pull from any.
+	opts.Auth.PublicOnly = !p.Admin() && !slices.Contains(s.PrivateRegistries, oci.RegistryHost(req.Ref))
 	if req.Force && !p.Admin() {
 		writeProblem(w, r, fmt.Errorf("%s may not pull over existing tags (force): that needs the admin role; pull under a new tag (--tag) instead: %w", p, errdefs.ErrPermissionDenied))
 		return

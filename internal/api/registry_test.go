@@ -99,6 +99,16 @@ func TestPullRegistryErrors(t *testing.T) {
 	}
 	closed := ln.Addr().String() // nothing listens once closed
 	ln.Close()
+	// Both are on loopback: tenants reach them only once listed.
+	for _, c := range []struct{ ref, code, want string }{
+		{host + "/forkd/api:v1", "permission_denied", "is not public"},
+		{closed + "/forkd/api:v1", "permission_denied", "is not public"},
+	} {
+		if _, op := tk.pull("alice", `{"ref":"`+c.ref+`"}`, nil); op.State != apiv1.OpFailed || op.Error == nil || op.Error.Code != c.code || !strings.Contains(op.Error.Detail, c.want) {
+			t.Errorf("pull %s from an unlisted private registry: %s %+v, want failed %s saying %q", c.ref, op.State, op.Error, c.code, c.want)
+		}
+	}
+	tk.s.PrivateRegistries = []string{host, closed}
 	for _, c := range []struct{ ref, code, want string }{
 		{host + "/forkd/api:nope", "not_found", host + "/forkd/api:nope"},
 		{closed + "/forkd/api:v1", "unavailable", "registry " + closed + " unreachable"},
@@ -124,6 +134,7 @@ func TestPullRegistryErrors(t *testing.T) {
 func TestPullIsAnOperation(t *testing.T) {
 	tk := newTenancy(t, func(c *sandbox.Config) { c.MaxConcurrentBuilds = 2 })
 	ref := pushedArtifact(t, "shipped")
+	tk.s.PrivateRegistries = []string{strings.SplitN(ref, "/", 2)[0]} // on loopback
 	body := `{"ref":"` + ref + `","tag":"pulled"}`
 	key := map[string]string{apiv1.IdempotencyKeyHeader: "pull-1"}
 	_, op := tk.pull("alice", body, key)

@@ -65,6 +65,11 @@ type Server struct {
 	// TrustedKeys, if any, is the import policy: an archive must be
 	// signed by one of them (403 otherwise; archive.go).
 	TrustedKeys []ed25519.PublicKey
+	// PrivateRegistries are registries (HOST or HOST:PORT, as in a
+	// reference) that tenants may pull from although they are at
+	// loopback or private addresses; every other registry a non-admin's
+	// pull names must be public (oci.Auth.PublicOnly).
+	PrivateRegistries []string
 	// DefaultTimeout is the lifetime of a sandbox whose fork names none
 	// (0: no limit); see lifetime.go.
 	DefaultTimeout time.Duration

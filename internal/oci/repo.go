@@ -53,8 +53,17 @@ type Auth struct {
 	// empty Username... see auth.Credential) override the docker config.
 	Username, Password string
 	// PlainHTTP allows plain HTTP to a registry that is not on loopback
-	// (one on loopback is always reached over plain HTTP).
+	// (one on loopback is reached over plain HTTP unless PublicOnly).
 	PlainHTTP bool
+	// NoDockerConfig uses Username and Password alone, never the docker
+	// config of the process: the daemon pulls for tenants, who must not
+	// borrow the operator's logins.
+	NoDockerConfig bool
+	// PublicOnly refuses connections to loopback, private, link-local and
+	// shared addresses, at dial time (redirects and DNS answers
+	// included): a tenant's pull must not make the daemon probe the
+	// host's or its network's services.
+	PublicOnly bool
 	// Client, if set, is the HTTP client (tests).
 	Client *http.Client
 }
@@ -75,6 +84,16 @@ func CheckReference(ref string) error {
 	return nil
 }
 
+// RegistryHost is the registry part of ref (HOST or HOST:PORT), or ""
+// for a reference that does not parse.
+func RegistryHost(ref string) string {
+	r, err := registry.ParseReference(ref)
+	if err != nil {
+		return ""
+	}
+	return r.Registry
+}
+
 // repository opens the repository of ref ("host[:port]/name:tag" or
 // "...@sha256:..."), with credentials from a, else from the docker config
 // (DOCKER_CONFIG or ~/.docker/config.json, credential helpers included).
@@ -87,10 +106,10 @@ func repository(ref string, a Auth) (*remote.Repository, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reference %q: %v: %w", ref, err, errdefs.ErrInvalidArgument)
 	}
-	repo.PlainHTTP = a.PlainHTTP || isLoopback(r.Registry)
+	repo.PlainHTTP = a.PlainHTTP || (isLoopback(r.Registry) && !a.PublicOnly)
 	client := &auth.Client{Client: a.Client, Cache: auth.NewCache(), Header: http.Header{"User-Agent": {"forkd"}}}
 	if client.Client == nil {
-		client.Client = http.DefaultClient
+		client.Client = httpClient(a.PublicOnly)
 	}
 	if a.Username != "" || a.Password != "" {
 		cred := auth.Credential{Username: a.Username, Password: a.Password}
@@ -98,6 +117,8 @@ func repository(ref string, a Auth) (*remote.Repository, error) {
 			cred = auth.Credential{RefreshToken: a.Password}
 		}
 		client.Credential = auth.StaticCredential(r.Registry, cred)
+	} else if a.NoDockerConfig {
+		// Anonymous: only what the caller sent.
 	} else if store, err := credentials.NewStoreFromDocker(credentials.StoreOptions{}); err == nil {
 		client.Credential = credentials.Credential(store)
 	}
@@ -129,7 +150,10 @@ func wrapRegistry(ctx context.Context, host, what string, err error) error {
 	}
 	var resp *errcode.ErrorResponse
 	var opErr *net.OpError
+	var private *privateAddrError
 	switch {
+	case errors.As(err, &private):
+		return fmt.Errorf("%s: registry %s: %w", what, host, private)
 	case errors.As(err, &resp) && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden):
 		return fmt.Errorf("%s: registry %s refused access (HTTP %d: %v): log in with `docker login %s`, or check the credentials and the repository's permissions: %w",
 			what, host, resp.StatusCode, registryMessage(resp), host, errdefs.ErrPermissionDenied)

@@ -178,7 +178,9 @@ func (p *pool) drainIdle(now time.Time, idle time.Duration) int {
 	p.items = nil
 	p.mu.Unlock()
 	for _, pv := range items {
-		pv.discard(context.Background())
+		// Not on the janitor's goroutine: a teardown would hold up the
+		// sandboxes' timeouts it also enforces.
+		go pv.discard(context.Background())
 	}
 	return len(items)
 }
