@@ -1,0 +1,203 @@
+package fctest
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// stateMagic starts the fake's state files, so a load of something else
+// fails as a real Firecracker's would.
+const stateMagic = "fctest-vmstate\n"
+
+// createSnapshot writes the fake's configuration as the state file and
+// a sparse memory file of the guest's size (Diff: the same size, as
+// Firecracker's diff memory files are).
+func (s *Server) createSnapshot(body map[string]any) (int, any) {
+	if s.state == notStarted {
+		return badRequest(msgBeforeStart)
+	}
+	if s.state != paused {
+		return badRequest(msgNotPaused)
+	}
+	if body["snapshot_type"] == "Diff" && !s.cfg.TrackDirty {
+		return badRequest("Diff snapshots are not allowed on uVMs with dirty page tracking disabled.")
+	}
+	cfg, _ := json.Marshal(s.cfg)
+	if err := os.WriteFile(body["snapshot_path"].(string), append([]byte(stateMagic), cfg...), 0o600); err != nil {
+		return badRequest("Cannot save the microVM state: %v", err)
+	}
+	f, err := os.OpenFile(body["mem_file_path"].(string), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err == nil {
+		err = f.Truncate(s.memBytes())
+		f.Close()
+	}
+	if err != nil {
+		return badRequest("Cannot write memory file: %v", err)
+	}
+	return noContent()
+}
+
+func (s *Server) memBytes() int64 {
+	mib, _ := s.cfg.Machine["mem_size_mib"].(float64)
+	if mib == 0 {
+		mib = 128 // Firecracker's default
+	}
+	return int64(mib) << 20
+}
+
+// loadSnapshot restores the configuration a createSnapshot wrote, with
+// the request's overrides.
+func (s *Server) loadSnapshot(body map[string]any) (int, any) {
+	if s.state != notStarted || s.configured || s.loaded {
+		return badRequest(msgLoadLate)
+	}
+	_, hasFile := body["mem_file_path"]
+	backend, hasBackend := body["mem_backend"].(map[string]any)
+	if hasFile == hasBackend {
+		return badRequest("Exactly one of mem_file_path and mem_backend must be set.")
+	}
+	b, err := os.ReadFile(body["snapshot_path"].(string))
+	if err != nil {
+		return badRequest("Load snapshot error: Failed to restore from snapshot: %v", err)
+	}
+	var cfg vmConfig
+	if !strings.HasPrefix(string(b), stateMagic) || json.Unmarshal(b[len(stateMagic):], &cfg) != nil {
+		return badRequest("Load snapshot error: Failed to restore from snapshot: cannot deserialize the microVM state")
+	}
+	if cfg.Drives == nil {
+		cfg.Drives = map[string]map[string]any{}
+	}
+	if hasFile {
+		backend = map[string]any{"backend_type": "File", "backend_path": body["mem_file_path"]}
+	}
+	path := backend["backend_path"].(string)
+	if backend["backend_type"] == "File" {
+		if _, err := os.Stat(path); err != nil {
+			return badRequest("Load snapshot error: Cannot open the memory file: %v", err)
+		}
+	}
+	for _, d := range cfg.Drives {
+		if err := mustExist(d, "path_on_host"); err != nil {
+			return badRequest("Load snapshot error: Failed to restore the block device: %v", err)
+		}
+	}
+	if ovs, ok := body["network_overrides"].([]any); ok {
+		for _, o := range ovs {
+			o := o.(map[string]any)
+			nic, ok := cfg.Ifaces[o["iface_id"].(string)]
+			if !ok {
+				return badRequest("Load snapshot error: Invalid network override: no interface %v in the snapshot", o["iface_id"])
+			}
+			nic["host_dev_name"] = o["host_dev_name"]
+		}
+	}
+	if ov, ok := body["vsock_override"].(map[string]any); ok {
+		if cfg.Vsock == nil {
+			return badRequest("Load snapshot error: Invalid vsock override: the snapshot has no vsock device")
+		}
+		cfg.Vsock["uds_path"] = ov["uds_path"]
+	}
+	if t, ok := body["track_dirty_pages"].(bool); ok {
+		cfg.TrackDirty = t
+	}
+	s.cfg = cfg
+	if backend["backend_type"] == "Uffd" {
+		if err := sendUffdHandshake(path, s.memBytes()); err != nil {
+			return badRequest("Load snapshot error: Failed to connect to the UFFD handler: %v", err)
+		}
+	}
+	if err := s.listenVsock(); err != nil {
+		return badRequest("Load snapshot error: the vsock device: %v", err)
+	}
+	s.loaded, s.state = true, paused
+	if body["resume_vm"] == true {
+		s.state = running
+	}
+	return noContent()
+}
+
+// UffdRegion is one guest memory region as Firecracker describes it to a
+// page server (GuestRegionUffdMapping).
+type UffdRegion struct {
+	BaseHostVirtAddr uint64 `json:"base_host_virt_addr"`
+	Size             uint64 `json:"size"`
+	Offset           uint64 `json:"offset"`
+	PageSize         uint64 `json:"page_size"`
+	PageSizeKiB      uint64 `json:"page_size_kib"` // deprecated, still sent
+}
+
+// sendUffdHandshake does what Firecracker does with a Uffd backend:
+// connect to the page server and send the regions as JSON with the
+// userfaultfd as SCM_RIGHTS. The fake has no guest memory to register,
+// so the descriptor it sends is a placeholder (a pipe's read end).
+func sendUffdHandshake(path string, size int64) error {
+	c, err := net.DialTimeout("unix", path, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+		return err
+	}
+	defer syscall.Close(p[0])
+	defer syscall.Close(p[1])
+	regions, _ := json.Marshal([]UffdRegion{{BaseHostVirtAddr: 0x7f0000000000, Size: uint64(size), PageSize: 4096, PageSizeKiB: 4}})
+	_, _, err = c.(*net.UnixConn).WriteMsgUnix(regions, syscall.UnixRights(p[0]), nil)
+	return err
+}
+
+// listenVsock binds the vsock device's Unix socket, as Firecracker does
+// when the guest starts or is restored, and answers host-initiated
+// hybrid vsock connections ("CONNECT <port>\n" -> "OK <host port>\n")
+// by echoing what follows: the fake has no guest agent behind it.
+func (s *Server) listenVsock() error {
+	if s.cfg.Vsock == nil {
+		return nil
+	}
+	l, err := net.Listen("unix", s.cfg.Vsock["uds_path"].(string))
+	if err != nil {
+		return err
+	}
+	s.vsock = l
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go serveVsockConn(c)
+		}
+	}()
+	return nil
+}
+
+func serveVsockConn(c net.Conn) {
+	defer c.Close()
+	br := bufio.NewReader(io.LimitReader(c, 64))
+	line, err := br.ReadString('\n')
+	if err != nil {
+		return
+	}
+	f := strings.Fields(line)
+	if len(f) != 2 || f[0] != "CONNECT" {
+		return // Firecracker drops a connection with a bad request
+	}
+	if _, err := strconv.ParseUint(f[1], 10, 32); err != nil {
+		return
+	}
+	fmt.Fprintf(c, "OK %d\n", 1<<30)
+	if rest := br.Buffered(); rest > 0 {
+		b, _ := br.Peek(rest)
+		c.Write(b)
+	}
+	io.Copy(c, c)
+}
