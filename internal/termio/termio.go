@@ -72,7 +72,7 @@ func CheckTTY(o Options) error {
 
 // Run connects the local terminal to s until its process exits, and
 // returns the exit. The local terminal is restored before Run returns,
-// also when ctx ends or SIGTERM, SIGHUP or SIGQUIT arrive (the session is
+// also when ctx ends or SIGTERM, SIGHUP, SIGQUIT or SIGPIPE arrive (the session is
 // then closed, which kills the guest's process group). In raw mode ^C is
 // a byte for the guest's terminal; without raw mode it is the local
 // SIGINT, which ends ctx in the CLI.
@@ -91,7 +91,10 @@ func Run(ctx context.Context, s Session, o Options) (apiv1.ExecWSExit, error) {
 	}
 
 	sigs := make(chan os.Signal, 4)
-	watched := []os.Signal{unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT}
+	// SIGPIPE too: stdout may be a pipe (forkd shell | tee log) whose
+	// reader ends, and Go's default would kill forkd on the next write
+	// with the terminal left raw.
+	watched := []os.Signal{unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT, unix.SIGPIPE}
 	if o.TTY {
 		watched = append(watched, unix.SIGWINCH)
 	}

@@ -112,7 +112,15 @@ type stdinPipe struct {
 	mu     sync.Mutex
 	closed atomic.Bool
 	once   sync.Once
+	// midLine (under mu) is set when the last byte written to a terminal
+	// ended no line: its EOF character then only submits the line, and
+	// a second one is the end of input.
+	midLine bool
 }
+
+// eofWait bounds typing the EOF into a terminal whose program does not
+// read (raw mode, stopped) and whose input queue is full.
+const eofWait = 10 * time.Second
 
 var errStdinClosed = errors.New("stdin is closed")
 
@@ -129,7 +137,12 @@ func (p *stdinPipe) close() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if !p.closed.Swap(true) { // not released in the meantime
-			p.f.Write([]byte{eofChar(p.f)})
+			eof := []byte{eofChar(p.f)}
+			if p.midLine {
+				eof = append(eof, eof[0])
+			}
+			p.f.SetWriteDeadline(time.Now().Add(eofWait))
+			p.f.Write(eof)
 		}
 	})
 }
@@ -164,6 +177,7 @@ func (p *stdinPipe) feed(body io.Reader) {
 			werr := errStdinClosed
 			if !p.closed.Load() {
 				_, werr = p.f.Write(buf[:n])
+				p.noteWritten(buf[:n])
 			}
 			p.mu.Unlock()
 			if werr != nil {
@@ -194,7 +208,7 @@ func (p *stdinPipe) write(ctx context.Context, r io.Reader) (n int64, werr, rerr
 		p.f.SetWriteDeadline(time.Unix(1, 0))
 		close(fired)
 	})
-	ew := &errWriter{w: p.f}
+	ew := &errWriter{w: p.f, note: p.noteWritten}
 	n, err := io.Copy(ew, r)
 	if !stop() {
 		<-fired // the deadline is set; clear it after the cut write
@@ -209,8 +223,9 @@ func (p *stdinPipe) write(ctx context.Context, r io.Reader) (n int64, werr, rerr
 // errWriter remembers the error of its writer, so a copy's write errors can
 // be told from its read errors.
 type errWriter struct {
-	w   io.Writer
-	err error
+	w    io.Writer
+	err  error
+	note func([]byte) // told what was written, if set
 }
 
 func (e *errWriter) Write(b []byte) (int, error) {
@@ -218,7 +233,19 @@ func (e *errWriter) Write(b []byte) (int, error) {
 	if err != nil {
 		e.err = err
 	}
+	if e.note != nil {
+		e.note(b[:n])
+	}
 	return n, err
+}
+
+// noteWritten remembers, under mu, whether b (written to stdin) left a
+// terminal's line open.
+func (p *stdinPipe) noteWritten(b []byte) {
+	if p.tty && len(b) > 0 {
+		last := b[len(b)-1]
+		p.midLine = last != '\n' && last != '\r'
+	}
 }
 
 func (a *Agent) handleListProcesses(w http.ResponseWriter, r *http.Request) {

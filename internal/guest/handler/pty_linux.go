@@ -14,6 +14,7 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/guest/reaper"
 )
 
 // Terminals for execs that ask for one (ExecRequest.PTY). The agent keeps
@@ -166,7 +167,9 @@ func (a *Agent) handleProcessResize(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := setWinsize(p.tty, req); err != nil {
-		if errors.Is(err, os.ErrClosed) {
+		if errors.Is(err, os.ErrClosed) || exited(p.proc) {
+			// The exec closed the master as the process exited (the
+			// error is then internal/poll's, not os.ErrClosed).
 			err = fmt.Errorf("process %d has exited: %w", p.info.Pid, errdefs.ErrNotFound)
 		} else {
 			err = fmt.Errorf("resizing the terminal of process %d: %v: %w", p.info.Pid, err, errdefs.ErrInternal)
@@ -175,4 +178,14 @@ func (a *Agent) handleProcessResize(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// exited reports whether proc has exited.
+func exited(proc *reaper.Process) bool {
+	select {
+	case <-proc.Done():
+		return true
+	default:
+		return false
+	}
 }

@@ -79,6 +79,23 @@ func TestPTYResizeAndInput(t *testing.T) {
 	}
 }
 
+// Input that ends mid-line is submitted, then ended: a single ^D would
+// only hand cat the partial line and leave it reading.
+func TestPTYEndOfInputMidLine(t *testing.T) {
+	e := newEnv(t)
+	b := e.startExec(t, agentapi.ExecRequest{
+		Shell:     `cat; echo "after cat"`,
+		PTY:       &agentapi.PTY{Rows: 24, Cols: 80},
+		StdinOpen: true,
+	}, nil)
+	if err := e.c.WriteStdin(ctxT(t), b.pid, strings.NewReader("partial"), true); err != nil {
+		t.Fatal(err)
+	}
+	if ev := b.wait(t); ev.ExitCode != 0 || !strings.Contains(b.out.String(), "after cat\r\n") {
+		t.Fatalf("exit: %+v, output %q", ev, b.out.String())
+	}
+}
+
 // 0x03 typed into the terminal interrupts its foreground process.
 func TestPTYInterrupt(t *testing.T) {
 	e := newEnv(t)
