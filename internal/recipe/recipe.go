@@ -28,10 +28,16 @@ const (
 
 // Recipe is one parsed recipe file.
 type Recipe struct {
-	Name        string   `toml:"name"`
-	Description string   `toml:"description"`
-	Base        string   `toml:"base"`
-	Packages    []string `toml:"packages"`
+	Name        string `toml:"name"`
+	Description string `toml:"description"`
+	Base        string `toml:"base"`
+	// From is an OCI or Docker image reference (REGISTRY/REPO[:TAG|@DIGEST])
+	// whose layers become the root file system, instead of a Base.
+	From string `toml:"from"`
+	// InsecureRegistry lets From use a plain-HTTP registry or one with an
+	// untrusted TLS certificate.
+	InsecureRegistry bool     `toml:"insecure_registry"`
+	Packages         []string `toml:"packages"`
 	// Omit names packages that are never installed: anything that depends
 	// on one gets an empty placeholder package in its place. It is for
 	// build-time tools Debian lists as hard dependencies (scipy depends on
@@ -81,7 +87,7 @@ func Parse(path string, data []byte) (*Recipe, error) {
 		for i, k := range un {
 			keys[i] = k.String()
 		}
-		return nil, fmt.Errorf("recipe %s: unknown keys %s (known: name, description, base, packages, omit, memory_mib, vcpus, cpus, [python] enabled, warm): %w",
+		return nil, fmt.Errorf("recipe %s: unknown keys %s (known: name, description, base, from, insecure_registry, packages, omit, memory_mib, vcpus, cpus, [python] enabled, warm): %w",
 			path, strings.Join(keys, ", "), errdefs.ErrInvalidArgument)
 	}
 	r.Path, r.Source = path, data
@@ -100,7 +106,18 @@ func (r *Recipe) Validate() error {
 	if !nameRule.MatchString(r.Name) {
 		return bad("name %q must be 1-32 lowercase letters, digits or '-', starting with a letter or digit", r.Name)
 	}
+	if r.From != "" {
+		if err := r.validateFrom(); err != nil {
+			return err
+		}
+	} else if r.InsecureRegistry {
+		return bad("insecure_registry is set but from is not")
+	}
 	switch r.Base {
+	case "":
+		if r.From == "" {
+			return bad("set base (%q or %q) or from (an image reference such as \"docker.io/library/alpine:3.20\")", BaseBusybox, BaseDebian)
+		}
 	case BaseBusybox:
 		if len(r.Packages) > 0 || len(r.Omit) > 0 {
 			return bad("base %q takes no packages or omit; use base = %q", BaseBusybox, BaseDebian)
@@ -178,6 +195,11 @@ func (r *Recipe) RootfsKey() string {
 	pk := append([]string(nil), r.Packages...)
 	sort.Strings(pk)
 	key := r.Base + "\n" + strings.Join(pk, "\n")
+	if r.From != "" {
+		// Only when set, so the keys of other recipes stay as they were.
+		// The builder adds the digest the reference resolved to.
+		key += "\nfrom\n" + r.From
+	}
 	if len(r.Omit) > 0 {
 		// Only when set, so the keys of recipes without omit stay as they were.
 		om := append([]string(nil), r.Omit...)
