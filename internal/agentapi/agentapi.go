@@ -393,3 +393,19 @@ type RunCodeEvent struct {
 	Result *RunCodeResult `json:"result,omitempty"`
 	Error  *Problem       `json:"error,omitempty"`
 }
+
+// ImageConfigPath is where an image built from an OCI image (recipe
+// from = "REF") keeps that image's configuration in the guest's root file
+// system. At boot the agent makes Env the base environment of the
+// processes it starts and WorkingDir their default working directory; the
+// rest is recorded for later use. Images of other recipes have no such file.
+const ImageConfigPath = "/etc/forkd/image-config.json"
+
+// ImageConfig is the JSON document at ImageConfigPath.
+type ImageConfig struct {
+	Env        []string `json:"env,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
+	User       string   `json:"user,omitempty"`
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	Cmd        []string `json:"cmd,omitempty"`
+}

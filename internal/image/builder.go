@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/ociimage"
 	"github.com/forkd-dev/forkd/internal/recipe"
 )
 
@@ -28,6 +29,9 @@ type Builder struct {
 	// system even when cached, to pick up Debian updates. The result is a new
 	// image when anything changed; existing images stay as they are.
 	Refresh bool
+	// PullLimits bound what an OCI image (recipe from) may unpack to;
+	// zero fields: ociimage.DefaultLimits.
+	PullLimits ociimage.Limits
 }
 
 // Build returns the image for r, building what is not cached. Building the
@@ -80,7 +84,16 @@ func (b *Builder) build(ctx context.Context, r *recipe.Recipe) (*Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	rfs, err := b.rootfs(ctx, r, release, started)
+	var from *ociimage.Image
+	if r.From != "" {
+		// Resolved on every build, like a pull: a tag that moved is a new
+		// image, the same digest finds the cached root file system.
+		if from, err = b.puller(r).Resolve(ctx, r.From); err != nil {
+			return nil, err
+		}
+		say("image: %s is %s", r.From, from.Digest)
+	}
+	rfs, err := b.rootfs(ctx, r, from, release, started)
 	if err != nil {
 		return nil, err
 	}
@@ -124,7 +137,11 @@ func imageDigest(r *recipe.Recipe, k *Kernel, rfs *cachedRootfs, agent FileInfo)
 		Rootfs        string `json:"rootfs"`
 		RootfsSHA256  string `json:"rootfs_sha256"`
 		Agent         string `json:"agent"`
-	}{formatVersion, r.Digest(), k.Package, k.PackageVersion, rfs.Info.Key, rfs.Info.File.SHA256, agent.SHA256}
+		From          string `json:"from,omitempty"`
+	}{formatVersion, r.Digest(), k.Package, k.PackageVersion, rfs.Info.Key, rfs.Info.File.SHA256, agent.SHA256, ""}
+	if rfs.Info.From != nil {
+		in.From = rfs.Info.From.Digest // also in the rootfs key; named for the record
+	}
 	data, _ := json.Marshal(in)
 	sum := sha256.Sum256(data)
 	return hex.EncodeToString(sum[:])
@@ -175,7 +192,7 @@ func (b *Builder) assemble(dir, digest string, r *recipe.Recipe, k *Kernel, rfs 
 	m.FormatVersion = formatVersion
 	m.Digest = digest
 	m.Recipe.Name, m.Recipe.Digest, m.Recipe.Description = r.Name, r.Digest(), r.Description
-	m.Base, m.Packages = r.Base, r.Packages
+	m.Base, m.Packages, m.From = r.Base, r.Packages, rfs.Info.From
 	if m.Packages == nil {
 		m.Packages = []string{}
 	}

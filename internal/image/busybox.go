@@ -19,26 +19,9 @@ const busyboxPackage = "busybox-static"
 // and friends work with nothing else installed. It builds in seconds, which
 // is why tests use it.
 func (b *Builder) busyboxTree(ctx context.Context, stage, tree string) (map[string]string, error) {
-	if err := requireTools("apt-cache", "apt-get", "dpkg-deb"); err != nil {
-		return nil, err
-	}
-	deb, ver, err := b.cachedDeb(ctx, busyboxPackage)
+	src, ver, err := b.busybox(ctx, filepath.Join(stage, "busybox-deb"))
 	if err != nil {
 		return nil, err
-	}
-	unpacked := filepath.Join(stage, "busybox-deb")
-	if err := debExtract(ctx, deb, unpacked); err != nil {
-		return nil, err
-	}
-	var src string
-	for _, p := range []string{"bin/busybox", "usr/bin/busybox"} {
-		if _, err := os.Stat(filepath.Join(unpacked, p)); err == nil {
-			src = filepath.Join(unpacked, p)
-			break
-		}
-	}
-	if src == "" {
-		return nil, fmt.Errorf("%s %s has no bin/busybox: %w", busyboxPackage, ver, errdefs.ErrInternal)
 	}
 	if err := os.MkdirAll(filepath.Join(tree, "bin"), 0o755); err != nil {
 		return nil, err
@@ -79,6 +62,34 @@ func (b *Builder) busyboxTree(ctx context.Context, stage, tree string) (map[stri
 	}
 	progressFunc(b.Progress)("rootfs: busybox %s with %d applets", ver, n)
 	return map[string]string{busyboxPackage: ver}, nil
+}
+
+// BusyboxBinary unpacks Debian's static busybox (the "busybox" base's,
+// from the host's apt sources and DataDir/cache/debs) into dir and returns
+// its path. Tests use it to assemble images with a shell.
+func (b *Builder) BusyboxBinary(ctx context.Context, dir string) (string, error) {
+	p, _, err := b.busybox(ctx, dir)
+	return p, err
+}
+
+// busybox unpacks busybox-static into dir: the binary's path and version.
+func (b *Builder) busybox(ctx context.Context, dir string) (path, version string, err error) {
+	if err := requireTools("apt-cache", "apt-get", "dpkg-deb"); err != nil {
+		return "", "", err
+	}
+	deb, ver, err := b.cachedDeb(ctx, busyboxPackage)
+	if err != nil {
+		return "", "", err
+	}
+	if err := debExtract(ctx, deb, dir); err != nil {
+		return "", "", err
+	}
+	for _, p := range []string{"bin/busybox", "usr/bin/busybox"} {
+		if _, err := os.Stat(filepath.Join(dir, p)); err == nil {
+			return filepath.Join(dir, p), ver, nil
+		}
+	}
+	return "", "", fmt.Errorf("%s %s has no bin/busybox: %w", busyboxPackage, ver, errdefs.ErrInternal)
 }
 
 // cachedDeb returns the candidate version of pkg as a .deb in

@@ -25,12 +25,15 @@
 //	DataDir/cache/kernel/current          the package version FetchKernel uses
 //	DataDir/cache/debs/<name>_<ver>.deb   downloaded packages (busybox-static)
 //	DataDir/cache/rootfs/<key>/           rootfs.ext4, rootfs.json
+//	DataDir/cache/layers/sha256/<hex>     OCI layer blobs (recipe from; internal/oci)
 //	DataDir/images/<digest>/              vmlinuz, initrd.img, rootfs.ext4, image.json
 //
-// The rootfs key is recipe.RootfsKey (base, packages, omit) plus the Debian
-// release and architecture, so editing warm-up code, memory size or the agent
-// produces a new image in about a second without rebuilding the root file
-// system. Image files are hard links to the cached kernel and root file
+// The rootfs key is recipe.RootfsKey (base, packages, omit, from) plus the
+// Debian release and architecture, and for a recipe with from the digest of
+// the image manifest its reference resolved to (resolved on every build, so
+// a tag that moved is a new root file system and a new image). Editing
+// warm-up code, memory size or the agent produces a new image in about a
+// second without rebuilding the root file system. Image files are hard links to the cached kernel and root file
 // system where possible: cached files are never modified in place.
 //
 // # Crash and concurrency safety

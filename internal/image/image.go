@@ -37,7 +37,10 @@ type Image struct {
 	Description  string
 	Base         string
 	Packages     []string
-	Dir          string
+	// From is the OCI image the root file system came from (recipe from);
+	// nil for a base.
+	From *Source
+	Dir  string
 
 	// Paths of the boot files.
 	Kernel string
@@ -76,6 +79,7 @@ type manifest struct {
 	} `json:"recipe"`
 	Base     string   `json:"base"`
 	Packages []string `json:"packages"`
+	From     *Source  `json:"from,omitempty"`
 	Kernel   struct {
 		Version        string `json:"version"`
 		Package        string `json:"package"`
@@ -124,6 +128,7 @@ func loadImage(dir string) (*Image, error) {
 		Description:          m.Recipe.Description,
 		Base:                 m.Base,
 		Packages:             m.Packages,
+		From:                 m.From,
 		Dir:                  abs,
 		Kernel:               filepath.Join(abs, kernelName),
 		Initrd:               filepath.Join(abs, initrdName),

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/ociimage"
 	"github.com/forkd-dev/forkd/internal/recipe"
 )
 
@@ -36,11 +37,13 @@ type rootfsInfo struct {
 	Release       string   `json:"release"`
 	Arch          string   `json:"arch"`
 	// Installed maps every Debian package in the image to its version.
-	Installed    map[string]string `json:"installed"`
-	ContentBytes int64             `json:"content_bytes"`
-	File         FileInfo          `json:"file"`
-	BuildSeconds float64           `json:"build_seconds"`
-	Built        time.Time         `json:"built"`
+	Installed map[string]string `json:"installed"`
+	// From is the OCI image the tree was unpacked from (recipe from).
+	From         *Source   `json:"from,omitempty"`
+	ContentBytes int64     `json:"content_bytes"`
+	File         FileInfo  `json:"file"`
+	BuildSeconds float64   `json:"build_seconds"`
+	Built        time.Time `json:"built"`
 }
 
 // cachedRootfs is a published root file system.
@@ -50,10 +53,15 @@ type cachedRootfs struct {
 }
 
 // rootfsKey identifies a root file system: what the recipe installs, and
-// the Debian release and architecture it comes from.
-func rootfsKey(r *recipe.Recipe, release string) string {
-	sum := sha256.Sum256([]byte(fmt.Sprintf("forkd-rootfs\nformat=%d\nrecipe=%s\nrelease=%s\narch=%s\n",
-		rootfsFormatVersion, r.RootfsKey(), release, runtime.GOARCH)))
+// the Debian release and architecture it comes from, or the digest of the
+// OCI image it is unpacked from (from: a tag that moves is a new key).
+func rootfsKey(r *recipe.Recipe, release string, from *ociimage.Image) string {
+	in := fmt.Sprintf("forkd-rootfs\nformat=%d\nrecipe=%s\nrelease=%s\narch=%s\n",
+		rootfsFormatVersion, r.RootfsKey(), release, runtime.GOARCH)
+	if from != nil {
+		in += "from=" + from.Digest + "\n"
+	}
+	sum := sha256.Sum256([]byte(in))
 	return hex.EncodeToString(sum[:])
 }
 
@@ -61,9 +69,10 @@ func rootfsKey(r *recipe.Recipe, release string) string {
 // it is missing (or when b.Refresh asks for a rebuild).
 // started is when the calling Build began: with Refresh, a rootfs another
 // build published after it is fresh enough.
-func (b *Builder) rootfs(ctx context.Context, r *recipe.Recipe, release string, started time.Time) (*cachedRootfs, error) {
+// from is the resolved image of a recipe with from, else nil.
+func (b *Builder) rootfs(ctx context.Context, r *recipe.Recipe, from *ociimage.Image, release string, started time.Time) (*cachedRootfs, error) {
 	say := progressFunc(b.Progress)
-	key := rootfsKey(r, release)
+	key := rootfsKey(r, release, from)
 	cacheDir := filepath.Join(b.DataDir, "cache", "rootfs")
 	dir := filepath.Join(cacheDir, key)
 	if !b.Refresh {
@@ -100,19 +109,28 @@ func (b *Builder) rootfs(ctx context.Context, r *recipe.Recipe, release string, 
 		Release:       release,
 		Arch:          runtime.GOARCH,
 	}
-	switch r.Base {
-	case recipe.BaseBusybox:
+	what := "base " + r.Base
+	switch {
+	case from != nil:
+		what = "from " + from.Ref
+		info.From, err = b.ociTree(ctx, from, tree)
+	case r.Base == recipe.BaseBusybox:
 		info.Installed, err = b.busyboxTree(ctx, stage, tree)
-	case recipe.BaseDebian:
+	case r.Base == recipe.BaseDebian:
 		info.Installed, err = b.debianTree(ctx, r, release, stage, tree)
 	default:
 		err = fmt.Errorf("base %q: %w", r.Base, errdefs.ErrInvalidArgument)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("root file system (base %s): %w", r.Base, err)
+		return nil, fmt.Errorf("root file system (%s): %w", what, err)
 	}
 	if err := finishTree(tree); err != nil {
 		return nil, err
+	}
+	if info.From != nil {
+		if err := writeImageConfig(tree, info.From.Config); err != nil {
+			return nil, err
+		}
 	}
 	img := filepath.Join(out, rootfsName)
 	say("rootfs: mkfs.ext4")
@@ -152,8 +170,8 @@ func (b *Builder) rootfs(ctx context.Context, r *recipe.Recipe, release string, 
 	if err := publish(out, dir); err != nil {
 		return nil, err
 	}
-	say("rootfs: %s base ready in %s (%d MB of files, image %d MB, %d MB allocated)",
-		r.Base, time.Since(start).Round(100*time.Millisecond), content>>20, info.File.Size>>20, allocated(filepath.Join(dir, rootfsName))>>20)
+	say("rootfs: %s ready in %s (%d MB of files, image %d MB, %d MB allocated)",
+		what, time.Since(start).Round(100*time.Millisecond), content>>20, info.File.Size>>20, allocated(filepath.Join(dir, rootfsName))>>20)
 	return loadRootfs(dir)
 }
 
@@ -181,8 +199,11 @@ func loadRootfs(dir string) (*cachedRootfs, error) {
 	return &cachedRootfs{Path: p, Info: info}, nil
 }
 
-// finishTree adds what every guest root needs and neither base provides
-// reliably: mount points the agent uses and a minimal /etc.
+// finishTree adds what every guest root needs and no base provides
+// reliably: mount points the agent uses and a minimal /etc. A tree from an
+// OCI image is untrusted: where one of these directories is a symlink or
+// a file, it is replaced by a real directory, so that nothing written here
+// follows a link out of the tree.
 func finishTree(tree string) error {
 	for _, d := range []struct {
 		name string
@@ -192,7 +213,12 @@ func finishTree(tree string) error {
 		{"tmp", 0o1777}, {"root", 0o700}, {"etc", 0o755}, {"var", 0o755}, {"var/tmp", 0o1777},
 	} {
 		p := filepath.Join(tree, d.name)
-		if err := os.MkdirAll(p, 0o755); err != nil {
+		if st, err := os.Lstat(p); err == nil && !st.IsDir() {
+			if err := os.Remove(p); err != nil {
+				return err
+			}
+		}
+		if err := os.Mkdir(p, 0o755); err != nil && !os.IsExist(err) {
 			return err
 		}
 		// MkdirAll leaves an existing directory alone and is subject to the
