@@ -23,10 +23,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/agentconn"
 	"github.com/forkd-dev/forkd/internal/guest/boot"
 	"github.com/forkd-dev/forkd/internal/guest/handler"
 	"github.com/forkd-dev/forkd/internal/guest/power"
+	"github.com/forkd-dev/forkd/internal/guest/procenv"
 	"github.com/forkd-dev/forkd/internal/guest/reaper"
 )
 
@@ -61,9 +63,16 @@ func runInit() {
 		power.Off(log.Printf)
 	}
 	shutdown := func() { power.Off(log.Printf) }
+	// An image built from an OCI image sets the defaults of execs.
+	env, cwd, err := procenv.FromImageConfig(agentapi.ImageConfigPath, procenv.Default)
+	if err != nil {
+		log.Printf("image config ignored: %v", err)
+	}
 	agent := handler.New(handler.Config{
 		Version:             version,
 		ApplySystemIdentity: true,
+		Env:                 env,
+		Cwd:                 cwd,
 		Shutdown:            shutdown,
 		Logf:                log.Printf,
 	})

@@ -26,6 +26,9 @@ type Config struct {
 	ApplySystemIdentity bool
 	// Env is the base environment of processes; default procenv.Default.
 	Env []string
+	// Cwd is where processes start when their request names no directory
+	// (an OCI image's WorkingDir); empty or missing: HOME, else /.
+	Cwd string
 	// RunDir holds the agent's runtime files (the Python runner); default
 	// /run/forkd.
 	RunDir string
@@ -180,8 +183,14 @@ func (a *Agent) handleIdentity(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, a.info())
 }
 
-// defaultCwd is where processes start without a Cwd: HOME if it exists.
-func defaultCwd(env []string) string {
+// defaultCwd is where processes start without a Cwd: the configured
+// one, else HOME, if it exists.
+func defaultCwd(cfgCwd string, env []string) string {
+	if cfgCwd != "" {
+		if fi, err := os.Stat(cfgCwd); err == nil && fi.IsDir() {
+			return cfgCwd
+		}
+	}
 	if home := procenv.Get(env, "HOME"); home != "" {
 		if fi, err := os.Stat(home); err == nil && fi.IsDir() {
 			return home

@@ -28,14 +28,24 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvWith(t, nil)
+}
+
+// newEnvWith is newEnv with change applied to the agent's config.
+func newEnvWith(t *testing.T, change func(*handler.Config)) *env {
+	t.Helper()
 	e := &env{t: t, port: &agentconntest.Port{}}
-	e.agent = handler.New(handler.Config{
+	cfg := handler.Config{
 		Version:             "test",
 		ApplySystemIdentity: false, // unprivileged: no clock/RNG/hostname
 		RunDir:              t.TempDir(),
 		Shutdown:            func() { e.shutdown.Add(1) },
 		Logf:                func(string, ...any) {},
-	})
+	}
+	if change != nil {
+		change(&cfg)
+	}
+	e.agent = handler.New(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	srv := &agentconn.Server{Handler: e.agent, OnHello: e.agent.OnHello, Logf: func(string, ...any) {}}
 	done := make(chan struct{})

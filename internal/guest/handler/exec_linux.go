@@ -81,7 +81,7 @@ func (a *Agent) parseExec(r *http.Request) (execSpec, error) {
 	}
 	cwd := req.Cwd
 	if cwd == "" {
-		cwd = defaultCwd(env)
+		cwd = defaultCwd(a.cfg.Cwd, env)
 	} else if fi, err := os.Stat(cwd); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return execSpec{}, fmt.Errorf("working directory %q does not exist: %w", cwd, errdefs.ErrNotFound)

@@ -15,6 +15,8 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/guest/handler"
+	"github.com/forkd-dev/forkd/internal/guest/procenv"
 	"github.com/forkd-dev/forkd/internal/testutil"
 )
 
@@ -67,6 +69,32 @@ func TestExecEnvAndCwd(t *testing.T) {
 	e.c.Exec(ctxT(t), agentapi.ExecRequest{Shell: `echo "[$FORKD_TEST_LEAK]"`}, nil, &out, nil)
 	if out.String() != "[]\n" {
 		t.Fatalf("agent env leaked: %q", out.String())
+	}
+}
+
+// TestExecImageDefaults: an OCI image's Env and WorkingDir (the agent's
+// Env and Cwd) are the defaults of an exec; the request still wins.
+func TestExecImageDefaults(t *testing.T) {
+	work := t.TempDir()
+	e := newEnvWith(t, func(c *handler.Config) {
+		c.Env = procenv.Merge(procenv.Default, map[string]string{"GREETING": "from the image"})
+		c.Cwd = work
+	})
+	var out bytes.Buffer
+	if _, err := e.c.Exec(ctxT(t), agentapi.ExecRequest{Shell: `echo "$GREETING"; pwd`}, nil, &out, nil); err != nil {
+		t.Fatal(err)
+	}
+	if want := "from the image\n" + work + "\n"; out.String() != want {
+		t.Fatalf("got %q, want %q", out.String(), want)
+	}
+	other := t.TempDir()
+	out.Reset()
+	if _, err := e.c.Exec(ctxT(t), agentapi.ExecRequest{Shell: `echo "$GREETING"; pwd`, Cwd: other,
+		Env: map[string]string{"GREETING": "from the request"}}, nil, &out, nil); err != nil {
+		t.Fatal(err)
+	}
+	if want := "from the request\n" + other + "\n"; out.String() != want {
+		t.Fatalf("got %q, want %q", out.String(), want)
 	}
 }
 

@@ -5,12 +5,15 @@
 package procenv
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 
+	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 )
 
@@ -101,4 +104,32 @@ func checkExecutable(p string) error {
 		return fmt.Errorf("%q is not an executable file: %w", p, errdefs.ErrFailedPrecondition)
 	}
 	return nil
+}
+
+// FromImageConfig returns the base environment and the default working
+// directory of an image built from an OCI image: base with the variables
+// of the image config at path (agentapi.ImageConfigPath) set, and its
+// WorkingDir. Without that file (other images): base and "".
+func FromImageConfig(path string, base []string) (env []string, cwd string, err error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return base, "", nil
+	}
+	if err != nil {
+		return base, "", err
+	}
+	var c agentapi.ImageConfig
+	if err := json.Unmarshal(data, &c); err != nil {
+		return base, "", fmt.Errorf("%s: %v: %w", path, err, errdefs.ErrInvalidArgument)
+	}
+	extra := map[string]string{}
+	for _, kv := range c.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			extra[k] = v
+		}
+	}
+	if err := Validate(extra); err != nil {
+		return base, "", fmt.Errorf("%s: %w", path, err)
+	}
+	return Merge(base, extra), c.WorkingDir, nil
 }

@@ -47,3 +47,21 @@ func TestLookPath(t *testing.T) {
 		t.Fatalf("absolute missing: %v", err)
 	}
 }
+
+func TestFromImageConfig(t *testing.T) {
+	dir := t.TempDir()
+	env, cwd, err := FromImageConfig(filepath.Join(dir, "missing.json"), Default)
+	if err != nil || cwd != "" || !slices.Equal(env, Default) {
+		t.Fatalf("missing file: %v %q %v", env, cwd, err)
+	}
+	p := filepath.Join(dir, "image-config.json")
+	os.WriteFile(p, []byte(`{"env":["PATH=/app/bin:/bin","GREETING=a=b"],"working_dir":"/app","cmd":["x"]}`), 0o644)
+	env, cwd, err = FromImageConfig(p, Default)
+	if err != nil || cwd != "/app" || Get(env, "PATH") != "/app/bin:/bin" || Get(env, "GREETING") != "a=b" || Get(env, "HOME") != "/root" {
+		t.Fatalf("config: %v %q %v", env, cwd, err)
+	}
+	os.WriteFile(p, []byte(`{"env":`), 0o644)
+	if _, _, err := FromImageConfig(p, Default); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("corrupt config: %v", err)
+	}
+}
