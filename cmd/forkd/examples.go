@@ -21,7 +21,7 @@ var examples = map[string][]string{
 	"daemon logs":   {"forkd daemon logs", "forkd daemon logs -f"},
 	"doctor":        {"forkd doctor", "forkd doctor --json"},
 
-	"image build": {"forkd image build minimal", "forkd image build ./my-recipe.toml"},
+	"image build": {"forkd image build minimal", "forkd image build ./my-recipe.toml", "forkd image build --from docker.io/library/alpine:3.20"},
 	"image ls":    {"forkd image ls"},
 	"image rm":    {"forkd image rm 3f2a9c1b7d4e", "forkd image rm minimal            # the newest image of the recipe"},
 	"images":      {"forkd images", "forkd images --json"},

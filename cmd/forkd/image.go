@@ -12,18 +12,25 @@ import (
 func imageCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "image", Short: "Build, list and remove guest images"}
 	var of opFlags
+	var req apiv1.BuildImageRequest
 	build := &cobra.Command{
-		Use:   "build RECIPE",
-		Short: "Build (or find cached) the image of a recipe: kernel, initramfs with forkd-agent, read-only root fs",
-		Args:  cobra.ExactArgs(1),
+		Use:   "build RECIPE | --from REF",
+		Short: "Build (or find cached) the image of a recipe or an OCI image: kernel, initramfs with forkd-agent, read-only root fs",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if req.From != "" {
+				return cobra.NoArgs(cmd, args)
+			}
+			return cobra.ExactArgs(1)(cmd, args)
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
-			var req apiv1.BuildImageRequest
-			if req.Recipe, req.RecipeTOML, err = recipeArg(args[0]); err != nil {
-				return err
+			if req.From == "" {
+				if req.Recipe, req.RecipeTOML, err = recipeArg(args[0]); err != nil {
+					return err
+				}
 			}
 			op, err := c.StartBuildImage(cmd.Context(), req, "")
 			if err != nil {
@@ -34,10 +41,15 @@ func imageCmd(g *globals) *cobra.Command {
 				return err
 			}
 			fmt.Printf("image %s (recipe %s, kernel %s, %s) in %s\n", img.Digest[:12], img.Recipe, img.KernelVersion, human(img.SizeBytes), img.Dir)
+			if img.From != "" {
+				fmt.Printf("from %s (%s)\n", img.From, img.FromDigest)
+			}
 			return nil
 		},
 	}
 	of.bind(build)
+	build.Flags().StringVar(&req.From, "from", "", "build from an OCI or Docker image (REGISTRY/REPO[:TAG|@sha256:DIGEST]; credentials from ~/.docker/config.json) instead of a recipe")
+	build.Flags().BoolVar(&req.InsecureRegistry, "insecure-registry", false, "with --from: allow a plain-HTTP registry or an untrusted TLS certificate")
 	ls := imagesCmd(g)
 	ls.Use = "ls"
 	cmd.AddCommand(build, ls, imageRmCmd(g))

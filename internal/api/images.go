@@ -2,10 +2,28 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/recipe"
 )
+
+// buildRecipe is the recipe a build request names: a known one, a recipe
+// file's contents, or an OCI image reference (from).
+func (s *Server) buildRecipe(req apiv1.BuildImageRequest) (*recipe.Recipe, error) {
+	if req.From == "" {
+		if req.InsecureRegistry {
+			return nil, fmt.Errorf("insecure_registry is set without from; in a recipe, set insecure_registry next to from: %w", errdefs.ErrInvalidArgument)
+		}
+		return s.Engine.ResolveRecipe(req.Recipe, req.RecipeTOML)
+	}
+	if req.Recipe != "" || req.RecipeTOML != "" {
+		return nil, fmt.Errorf("give from, a recipe name or recipe_toml, not several (a recipe can say from = \"REF\" itself): %w", errdefs.ErrInvalidArgument)
+	}
+	return recipe.FromRef(req.From, req.InsecureRegistry)
+}
 
 // buildImage starts a build as an operation and answers 202 with it; the
 // build runs on the daemon's context, not the request's. An
@@ -25,7 +43,7 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer claim.release()
-	rcp, err := s.Engine.ResolveRecipe(req.Recipe, req.RecipeTOML)
+	rcp, err := s.buildRecipe(req)
 	if err != nil {
 		writeProblem(w, r, err)
 		return

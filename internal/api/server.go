@@ -249,10 +249,14 @@ func imageInfo(img *image.Image) apiv1.Image {
 	for _, f := range img.Files {
 		size += f.Size
 	}
-	return apiv1.Image{
+	out := apiv1.Image{
 		Digest: img.Digest, Recipe: img.Recipe, KernelVersion: img.KernelVersion,
 		MemoryMiB: img.MemoryMiB, VCPUs: img.VCPUs, SizeBytes: size, Created: img.Created, Dir: img.Dir,
 	}
+	if img.From != nil {
+		out.From, out.FromDigest = img.From.Ref, img.From.Digest
+	}
+	return out
 }
 
 // listImages lists the built images, a page at a time (paging.go),

@@ -85,14 +85,23 @@ type Image struct {
 	SizeBytes     int64     `json:"size_bytes"`
 	Created       time.Time `json:"created"`
 	Dir           string    `json:"dir"`
+	// From is the OCI image reference of a recipe with from, FromDigest
+	// the manifest digest it resolved to.
+	From       string `json:"from,omitempty"`
+	FromDigest string `json:"from_digest,omitempty"`
 }
 
 // BuildImageRequest is POST /v1/images.
 type BuildImageRequest struct {
 	// Recipe names a recipe the daemon knows (recipes/NAME.toml);
-	// RecipeTOML is a recipe file's contents. Exactly one is set.
+	// RecipeTOML is a recipe file's contents; From is an OCI image
+	// reference to build from with forkd's defaults. Exactly one is set.
 	Recipe     string `json:"recipe,omitempty"`
 	RecipeTOML string `json:"recipe_toml,omitempty"`
+	From       string `json:"from,omitempty"`
+	// InsecureRegistry, with From, allows a plain-HTTP registry or an
+	// untrusted TLS certificate.
+	InsecureRegistry bool `json:"insecure_registry,omitempty"`
 }
 
 // CreateSnapshotRequest is POST /v1/snapshots.
