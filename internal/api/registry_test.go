@@ -178,3 +178,18 @@ func TestPullIsAnOperation(t *testing.T) {
 		t.Errorf("pull with every build slot taken: %d %v %s", a.status, a.header, a.body)
 	}
 }
+
+// A tenant's own recipe may not pull an image from a registry (it would
+// use the daemon's credentials and network); an admin's may, and so may a
+// recipe of the daemon's that a tenant names.
+func TestTenantRecipeFromIsRefused(t *testing.T) {
+	tk := newTenancy(t, nil)
+	body := `{"tag":"t-from","recipe_toml":"name = 'img'\nfrom = '10.0.0.5:5000/app:v1'\n"}`
+	a := tk.call("alice", "POST", "/v1/snapshots", body, map[string]string{"Prefer": "respond-async"})
+	if a.status != http.StatusForbidden || a.p.Code != "permission_denied" || !strings.Contains(a.p.Detail, "forkd image build --from") {
+		t.Fatalf("a tenant's recipe with from: %d %s, want 403 naming the way out", a.status, a.body)
+	}
+	if ops := listAs[apiv1.Operation](tk, "ops", "/v1/operations"); len(ops) != 0 {
+		t.Errorf("the refused create started operations: %+v", ops)
+	}
+}

@@ -128,6 +128,10 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
+	if err := s.checkRecipeSource(r, req.RecipeTOML); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
 	opts.Tenant, opts.Quota = s.buildOwner(r)
 	slot, err := s.Engine.TryAcquireBuild("create snapshot "+req.Tag, opts.Tenant, opts.Quota)
 	if err != nil {
@@ -157,6 +161,24 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	claim.operation(op.ID)
 	noteTargets(r, req.Tag)
 	answer(op.ID)
+}
+
+// checkRecipeSource refuses a recipe a non-admin sent (not one of the
+// daemon's) that pulls an image from a registry: the build would fetch
+// it with the daemon's registry credentials and from its network, where
+// a tenant could reach the host's or the LAN's services. An admin builds
+// such an image (forkd image build --from) or installs a recipe for it.
+func (s *Server) checkRecipeSource(r *http.Request, recipeTOML string) error {
+	p := s.principalOf(r)
+	if recipeTOML == "" || p.Admin() {
+		return nil
+	}
+	rcp, err := s.Engine.ResolveRecipe("", recipeTOML)
+	if err != nil || rcp.From == "" {
+		return nil // CheckCreateSnapshot judged it already
+	}
+	return fmt.Errorf("%s may not send a recipe with from = %q: images from registries are pulled with the daemon's credentials and network, so an admin builds them (forkd image build --from %s) or installs a recipe that names it: %w",
+		p, rcp.From, rcp.From, errdefs.ErrPermissionDenied)
 }
 
 // followAsProgress answers with an operation that writes a snapshot as
