@@ -58,6 +58,12 @@ func (s *Server) execWS(w http.ResponseWriter, r *http.Request) {
 			apiv1.ExecWSProtocol, errdefs.ErrInvalidArgument))
 		return
 	}
+	release, err := s.execSessions.take(s.principalOf(r), "exec WebSocket sessions")
+	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	defer release()
 	agent := s.agentOf(w, r)
 	if agent == nil {
 		return

@@ -74,15 +74,17 @@ type Server struct {
 	// (0: no limit); see lifetime.go.
 	DefaultTimeout time.Duration
 
-	feedOnce    sync.Once
-	feedV       *feed // lifecycle events (feed.go); s.events() makes it
-	proxyOnce   sync.Once
-	proxy       *httputil.ReverseProxy
-	ops         operations
-	idem        idempotency    // Idempotency-Key records (idempotency.go)
-	owners      snapshotOwners // which tenant owns each snapshot tag (owners.go)
-	auditGate   auditGate      // fails closed when audit writes fail (audit.go)
-	unauthAudit unauthLimiter  // bounds the records of unauthenticated requests (audit.go)
+	feedOnce  sync.Once
+	feedV     *feed // lifecycle events (feed.go); s.events() makes it
+	proxyOnce sync.Once
+	proxy     *httputil.ReverseProxy
+	ops       operations
+	idem      idempotency // Idempotency-Key records (idempotency.go)
+	// execSessions bounds exec WebSockets (sessions.go).
+	execSessions sessionSlots
+	owners       snapshotOwners // which tenant owns each snapshot tag (owners.go)
+	auditGate    auditGate      // fails closed when audit writes fail (audit.go)
+	unauthAudit  unauthLimiter  // bounds the records of unauthenticated requests (audit.go)
 
 	// createSnapshotFn writes a snapshot for POST /v1/snapshots: nil is
 	// the engine's CreateSnapshot; tests put a fake here.
