@@ -13,6 +13,22 @@ import (
 	"github.com/forkd-dev/forkd/internal/testutil"
 )
 
+// copyFile copies src to dst with src's mode.
+func copyFile(t *testing.T, src, dst string) {
+	t.Helper()
+	data, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dst, data, fi.Mode().Perm()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // unitSettings reads the [Service] settings of a systemd unit: each key's
 // values in order (a setting may repeat).
 func unitSettings(t *testing.T, path string) map[string][]string {
@@ -69,15 +85,25 @@ func TestUnitFileSystem(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(run) })
+	// The binaries and the recipe, where the simulation still shows them:
+	// the checkout may be under /tmp, /var/tmp or /root, which it hides.
+	stage, err := os.MkdirTemp("/run", "forkd-unitfs-bin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(stage) })
+	for _, f := range []string{"bin/forkd", "bin/forkd-agent", "recipes/minimal.toml"} {
+		copyFile(t, filepath.Join(repoRoot, f), filepath.Join(stage, filepath.Base(f)))
+	}
 	rw := []string{data, run}
 	for _, v := range unit["ReadWritePaths"] {
 		rw = append(rw, strings.Fields(v)...)
 	}
 	cmd := exec.Command(filepath.Join(repoRoot, "integration", "testdata", "unit-fs.sh"))
 	cmd.Env = append(os.Environ(),
-		"FORKD="+filepath.Join(repoRoot, "bin", "forkd"), "DATA="+data, "RUN="+run,
-		"RW="+strings.Join(rw, " "), "PREFIX=fku"+snapshot.NewID()[:4]+"-", "RECIPE=minimal",
-		"FORKD_RECIPES="+filepath.Join(repoRoot, "recipes"))
+		"FORKD="+filepath.Join(stage, "forkd"), "FORKD_AGENT="+filepath.Join(stage, "forkd-agent"),
+		"DATA="+data, "RUN="+run, "RW="+strings.Join(rw, " "), "PREFIX=fku"+snapshot.NewID()[:4]+"-",
+		"RECIPE=minimal", "FORKD_RECIPES="+stage)
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "hello from a read-only system") {
 		log, _ := os.ReadFile(filepath.Join(run, "serve.log"))

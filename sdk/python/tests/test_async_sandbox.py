@@ -242,9 +242,17 @@ def test_pty_async(pty_tag: str) -> None:
         await sb.pty.send_stdin(h.pid, b"stty size\n")
         await until(lambda: _true(b"40 120" in seen), "the new size")
         await sb.pty.send_stdin(h.pid, b"sleep 600\n")
-        await asyncio.sleep(0)
-        await sb.pty.send_stdin(h.pid, b"\x03echo after-ctrl-c\n")  # ^C stops the job, the shell lives
-        await until(lambda: _true(b"after-ctrl-c\r\n" in seen), "the shell after ^C")
+        # ^C must reach sleep, not the shell still starting it: wait until
+        # it runs (a typed ^C that came first would be the shell's, and
+        # the next line would wait 600 s behind sleep).
+        async def sleeping() -> bool:
+            r = await sb.commands.run("pidof sleep", timeout=30, check=False)
+            return r.exit_code == 0
+
+        await until(sleeping, "sleep 600 to run")
+        await sb.pty.send_stdin(h.pid, b"\x03echo after-$((40+2))\n")  # ^C stops the job, the shell lives
+        # after-42 is the shell's output, not the terminal's echo of the line.
+        await until(lambda: _true(b"after-42\r\n" in seen), "the shell after ^C")
         await sb.pty.send_stdin(h.pid, b"exit 0\n")
         r = await h.wait()
         assert r.exit_code == 0 and r.stderr == ""
