@@ -1,6 +1,7 @@
 package handler
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -74,6 +75,31 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) error {
 	}
 	if err := json.Unmarshal(b, v); err != nil {
 		return fmt.Errorf("decoding the request: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// maxControlBody bounds the small control documents of a running exec
+// (signal, resize).
+const maxControlBody = 4 << 10
+
+// readControl decodes a control document of at most maxControlBody bytes
+// into v: "decoding WHAT: ...[: HINT]" when it is not JSON. An empty body
+// leaves v as it is when emptyOK.
+func readControl(r *http.Request, v any, what, hint string, emptyOK bool) error {
+	b, err := io.ReadAll(io.LimitReader(r.Body, maxControlBody))
+	if err != nil {
+		return fmt.Errorf("reading the request: %v: %w", err, errdefs.ErrCanceled)
+	}
+	b = bytes.TrimSpace(b)
+	if len(b) == 0 && emptyOK {
+		return nil
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		if hint != "" {
+			return fmt.Errorf("decoding %s: %v: %s: %w", what, err, hint, errdefs.ErrInvalidArgument)
+		}
+		return fmt.Errorf("decoding %s: %v: %w", what, err, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

@@ -2,7 +2,6 @@ package handler
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -311,16 +310,9 @@ func (a *Agent) handleProcessSignal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req agentapi.SignalRequest
-	b, err := io.ReadAll(io.LimitReader(r.Body, 4<<10))
-	if err != nil {
-		writeProblem(w, fmt.Errorf("reading the request: %v: %w", err, errdefs.ErrCanceled))
+	if err := readControl(r, &req, "the signal request", "", true); err != nil {
+		writeProblem(w, err)
 		return
-	}
-	if len(strings.TrimSpace(string(b))) > 0 {
-		if err := json.Unmarshal(b, &req); err != nil {
-			writeProblem(w, fmt.Errorf("decoding the signal request: %v: %w", err, errdefs.ErrInvalidArgument))
-			return
-		}
 	}
 	sig, err := parseSignal(req.Signal)
 	if err != nil {

@@ -1,14 +1,11 @@
 package handler
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -149,13 +146,8 @@ func (a *Agent) handleProcessResize(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req agentapi.ResizeRequest
-	b, err := io.ReadAll(io.LimitReader(r.Body, 4<<10))
-	if err != nil {
-		writeProblem(w, fmt.Errorf("reading the request: %v: %w", err, errdefs.ErrCanceled))
-		return
-	}
-	if err := json.Unmarshal([]byte(strings.TrimSpace(string(b))), &req); err != nil {
-		writeProblem(w, fmt.Errorf("decoding the resize request: %v: want {\"rows\":R,\"cols\":C}: %w", err, errdefs.ErrInvalidArgument))
+	if err := readControl(r, &req, "the resize request", `want {"rows":R,"cols":C}`, false); err != nil {
+		writeProblem(w, err)
 		return
 	}
 	if err := checkPTY(req); err != nil {
