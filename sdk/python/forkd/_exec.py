@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import (
     CommandExitError,
+    Conflict,
     ForkdError,
     InvalidArgument,
     NotFound,
@@ -243,6 +244,51 @@ class ExecState:
             if res.exit_code != 0:
                 raise CommandExitError(res, self.describe)
         return res
+
+
+class HandleView:
+    """What a command handle shows of its stream, the same for the sync
+    and the asyncio handle: ``_s`` has ``state`` (an ExecState) and
+    ``done`` (a threading or asyncio Event)."""
+
+    _s: Any
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The command's pid in the sandbox (None from an older daemon)."""
+        return self._s.state.pid
+
+    def _need_pid(self, what: str) -> int:
+        if self._s.state.pid is None:
+            raise Conflict(
+                "%s: the daemon reported no pid for command %s; its sandbox agent predates process control"
+                % (what, self._s.state.describe)
+            )
+        return self._s.state.pid
+
+    @property
+    def stdout(self) -> str:
+        """Standard output so far (a pty's terminal output)."""
+        return self._s.state.out.decode("utf-8", "replace")
+
+    @property
+    def stderr(self) -> str:
+        """Standard error so far."""
+        return self._s.state.err.decode("utf-8", "replace")
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        """The exit code, or None while it runs."""
+        return self._s.state.exit_code() if self._s.done.is_set() else None
+
+    @property
+    def done(self) -> bool:
+        """True once the command ended (or its stream failed)."""
+        return self._s.done.is_set()
+
+    def is_running(self) -> bool:
+        """True while the command runs."""
+        return not self._s.done.is_set()
 
 
 def run_code_body(code: str, timeout: Optional[float]) -> Tuple[Dict[str, Any], Optional[float]]:

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Sequence, Union
 
 from ._async_http import AsyncResponse
 from ._async_io import body_of, call, stdin_of
-from ._exec import DataHandler, ExecSpec, ExecState, OutputHandler, PtySize, exec_spec, header_pid, proc_path, process_gone
-from .errors import Conflict, ForkdError, NotFound, Timeout
+from ._exec import DataHandler, ExecSpec, ExecState, HandleView, OutputHandler, PtySize, exec_spec, header_pid, proc_path, process_gone
+from .errors import ForkdError, NotFound, Timeout
 from .models import CommandResult, ProcessInfo
 from .pty import DEFAULT_PTY_TIMEOUT, pty_spec, resize_path_body
 
@@ -62,7 +62,7 @@ class _AsyncExecStream:
         return self.state.outcome(self.check)
 
 
-class AsyncCommandHandle:
+class AsyncCommandHandle(HandleView):
     """A command started with ``await commands.run(..., background=True)``
     or ``await pty.create()``: its output is read by a task (callbacks run
     there). ``await wait()`` for the result, ``await kill()`` to stop it."""
@@ -71,19 +71,6 @@ class AsyncCommandHandle:
         self._s = stream
         self._commands = commands
         self._task = asyncio.ensure_future(stream.consume())
-
-    @property
-    def pid(self) -> Optional[int]:
-        """The command's pid in the sandbox (None from an older daemon)."""
-        return self._s.state.pid
-
-    def _need_pid(self, what: str) -> int:
-        if self._s.state.pid is None:
-            raise Conflict(
-                "%s: the daemon reported no pid for command %s; its sandbox agent predates process control"
-                % (what, self._s.state.describe)
-            )
-        return self._s.state.pid
 
     async def send_stdin(self, data: Any) -> None:
         """Write ``data`` to the command's stdin (started with ``stdin=True``)."""
@@ -96,29 +83,6 @@ class AsyncCommandHandle:
         except NotFound as e:
             if not process_gone(e):
                 raise
-
-    @property
-    def stdout(self) -> str:
-        """Standard output so far (a pty's terminal output)."""
-        return self._s.state.out.decode("utf-8", "replace")
-
-    @property
-    def stderr(self) -> str:
-        """Standard error so far."""
-        return self._s.state.err.decode("utf-8", "replace")
-
-    @property
-    def exit_code(self) -> Optional[int]:
-        """The exit code, or None while it runs."""
-        return self._s.state.exit_code() if self._s.done.is_set() else None
-
-    @property
-    def done(self) -> bool:
-        """True once the command ended (or its stream failed)."""
-        return self._s.done.is_set()
-
-    def is_running(self) -> bool:
-        return not self._s.done.is_set()
 
     async def wait(self, timeout: Optional[float] = None) -> CommandResult:
         """The result once the command ends, raising as ``run`` does.

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Iterable, List, Literal, Mapping, Optional, Sequence, Union, overload
 
-from ._exec import DataHandler, ExecSpec, ExecState, OutputHandler, bytes_chunks, exec_spec, header_pid, proc_path, process_gone
+from ._exec import DataHandler, ExecSpec, ExecState, HandleView, OutputHandler, bytes_chunks, exec_spec, header_pid, proc_path, process_gone
 from ._http import Response, _BLOCK
 from .client import _iter_file
-from .errors import Conflict, ForkdError, NotFound, Timeout
+from .errors import ForkdError, NotFound, Timeout
 from .files import _raw_body
 from .models import CommandResult, ProcessInfo
 
@@ -21,7 +21,7 @@ Stdin = Union[str, bytes, bytearray, memoryview, Iterable[bytes], object]
 StdinData = Union[str, bytes, bytearray, memoryview, Iterable[bytes], object]
 
 
-class CommandHandle:
+class CommandHandle(HandleView):
     """A command started with ``commands.run(..., background=True)``.
 
     Output is collected as it arrives (and passed to the callbacks given to
@@ -35,19 +35,6 @@ class CommandHandle:
         self._commands = commands
         self._thread = threading.Thread(target=stream.consume, name="forkd-exec-%s" % stream.state.sandbox_id, daemon=True)
         self._thread.start()
-
-    @property
-    def pid(self) -> Optional[int]:
-        """The command's pid in the sandbox (None from an older daemon)."""
-        return self._s.state.pid
-
-    def _need_pid(self, what: str) -> int:
-        if self._s.state.pid is None:
-            raise Conflict(
-                "%s: the daemon reported no pid for command %s; its sandbox agent predates process control"
-                % (what, self._s.state.describe)
-            )
-        return self._s.state.pid
 
     def send_stdin(self, data: StdinData) -> None:
         """Write ``data`` (str as UTF-8, bytes, a file object or an iterable
@@ -73,30 +60,6 @@ class CommandHandle:
         except NotFound as e:
             if not process_gone(e):
                 raise
-
-    @property
-    def stdout(self) -> str:
-        """Standard output so far."""
-        return self._s.state.out.decode("utf-8", "replace")
-
-    @property
-    def stderr(self) -> str:
-        """Standard error so far."""
-        return self._s.state.err.decode("utf-8", "replace")
-
-    @property
-    def exit_code(self) -> Optional[int]:
-        """The exit code, or None while it runs."""
-        return self._s.state.exit_code() if self._s.done.is_set() else None
-
-    @property
-    def done(self) -> bool:
-        """True once the command ended (or its stream failed)."""
-        return self._s.done.is_set()
-
-    def is_running(self) -> bool:
-        """True while the command runs."""
-        return not self._s.done.is_set()
 
     def wait(self, timeout: Optional[float] = None) -> CommandResult:
         """Wait for the command to end and return its result, raising as
