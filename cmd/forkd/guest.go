@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/sys/unix"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/termio"
 )
 
 func execCmd(g *globals) *cobra.Command {
@@ -87,7 +87,7 @@ func execCmd(g *globals) *cobra.Command {
 				}
 				return exitError{124}
 			case ev.Signal != "":
-				return exitError{128 + signalNumber(ev.Signal)}
+				return exitError{termio.ExitStatus(ev.ExitCode, ev.Signal, false)}
 			case ev.ExitCode != 0:
 				return exitError{ev.ExitCode}
 			}
@@ -102,15 +102,6 @@ func execCmd(g *globals) *cobra.Command {
 	f.BoolVarP(&interactive, "interactive", "i", false, "keep stdin open and stream it to the command")
 	f.BoolVarP(&tty, "tty", "t", false, "run the command on a terminal in the guest (raw local terminal with -i)")
 	return cmd
-}
-
-// signalNumber maps "SIGKILL" or "KILL" to its number (0 if unknown).
-func signalNumber(name string) int {
-	name = strings.ToUpper(name)
-	if !strings.HasPrefix(name, "SIG") {
-		name = "SIG" + name
-	}
-	return int(unix.SignalNum(name))
 }
 
 func runCodeCmd(g *globals) *cobra.Command {

@@ -20,6 +20,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/client"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/snapshot"
+	"github.com/forkd-dev/forkd/internal/termio"
 )
 
 // `forkd run`: docker run for snapshots. One sandbox is forked, the
@@ -205,7 +206,7 @@ func runInSandbox(cmd *cobra.Command, g *globals, f runFlags, args []string) err
 		}
 		return exitError{124}
 	case ev.Signal != "":
-		return exitError{128 + signalNumber(ev.Signal)}
+		return exitError{termio.ExitStatus(ev.ExitCode, ev.Signal, false)}
 	case ev.ExitCode != 0:
 		return exitError{ev.ExitCode}
 	}

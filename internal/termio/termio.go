@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
@@ -148,23 +149,25 @@ func fileOf(w io.Writer) *os.File {
 	return f
 }
 
-// ExitCode is the status forkd exits with for a guest exit: the code, or
-// 128+n for signal n (as docker and shells do), 124 for a timeout.
-func ExitCode(e apiv1.ExecWSExit) int {
+// ExitCode is the status forkd exits with for a guest exit (ExitStatus).
+func ExitCode(e apiv1.ExecWSExit) int { return ExitStatus(e.ExitCode, e.Signal, e.TimedOut) }
+
+// ExitStatus is the status forkd exits with for a guest process that
+// exited with code, or was killed by signal ("SIGKILL" or "KILL"), or ran
+// past its timeout: 124 for a timeout, 128+n for signal n (as docker and
+// shells do), else the code.
+func ExitStatus(code int, signal string, timedOut bool) int {
 	switch {
-	case e.TimedOut:
+	case timedOut:
 		return 124
-	case e.Signal != "":
-		if n := unix.SignalNum(signalName(e.Signal)); n != 0 {
+	case signal != "":
+		name := strings.ToUpper(signal)
+		if !strings.HasPrefix(name, "SIG") {
+			name = "SIG" + name
+		}
+		if n := unix.SignalNum(name); n != 0 {
 			return 128 + int(n)
 		}
 	}
-	return e.ExitCode
-}
-
-func signalName(s string) string {
-	if len(s) < 3 || s[:3] != "SIG" {
-		return "SIG" + s
-	}
-	return s
+	return code
 }

@@ -18,6 +18,7 @@ func TestExitCode(t *testing.T) {
 		{apiv1.ExecWSExit{ExitCode: 3}, 3},
 		{apiv1.ExecWSExit{ExitCode: 130, Signal: "SIGINT"}, 130},
 		{apiv1.ExecWSExit{ExitCode: 137, Signal: "KILL"}, 137},
+		{apiv1.ExecWSExit{ExitCode: -1, Signal: "term"}, 143},
 		{apiv1.ExecWSExit{ExitCode: 137, Signal: "SIGKILL", TimedOut: true}, 124},
 	} {
 		if got := ExitCode(c.exit); got != c.want {
