@@ -136,6 +136,13 @@ func TestHostileNetworkScan(t *testing.T) {
 		t.Fatal(err)
 	}
 	attacker, sibling, victim := sbs[0], sbs[1], sbs[2]
+	for _, sb := range sbs {
+		// No pool: each child was linked on the fork's path, and the
+		// phase that measures it (forkd bench spawn sums it) says so.
+		if ph := sb.Phases; ph.NetworkMillis <= 0 || ph.NetworkMillis > sb.ReadyMillis {
+			t.Errorf("sandbox %s: network phase %.2f ms of %.2f ms ready: want a part of it", sb.ID, ph.NetworkMillis, sb.ReadyMillis)
+		}
+	}
 	a, s, v := agentOf(t, e, attacker.ID), agentOf(t, e, sibling.ID), agentOf(t, e, victim.ID)
 	nsPath := func(sb *sandbox.Sandbox) string {
 		t.Helper()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -159,7 +160,7 @@ func runBenchSpawn(ctx context.Context, g *globals, o benchOpts) error {
 	// Sequential forks. ReadyMillis ends when the agent answers; the fork
 	// call returns later, after the sandbox is recorded (fsynced) in the
 	// state store, as an API answer does.
-	var readies, calls []float64
+	var readies, calls, links []float64
 	for i := 0; i < o.sequential; i++ {
 		waitPool(e, snap.ID, g.poolSize)
 		start := time.Now()
@@ -169,6 +170,7 @@ func runBenchSpawn(ctx context.Context, g *globals, o benchOpts) error {
 			return err
 		}
 		readies = append(readies, sbs[0].ReadyMillis)
+		links = append(links, sbs[0].Phases.NetworkMillis)
 		calls = append(calls, millis(call))
 		e.Kill(ctx, []string{sbs[0].ID})
 	}
@@ -178,6 +180,8 @@ func runBenchSpawn(ctx context.Context, g *globals, o benchOpts) error {
 	row(fmt.Sprintf("fork-to-ready (agent answering), %d sequential forks, p50 / p90", o.sequential), fmt.Sprintf("%.1f ms / %.1f ms", p50, p90), vals{"p50_ms": p50, "p90_ms": p90})
 	row(fmt.Sprintf("fork call returned (agent answering + state record fsynced), %d sequential forks, p50 / p90", o.sequential), fmt.Sprintf("%.1f ms / %.1f ms", c50, c90), vals{"p50_ms": c50, "p90_ms": c90})
 	row("cold boot / fork-to-ready p50", fmt.Sprintf("%.0f×", coldP50/p50), vals{"ratio": coldP50 / p50})
+	l50 := percentile(links, 0.5)
+	row("network linking on the fork's path, sequential forks, p50 (share of fork-to-ready p50)", fmt.Sprintf("%.2f ms (%.1f %%)", l50, 100*l50/p50), vals{"p50_ms": l50, "percent": 100 * l50 / p50})
 
 	// Concurrent forks.
 	for _, n := range ns {
@@ -189,12 +193,19 @@ func runBenchSpawn(ctx context.Context, g *globals, o benchOpts) error {
 		}
 		wall := time.Since(start)
 		var ids []string
+		var link float64
 		for _, s := range sbs {
 			ids = append(ids, s.ID)
+			link += s.Phases.NetworkMillis
 		}
 		e.Kill(ctx, ids)
 		say("N=%d concurrent: all answering after %s", n, wall.Round(time.Millisecond))
 		row(fmt.Sprintf("N=%d concurrent forks, wall clock until all answer", n), fmt.Sprintf("%.2f s", wall.Seconds()), vals{"n": float64(n), "wall_s": wall.Seconds()})
+		// Linking is kernel work on the forks' path; measured as wall time
+		// under the fan-out's contention, it bounds its CPU from above.
+		// Its share of the run's CPU is that bound over wall × cores.
+		share := 100 * link / (1000 * wall.Seconds() * float64(runtime.NumCPU()))
+		row(fmt.Sprintf("N=%d: network linking on the forks' path, summed (at most this share of the run's CPU)", n), fmt.Sprintf("%.0f ms (%.2f %%)", link, share), vals{"n": float64(n), "sum_ms": link, "percent": share})
 	}
 
 	// Per-child memory.

@@ -154,9 +154,13 @@ func (p *prepared) sessionDone() <-chan struct{} {
 // ReadyPhases is where a child's fork-to-ready went, in milliseconds:
 // starting its VMM (a child whose VMM was not pooled), restoring it and
 // the agent's hello (a child not restored ahead), or handing out a child
-// restored ahead (its identity call).
+// restored ahead (its identity call). NetworkMillis is the part of the
+// fork's path spent linking the child's network (uplink, rules,
+// resolver): within PrepareMillis for a child whose VMM was not pooled,
+// or a policy change the fork asked of a pooled one; zero otherwise.
 type ReadyPhases struct {
 	PrepareMillis, RestoreMillis, HelloMillis, HandOutMillis float64
+	NetworkMillis                                            float64
 }
 
 func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

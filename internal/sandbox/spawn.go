@@ -39,6 +39,9 @@ type prepared struct {
 	conn     net.Conn
 	teardown []func(context.Context) error
 	took     time.Duration
+	// linkTook is the part of took spent linking the network (uplink,
+	// rules, resolver): zero for a closed room.
+	linkTook time.Duration
 	// session is set once the VMM was restored ahead in the pool
 	// (ahead.go), rehearsed once its first request was rehearsed.
 	session   *agentconn.Session
@@ -109,9 +112,11 @@ func (e *Engine) prepare(ctx context.Context, snap *snapshot.Snapshot, nice int)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: snapshot %s: %w", id, snap.Tag, err)
 	}
+	linkStart := time.Now()
 	if err := e.net.apply(sn, pol, compiled); err != nil {
 		return nil, err
 	}
+	linkTook := time.Since(linkStart)
 	cl.Push(func(context.Context) error { return e.net.release(sn) })
 
 	mc := e.machineConfig(id, snap, runDir, memFile)
@@ -131,7 +136,7 @@ func (e *Engine) prepare(ctx context.Context, snap *snapshot.Snapshot, nice int)
 	cl.Push(func(context.Context) error { return conn.Close() })
 	took := time.Since(start)
 	e.cfg.Metrics.ObserveVMMStart(metrics.PhasePrepare, took)
-	return &prepared{id: id, snap: snap, machine: m, netns: ns.Name(), net: sn, conn: conn, teardown: cl.Release(), took: took}, nil
+	return &prepared{id: id, snap: snap, machine: m, netns: ns.Name(), net: sn, conn: conn, teardown: cl.Release(), took: took, linkTook: linkTook}, nil
 }
 
 // canRestore checks that this engine's driver can restore snap: the same
@@ -369,6 +374,11 @@ func (e *Engine) spawnFrom(ctx context.Context, p *pool, opts ForkOptions, pv *p
 	if err != nil {
 		return nil, err
 	}
+	var phases ReadyPhases
+	if !pooled {
+		phases.PrepareMillis = millis(pv.took)
+		phases.NetworkMillis = millis(pv.linkTook)
+	}
 	if opts.Network != nil {
 		// Before the guest runs (a child restored ahead under another
 		// policy was not taken, above): it never sends under the pooled one.
@@ -377,18 +387,16 @@ func (e *Engine) spawnFrom(ctx context.Context, p *pool, opts ForkOptions, pv *p
 			return nil, err
 		}
 		if !samePolicy(pol, pv.net.Policy()) {
+			t := time.Now()
 			if err := e.net.apply(pv.net, pol, compiled); err != nil {
 				return nil, err
 			}
+			phases.NetworkMillis += since(t)
 		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	var sess *agentconn.Session
-	var phases ReadyPhases
-	if !pooled {
-		phases.PrepareMillis = millis(pv.took)
-	}
 	if pv.session != nil {
 		t := time.Now()
 		if sess, err = e.handOut(rctx, pv); err != nil {
