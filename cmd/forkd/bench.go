@@ -43,7 +43,7 @@ func benchCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.concurrent, "concurrent", "10,50", "comma-separated N for concurrent forks")
 	f.IntVar(&o.cold, "cold", 3, "cold boots (median reported)")
 	f.IntVar(&o.memChildren, "mem-children", 10, "children running while memory is measured")
-	f.IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, "pre-started VMMs per snapshot")
+	addPoolFlags(f, g, "pre-started VMMs per snapshot")
 	addDriverFlags(f, g, "")
 	addVMMFlags(f, g) // --memory-dir: where clones' memory images live, as a daemon has it
 	addNetworkFlags(f, &g.network)

@@ -26,7 +26,6 @@ import (
 	"github.com/forkd-dev/forkd/internal/client"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/metrics"
-	"github.com/forkd-dev/forkd/internal/sandbox"
 )
 
 type benchAPIOpts struct {
@@ -72,7 +71,7 @@ func benchAPICmd(g *globals) *cobra.Command {
 	f.BoolVar(&o.noAudit, "no-audit", false, "serve without the audit log (the daemon always has one)")
 	f.DurationVar(&o.requestTimeout, "request-timeout", 2*time.Minute, "a load request taking longer fails")
 	f.IntVar(&o.maxErrorsToShow, "show-errors", 5, "first errors printed")
-	f.IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, "pre-started VMMs per snapshot")
+	addPoolFlags(f, g, "pre-started VMMs per snapshot")
 	addDriverFlags(f, g, "")
 	return cmd
 }

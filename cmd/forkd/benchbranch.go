@@ -67,7 +67,7 @@ func benchBranchCmds(g *globals) []*cobra.Command {
 	chain.Flags().IntVar(&oc.forks, "forks", 10, "forks from each of flat and head")
 	chain.Flags().StringVar(&oc.memories, "memory", "512", "guest memory in MiB")
 	for _, c := range []*cobra.Command{branch, chain} {
-		c.Flags().IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, "pre-started VMMs per snapshot")
+		addPoolFlags(c.Flags(), g, "pre-started VMMs per snapshot")
 		addDriverFlags(c.Flags(), g, "")
 		addVMMFlags(c.Flags(), g)
 	}

@@ -130,7 +130,7 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 	e, err := sandbox.New(sandbox.Config{
 		MemoryDir: memDir,
 		DataDir:   g.dataDir, RunDir: d.runDir, Driver: drv, Accel: vmm.Accel(g.accel),
-		RecipeDirs: recipeDirs(g.dataDir), AgentBinary: agent, PoolSize: g.poolSize, PoolStartOnly: g.poolStartOnly, PoolIdle: g.poolIdle,
+		RecipeDirs: recipeDirs(g.dataDir), AgentBinary: agent, PoolSize: g.poolSize, PoolMax: g.poolMax, PoolStartOnly: g.poolStartOnly, PoolIdle: g.poolIdle,
 		NetNSPrefix: d.netnsPrefix, Logger: d.log, MaxForkCount: g.maxFork, MaxSandboxes: g.maxSandboxes, MaxGuestMemoryMiB: maxGuestMiB,
 		MaxConcurrentBuilds: g.maxBuilds, Metrics: d.metrics, OnEvent: d.onEvent, DeadRetention: g.deadRetention,
 		State: d.state, KeepSandboxesOnClose: d.state != nil && !g.stopSandboxes,
@@ -305,7 +305,7 @@ func serveCmd(g *globals) *cobra.Command {
 	}
 	f := cmd.Flags()
 	addDriverFlags(f, g, "")
-	f.IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, "pre-started VMM processes kept per snapshot")
+	addPoolFlags(f, g, "pre-started VMM processes kept per snapshot")
 	f.DurationVar(&g.poolIdle, "pool-idle", sandbox.DefaultPoolIdle,
 		"stop the pooled VMMs of a snapshot no fork has used for this long (its next fork refills the pool); 0: keep them")
 	f.StringVar(&configPath, "config", "", "TOML config file (default "+defaultConfigPath+" if present)")

@@ -42,6 +42,8 @@ type globals struct {
 	vmmName  string
 	accel    string
 	poolSize int
+	// poolMax bounds how far a fan-out grows a snapshot's pool (--pool-max).
+	poolMax int
 	// poolStartOnly: pooled VMMs are not restored ahead (--pool-start-only).
 	poolStartOnly bool
 	maxFork       int

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"fmt"
 	"sync"
 
@@ -14,7 +15,8 @@ import (
 // full size, whatever it has touched yet: a clone maps its parent's
 // memory copy-on-write and can come to write all of it. It counts the
 // sandboxes running, the forks in flight, and the VMMs pooled or being
-// pooled (a pool does not refill past the limit).
+// pooled (a pool does not refill past the limit, and a fork that would
+// pass it only because of other snapshots' waiting VMMs evicts them).
 
 // reserveSlots takes the slots and guest memory of n children forked
 // through pool p, or refuses the fork. Running sandboxes hold what they
@@ -43,7 +45,16 @@ func (e *Engine) reserveSlots(n int, p *pool) (release func(), err error) {
 		// its own, not as the pool's.
 		waiting, _ := p.counts()
 		pooledMiB -= int64(min(n, waiting)) * int64(p.snap.MemoryMiB)
-		if total := runningMiB + e.startingMiB + pooledMiB + needMiB; total > maxMiB {
+		total := runningMiB + e.startingMiB + pooledMiB + needMiB
+		if total > maxMiB {
+			freed, evicted := e.evictPooledLocked(p, total-maxMiB)
+			pooledMiB -= freed
+			total -= freed
+			for _, pv := range evicted {
+				go pv.discard(context.Background())
+			}
+		}
+		if total > maxMiB {
 			return nil, fmt.Errorf("guest memory: %d MiB running + %d MiB starting + %d MiB pooled, limit %d MiB: %d more children of %q (%d MiB each) would pass it (forkd serve --guest-memory-share); kill sandboxes you no longer need (`forkd kill`): %w",
 				runningMiB, e.startingMiB, pooledMiB, maxMiB, n, p.snap.Tag, p.snap.MemoryMiB, errdefs.ErrResourceExhausted)
 		}
@@ -59,6 +70,38 @@ func (e *Engine) reserveSlots(n int, p *pool) (release func(), err error) {
 			e.mu.Unlock()
 		})
 	}, nil
+}
+
+// evictPooledLocked frees at least needMiB of guest memory held by VMMs
+// waiting in the pools of snapshots other than p's, for a fork that
+// would otherwise be refused: pooled VMMs are a cache, never a reason
+// for a 429. It evicts nothing when even all of them would not be
+// enough. It returns the memory freed and the VMMs taken, which the
+// caller discards outside e.mu; e.mu is held.
+func (e *Engine) evictPooledLocked(p *pool, needMiB int64) (freed int64, evicted []*prepared) {
+	var avail int64
+	for _, o := range e.pools {
+		if o != p {
+			waiting, _ := o.counts()
+			avail += int64(waiting) * int64(o.snap.MemoryMiB)
+		}
+	}
+	if avail < needMiB {
+		return 0, nil
+	}
+	for _, o := range e.pools {
+		if o == p || freed >= needMiB || o.snap.MemoryMiB <= 0 {
+			continue
+		}
+		per := int64(o.snap.MemoryMiB)
+		taken := o.evict(int((needMiB - freed + per - 1) / per))
+		freed += int64(len(taken)) * per
+		evicted = append(evicted, taken...)
+	}
+	if len(evicted) > 0 {
+		e.log.Info("pooled VMMs evicted for a fork under the guest memory limit", "vmms", len(evicted), "freed_mib", freed)
+	}
+	return freed, evicted
 }
 
 // runningLocked counts the running sandboxes and their guest memory

@@ -12,9 +12,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -43,6 +45,10 @@ type Config struct {
 	// PoolSize is the number of pre-started VMM processes kept per snapshot.
 	// 0 disables the pool (every fork starts its VMM on the critical path).
 	PoolSize int
+	// PoolMax bounds how far a fan-out grows a snapshot's pool: a fork
+	// of n children raises it to n, at most PoolMax, for the next fan-out
+	// (pool.go). PoolMax <= PoolSize keeps pools at PoolSize.
+	PoolMax int
 	// PoolStartOnly keeps pooled VMMs started but not restored: a fork
 	// then restores its VMM and the child's first request translates its
 	// code itself. By default pooled VMMs are restored ahead and rehearse
@@ -147,6 +153,11 @@ type Engine struct {
 // much memory (a waiting QEMU is ~20 MB).
 const DefaultPoolSize = 2
 
+// DefaultPoolMax lets a fan-out grow a snapshot's pool to 16 VMMs for
+// the next one (each a running guest: ~1.5 % of a core under TCG, and
+// its guest memory counted by admission) until fan-outs stop coming.
+const DefaultPoolMax = 16
+
 // DefaultPoolIdle is how long a snapshot's pool waits for a fork before
 // it is drained: each waiting child costs guest memory and a little CPU
 // (~1.5 % of a core under TCG), which a snapshot forked once should not
@@ -239,10 +250,7 @@ func (e *Engine) Close(ctx context.Context) error {
 	}
 	e.closed = true
 	e.stopJanitor()
-	pools := make([]*pool, 0, len(e.pools))
-	for _, p := range e.pools {
-		pools = append(pools, p)
-	}
+	pools := slices.Collect(maps.Values(e.pools))
 	sbs := make([]*Sandbox, 0, len(e.sandboxes))
 	for _, s := range e.sandboxes {
 		sbs = append(sbs, s)

@@ -55,7 +55,15 @@ func newFakeEngineWith(t *testing.T, d *fakeDriver, poolSize int, change func(*C
 			t.Errorf("network namespaces left behind: %v", left)
 		}
 	})
-	st, err := e.Store().Stage("base")
+	addFakeSnapshot(t, e, "base")
+	return e, prefix
+}
+
+// addFakeSnapshot commits a snapshot of the fake driver (64 MiB, 1 vCPU)
+// tagged tag.
+func addFakeSnapshot(t *testing.T, e *Engine, tag string) {
+	t.Helper()
+	st, err := e.Store().Stage(tag)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +73,6 @@ func newFakeEngineWith(t *testing.T, d *fakeDriver, poolSize int, change func(*C
 	if _, err := st.Commit(snapshot.Manifest{VMM: snapshot.VMMRef{Kind: "fake"}, MemoryMiB: 64, VCPUs: 1}); err != nil {
 		t.Fatal(err)
 	}
-	return e, prefix
 }
 
 func TestForkRegistersAnsweringSandboxes(t *testing.T) {

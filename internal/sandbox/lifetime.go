@@ -130,6 +130,7 @@ func (e *Engine) janitor(ctx context.Context) {
 			e.expireAt(ctx, now)
 			e.forgetDeadAt(now)
 			e.drainIdlePools(now)
+			e.shrinkPools(now)
 		}
 	}
 }

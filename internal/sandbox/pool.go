@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -13,6 +15,14 @@ import (
 // for the restore: QEMU's own start-up (~150 ms here) and the network
 // namespace happen ahead of time. Refills run one at a time in the
 // background, after a fork returns, so they do not compete with it for CPU.
+//
+// A pool holds size VMMs (Config.PoolSize), or more while fan-outs come:
+// a fork of n children raises its target to n (at most Config.PoolMax),
+// so the next fan-out of that size finds them restored ahead; the target
+// falls back to size once no fork larger than size has come for
+// poolShrinkAfter. Pooled VMMs are a cache: a fork that would pass the
+// guest memory limit only because of other snapshots' pools evicts them
+// (admission.go).
 type pool struct {
 	e    *Engine
 	snap *snapshot.Snapshot
@@ -36,14 +46,22 @@ type pool struct {
 	// lastUse is when the pool was made or a fork last took from it
 	// (drainIdle).
 	lastUse time.Time
+	// target is the number of VMMs the refill keeps: size, or more after
+	// a fan-out (grow) until grownAt is poolShrinkAfter old (shrink).
+	target  int
+	grownAt time.Time
 }
+
+// poolShrinkAfter is how long a pool grown by a fan-out keeps its target
+// without another fork larger than its base size.
+const poolShrinkAfter = 10 * time.Minute
 
 func (e *Engine) poolFor(snap *snapshot.Snapshot) *pool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	p := e.pools[snap.ID]
 	if p == nil {
-		p = &pool{e: e, snap: snap, size: e.cfg.PoolSize, lastUse: time.Now()}
+		p = &pool{e: e, snap: snap, size: e.cfg.PoolSize, target: e.cfg.PoolSize, lastUse: time.Now()}
 		p.ctx, p.cancel = context.WithCancel(context.Background())
 		e.pools[snap.ID] = p
 	}
@@ -104,10 +122,72 @@ func (p *pool) counts() (waiting, preparing int) {
 	return len(p.items), preparing
 }
 
-// refill tops the pool up to its size in the background.
+// grow raises the pool's target toward a fork of n children, at most
+// limit, and keeps a grown target alive: each fork larger than the base
+// size restarts its poolShrinkAfter. The refill after the fork fills it.
+func (p *pool) grow(n, limit int, now time.Time) {
+	if p.size <= 0 || n <= p.size || limit <= p.size {
+		return // a pool of 0 is off; forks within the base size change nothing
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = min(max(p.target, n), limit)
+	p.grownAt = now
+}
+
+// shrink takes a grown target back to the base size once no fork larger
+// than it has come for after, stops the VMMs waiting beyond it, and
+// reports how many it stopped.
+func (p *pool) shrink(now time.Time, after time.Duration) int {
+	p.mu.Lock()
+	if p.target <= p.size || now.Sub(p.grownAt) < after {
+		p.mu.Unlock()
+		return 0
+	}
+	p.target = p.size
+	var extra []*prepared
+	if len(p.items) > p.size {
+		extra = p.items[p.size:]
+		p.items = slices.Clone(p.items[:p.size])
+	}
+	p.mu.Unlock()
+	for _, pv := range extra {
+		go pv.discard(context.Background())
+	}
+	return len(extra)
+}
+
+// evict takes up to n waiting VMMs out of the pool, newest first, for
+// the caller to discard (admission.go: a fork that needs their guest
+// memory). It does not lower the target: the next refill tries again,
+// within the limit.
+func (p *pool) evict(n int) []*prepared {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n = min(n, len(p.items))
+	out := slices.Clone(p.items[len(p.items)-n:])
+	p.items = p.items[:len(p.items)-n]
+	return out
+}
+
+// PoolTarget reports how many VMMs the pool of a snapshot keeps now (its base
+// size, or more after a fan-out); 0 when the snapshot has no pool.
+func (e *Engine) PoolTarget(snapshotID string) int {
+	e.mu.Lock()
+	p := e.pools[snapshotID]
+	e.mu.Unlock()
+	if p == nil {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.target
+}
+
+// refill tops the pool up to its target in the background.
 func (p *pool) refill() {
 	p.mu.Lock()
-	if p.filling || p.closed || len(p.items) >= p.size {
+	if p.filling || p.closed || len(p.items) >= p.target {
 		p.mu.Unlock()
 		return
 	}
@@ -118,7 +198,7 @@ func (p *pool) refill() {
 		defer p.filler.Done()
 		for {
 			p.mu.Lock()
-			if p.closed || len(p.items) >= p.size {
+			if p.closed || len(p.items) >= p.target {
 				p.filling = false
 				p.mu.Unlock()
 				return
@@ -185,20 +265,31 @@ func (p *pool) drainIdle(now time.Time, idle time.Duration) int {
 	return len(items)
 }
 
+// poolList is the engine's pools at this moment.
+func (e *Engine) poolList() []*pool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Collect(maps.Values(e.pools))
+}
+
 // drainIdlePools drains the pools idle for PoolIdle at now (janitor).
 func (e *Engine) drainIdlePools(now time.Time) {
 	if e.cfg.PoolIdle <= 0 {
 		return
 	}
-	e.mu.Lock()
-	pools := make([]*pool, 0, len(e.pools))
-	for _, p := range e.pools {
-		pools = append(pools, p)
-	}
-	e.mu.Unlock()
-	for _, p := range pools {
+	for _, p := range e.poolList() {
 		if n := p.drainIdle(now, e.cfg.PoolIdle); n > 0 {
 			e.log.Info("pool drained: no fork took from it", "tag", p.snap.Tag, "vmms", n, "idle", e.cfg.PoolIdle)
+		}
+	}
+}
+
+// shrinkPools takes the pools grown by fan-outs back to their base size
+// once no fan-out has come for poolShrinkAfter (janitor).
+func (e *Engine) shrinkPools(now time.Time) {
+	for _, p := range e.poolList() {
+		if n := p.shrink(now, poolShrinkAfter); n > 0 {
+			e.log.Info("pool shrunk to its base size: no fan-out came", "tag", p.snap.Tag, "vmms", n, "size", p.size)
 		}
 	}
 }

@@ -211,6 +211,7 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) (_ []*Sandbox, 
 	}
 	defer releaseQuota()
 	p := e.poolFor(snap)
+	p.grow(n, e.cfg.PoolMax, time.Now())
 	// Deferred first, so it runs last: after releaseSlots. Once the fork
 	// committed, its children count as running; until the release they
 	// count as starting too, and a refill that looked in between found

@@ -1,0 +1,112 @@
+package sandbox
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// A fork of n children grows its snapshot's pool to n (at most PoolMax),
+// so the next fan-out of that size is served from the pool; forks within
+// the base size change nothing; without a fan-out for poolShrinkAfter the
+// pool goes back to its base size and the VMMs beyond it are stopped.
+func TestFanOutGrowsPool(t *testing.T) {
+	ctx := context.Background()
+	e, _ := newFakeEngineWith(t, &fakeDriver{}, 1, func(c *Config) { c.PoolMax = 4 })
+	e.Warm("base")
+	snap := e.mustSnap(t, "base")
+	waitFor(t, func() bool { return e.PoolSize(snap.ID) == 1 })
+
+	if _, err := e.Fork(ctx, "base", 1); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.PoolTarget(snap.ID); got != 1 {
+		t.Fatalf("a fork of 1 set the pool's target to %d, want its base size 1", got)
+	}
+	if _, err := e.Fork(ctx, "base", 3); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.PoolTarget(snap.ID); got != 3 {
+		t.Fatalf("after a fork of 3 the pool's target is %d, want 3", got)
+	}
+	waitFor(t, func() bool { return e.PoolSize(snap.ID) == 3 })
+	sbs, err := e.Fork(ctx, "base", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sbs {
+		if !s.Pooled {
+			t.Errorf("sandbox %s of the second fan-out of 3 was not pooled", s.ID)
+		}
+	}
+	if _, err := e.Fork(ctx, "base", 6); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.PoolTarget(snap.ID); got != 4 {
+		t.Fatalf("after a fork of 6 the pool's target is %d, want PoolMax 4", got)
+	}
+	waitFor(t, func() bool { return e.PoolSize(snap.ID) == 4 })
+	p := e.poolFor(snap)
+	p.mu.Lock()
+	extra := p.items[1:]
+	p.mu.Unlock()
+
+	e.shrinkPools(time.Now()) // a fan-out just came
+	if e.PoolSize(snap.ID) != 4 {
+		t.Fatal("a pool grown moments ago was shrunk")
+	}
+	e.shrinkPools(time.Now().Add(poolShrinkAfter + time.Minute))
+	if got, target := e.PoolSize(snap.ID), e.PoolTarget(snap.ID); got != 1 || target != 1 {
+		t.Fatalf("after poolShrinkAfter without a fan-out: %d pooled, target %d; want 1 and 1", got, target)
+	}
+	for _, pv := range extra {
+		waitFor(t, func() bool { return isClosed(pv.machine.Done()) }) // stopped, not leaked
+	}
+}
+
+// PoolMax at or below the base size keeps pools at their base size.
+func TestPoolMaxOffKeepsBaseSize(t *testing.T) {
+	e, _ := newFakeEngineWith(t, &fakeDriver{}, 2, func(c *Config) { c.PoolMax = 0 })
+	if _, err := e.Fork(context.Background(), "base", 5); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.PoolTarget(e.mustSnap(t, "base").ID); got != 2 {
+		t.Fatalf("pool target %d after a fan-out with PoolMax 0, want 2", got)
+	}
+}
+
+// Pooled VMMs are a cache: a fork refused only because other snapshots'
+// pools hold the guest memory evicts their waiting VMMs and goes on; a
+// fork that would not fit even then is refused and evicts nothing.
+func TestPoolsYieldToForks(t *testing.T) {
+	ctx := context.Background()
+	e, _ := newFakeEngineWith(t, &fakeDriver{}, 2, func(c *Config) { c.MaxGuestMemoryMiB = 3 * 64 })
+	addFakeSnapshot(t, e, "other")
+	e.Warm("base")
+	base := e.mustSnap(t, "base").ID
+	waitFor(t, func() bool { return e.PoolSize(base) == 2 })
+	p := e.poolFor(e.mustSnap(t, "base"))
+	p.mu.Lock()
+	newest := p.items[1]
+	p.mu.Unlock()
+
+	// 128 MiB pooled for base + 4 x 64 for other: refused, base's pool kept.
+	if _, err := e.Fork(ctx, "other", 4); err == nil {
+		t.Fatal("a fork past the limit even without pools was admitted")
+	}
+	if got := e.PoolSize(base); got != 2 {
+		t.Fatalf("a refused fork evicted pooled VMMs: %d left of 2", got)
+	}
+	// 128 MiB pooled + 2 x 64 for other > 192: one pooled VMM of base goes.
+	sbs, err := e.Fork(ctx, "other", 2)
+	if err != nil {
+		t.Fatalf("a fork that fits once base's pool yields: %v", err)
+	}
+	if len(sbs) != 2 {
+		t.Fatalf("%d children", len(sbs))
+	}
+	waitFor(t, func() bool { return isClosed(newest.machine.Done()) }) // the newest was evicted and stopped
+	if got := e.PoolSize(base); got > 1 {
+		t.Fatalf("%d VMMs still pooled for base, want at most 1", got)
+	}
+}
