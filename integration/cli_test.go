@@ -41,6 +41,10 @@ func newCLIOn(t *testing.T, data string) *cli {
 		// Closed rooms: only network tests, in namespaces they make
 		// themselves, give sandboxes an uplink.
 		"FORKD_NETWORK=none",
+		// Pools stay at their size: growth after a fan-out is tested in
+		// internal/sandbox, and here it would only restore children
+		// ahead in the background of the tests that follow.
+		"FORKD_POOL_MAX=0",
 	)}
 	t.Cleanup(func() {
 		// Sandboxes outlive a stopped daemon (the next one re-adopts

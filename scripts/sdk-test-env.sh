@@ -18,6 +18,7 @@ export FORKD_DATA_DIR=/var/tmp/forkd-sdk-$name
 export FORKD_RUN_DIR=/run/forkd-sdk-$name
 export FORKD_RECIPES=$PWD/recipes:$PWD/integration/testdata
 export FORKD_NETNS_PREFIX=fks$(printf %s "$name" | cksum | cut -c1-3)-
+export FORKD_POOL_MAX=0 # as integration/cli_test.go: no pool growth behind the tests
 forkd=$PWD/bin/forkd
 case $cmd in
 start)

@@ -345,6 +345,17 @@ func serveCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
+// envDefault makes the environment variable env the default of flag, as
+// for --max-connections: the config file and the command line still win;
+// a value that does not parse fails the engine's start (newEngine).
+func envDefault(f *pflag.FlagSet, g *globals, flag, env string) {
+	if v := os.Getenv(env); v != "" {
+		if err := f.Lookup(flag).Value.Set(v); err != nil {
+			g.envErrs = append(g.envErrs, fmt.Errorf("%s=%q: %v: %w", env, v, err, errdefs.ErrInvalidArgument))
+		}
+	}
+}
+
 // addLiveBranchFlags adds --live-branch and --memory-dir, and
 // --no-vmm-jail.
 func addVMMFlags(f *pflag.FlagSet, g *globals) {
@@ -354,17 +365,8 @@ func addVMMFlags(f *pflag.FlagSet, g *globals) {
 		"most MiB per second a sandbox reads from its root disk (env FORKD_DISK_READ_MBPS; 0: no limit); its disk is read-only, its writes stay in its memory")
 	f.Int64Var(&g.diskReadIOPS, "disk-read-iops", defaultDiskReadIOPS,
 		"most reads per second a sandbox makes from its root disk (env FORKD_DISK_READ_IOPS; 0: no limit)")
-	for _, fe := range [][2]string{{"disk-read-mbps", "FORKD_DISK_READ_MBPS"}, {"disk-read-iops", "FORKD_DISK_READ_IOPS"}} {
-		flag, env := fe[0], fe[1]
-		// The default, as for --max-connections: the config file and the
-		// command line still win; a value that does not parse fails the
-		// engine's start (newEngine).
-		if v := os.Getenv(env); v != "" {
-			if err := f.Lookup(flag).Value.Set(v); err != nil {
-				g.envErrs = append(g.envErrs, fmt.Errorf("%s=%q: %v: %w", env, v, err, errdefs.ErrInvalidArgument))
-			}
-		}
-	}
+	envDefault(f, g, "disk-read-mbps", "FORKD_DISK_READ_MBPS")
+	envDefault(f, g, "disk-read-iops", "FORKD_DISK_READ_IOPS")
 	f.BoolVar(&g.poolStartOnly, "pool-start-only", os.Getenv("FORKD_POOL_START_ONLY") == "1",
 		"keep pooled VMMs started but not restored (env FORKD_POOL_START_ONLY=1). By default they are restored ahead and rehearse a first request (the snapshot's [python] rehearse code) in a throwaway copy of their session, so a child answers its fork with one identity call and its first request runs warm; each pooled child is then a running guest")
 	f.BoolVar(&g.liveBranch, "live-branch", os.Getenv("FORKD_LIVE_BRANCH") == "1",

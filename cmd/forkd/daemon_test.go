@@ -12,6 +12,7 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/api"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/sandbox"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -176,5 +177,35 @@ func TestInstallDirsOf(t *testing.T) {
 	}
 	if agent != filepath.Join(prefix, "lib/forkd/forkd-agent") || recipes != filepath.Join(prefix, "share/forkd/recipes") {
 		t.Fatalf("agent %q, recipes %q: want them under %s/lib/forkd and %s/share/forkd", agent, recipes, prefix, prefix)
+	}
+}
+
+// --pool-max takes FORKD_POOL_MAX as its default; the flag wins, and a
+// value that does not parse fails the engine's start naming it.
+func TestPoolMaxFlag(t *testing.T) {
+	flags := func(args ...string) *globals {
+		t.Helper()
+		g := &globals{}
+		f := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		addPoolFlags(f, g, "pool")
+		if err := f.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	if g := flags(); g.poolMax != sandbox.DefaultPoolMax || g.poolSize != sandbox.DefaultPoolSize {
+		t.Errorf("defaults: pool %d, pool max %d", g.poolSize, g.poolMax)
+	}
+	t.Setenv("FORKD_POOL_MAX", "0")
+	if g := flags(); g.poolMax != 0 {
+		t.Errorf("from the environment: %d", g.poolMax)
+	}
+	if g := flags("--pool-max", "8"); g.poolMax != 8 {
+		t.Errorf("the flag over the environment: %d", g.poolMax)
+	}
+	t.Setenv("FORKD_POOL_MAX", "lots")
+	_, _, err := flags().newEngine(engineDeps{})
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), `FORKD_POOL_MAX="lots"`) {
+		t.Errorf("%v, want invalid argument naming FORKD_POOL_MAX", err)
 	}
 }

@@ -32,5 +32,6 @@ func addDriverFlags(f *pflag.FlagSet, g *globals, purpose string) {
 func addPoolFlags(f *pflag.FlagSet, g *globals, help string) {
 	f.IntVar(&g.poolSize, "pool", sandbox.DefaultPoolSize, help)
 	f.IntVar(&g.poolMax, "pool-max", sandbox.DefaultPoolMax,
-		"most VMMs a fan-out grows a snapshot's pool to: a fork of N children makes it keep N (at most this) for the next fan-out, until none comes for 10 minutes; at or below --pool: no growth")
+		"most VMMs a fan-out grows a snapshot's pool to: a fork of N children makes it keep N (at most this) for the next fan-out, until none comes for 10 minutes; at or below --pool: no growth (env FORKD_POOL_MAX)")
+	envDefault(f, g, "pool-max", "FORKD_POOL_MAX")
 }
