@@ -232,26 +232,30 @@ func serveCmd(g *globals) *cobra.Command {
 			}
 			m.SetStateFunc(e.MetricsState)
 			m.SetFilesystems(daemonFilesystems(g.dataDir, g.runDir, e.Config().MemoryDir)...)
+			// The token store is open without --listen too: a request on
+			// the socket that presents a token acts as its tenant, under
+			// its quotas; `forkd token create` may add one at any time.
+			if tokenFile == "" {
+				tokenFile = filepath.Join(g.dataDir, auth.StoreFile)
+			}
 			var tln net.Listener
+			var created bool
+			first := filepath.Join(g.dataDir, auth.FirstTokenFile)
 			if listen != "" {
-				if tokenFile == "" {
-					tokenFile = filepath.Join(g.dataDir, auth.StoreFile)
-				}
-				first := filepath.Join(g.dataDir, auth.FirstTokenFile)
-				created, err := auth.EnsureFirst(tokenFile, first)
-				if err == nil {
-					srv.Tokens, err = auth.Open(tokenFile)
-				}
-				if err == nil {
-					tln, err = auth.Listen(auth.ListenConfig{Addr: listen, CertFile: tlsCert, KeyFile: tlsKey, Insecure: insecure})
-				}
-				if err != nil {
-					e.Close(context.Background())
-					return err
-				}
-				if created {
-					log.Info("created the first API token; clients read it from the file", "file", first)
-				}
+				created, err = auth.EnsureFirst(tokenFile, first)
+			}
+			if err == nil {
+				srv.Tokens, err = auth.Open(tokenFile)
+			}
+			if err == nil && listen != "" {
+				tln, err = auth.Listen(auth.ListenConfig{Addr: listen, CertFile: tlsCert, KeyFile: tlsKey, Insecure: insecure})
+			}
+			if err != nil {
+				e.Close(context.Background())
+				return err
+			}
+			if created {
+				log.Info("created the first API token; clients read it from the file", "file", first)
 			}
 			if err := srv.LoadState(st); err != nil {
 				e.Close(context.Background())

@@ -120,7 +120,7 @@ func newRootCmd(g *globals) *cobra.Command {
 	pf.StringVar(&g.runDir, "run-dir", envOr("FORKD_RUN_DIR", "/run/forkd"), "VMM sockets and consoles (env FORKD_RUN_DIR)")
 	pf.StringVar(&g.socket, "socket", os.Getenv("FORKD_SOCKET"), "daemon API socket (env FORKD_SOCKET; default RUN_DIR/forkd.sock)")
 	pf.StringVar(&g.host, "host", os.Getenv("FORKD_HOST"), "remote daemon URL https://HOST:PORT (env FORKD_HOST); default: the local socket")
-	pf.StringVar(&g.token, "token", os.Getenv("FORKD_TOKEN"), "bearer token for --host (env FORKD_TOKEN)")
+	pf.StringVar(&g.token, "token", os.Getenv("FORKD_TOKEN"), "bearer token for --host; on the local socket, to act as the token's tenant under its quotas instead of as the socket's admin (env FORKD_TOKEN)")
 	pf.StringVar(&g.caCert, "ca-cert", os.Getenv("FORKD_CA_CERT"), "PEM CA certificate of a --host daemon (env FORKD_CA_CERT)")
 	pf.BoolVar(&g.jsonOut, "json", false, "print JSON for scripts (progress, if any, as NDJSON events on stderr)")
 	addProgressFlag(pf, &g.progress)
@@ -239,7 +239,7 @@ func (g *globals) client(ctx context.Context) (*client.Client, error) {
 	if g.host != "" {
 		return client.NewRemote(client.Remote{Host: g.host, Token: g.token, CACert: g.caCert})
 	}
-	c := client.New(g.socketPath())
+	c := client.New(g.socketPath()).WithToken(g.token)
 	err := c.Ping(ctx)
 	if err == nil {
 		return c, nil

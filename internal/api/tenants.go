@@ -106,7 +106,7 @@ func (s *Server) putQuota(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if s.Tokens == nil {
-		writeProblem(w, r, fmt.Errorf("quotas are kept in the token store, and this daemon has none: start it with --listen (and tokens for the tenants): %w", errdefs.ErrFailedPrecondition))
+		writeProblem(w, r, fmt.Errorf("quotas are kept in the token store, and this daemon has none: create tokens for the tenants (`forkd token create NAME --tenant T`): %w", errdefs.ErrFailedPrecondition))
 		return
 	}
 	if err := s.Tokens.SetQuota(name, auth.Quota{MaxSandboxes: req.MaxSandboxes, MaxMemoryMiB: req.MaxMemoryMiB, MaxBuilds: req.MaxBuilds}); err != nil {

@@ -21,17 +21,21 @@ const PublicPath = "/v1/healthz"
 // "unauthenticated") with a WWW-Authenticate header. What the principal
 // may do is decided inside (internal/api's authorize).
 //
-// Requests that arrived on a Unix socket pass without a token, as
-// SocketPrincipal (an admin): the socket's 0600 mode is their
-// authentication. That is decided from the connection's
-// local address (http.LocalAddrContextKey, set by http.Server) being a
-// *net.UnixAddr; a request without that information needs a token. So one
-// handler can serve the Unix socket and TCP listeners alike.
+// Requests that arrived on a Unix socket without a token pass as
+// SocketPrincipal (an admin): the socket's mode is their authentication.
+// One that presents a token acts as that token's principal, held to its
+// role, tenant and quotas like a caller over TCP (a local orchestrator
+// confining each of its agents to a tenant without a TCP listener), and
+// a token that does not verify is a 401 there too, never a silent admin.
+// Arrival is decided from the connection's local address
+// (http.LocalAddrContextKey, set by http.Server) being a *net.UnixAddr; a
+// request without that information needs a token. So one handler can
+// serve the Unix socket and TCP listeners alike.
 //
 // A nil tokens refuses every request that needs a token.
 func Middleware(tokens *Tokens, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if fromUnixSocket(r) {
+		if fromUnixSocket(r) && r.Header.Get("Authorization") == "" {
 			next.ServeHTTP(w, r.WithContext(WithPrincipal(r.Context(), SocketPrincipal)))
 			return
 		}

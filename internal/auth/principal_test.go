@@ -144,6 +144,22 @@ func TestMiddlewarePrincipal(t *testing.T) {
 	if !had || got != SocketPrincipal || !got.Admin() {
 		t.Errorf("Unix socket principal %+v %v", got, had)
 	}
+	// On the socket, a token is the token's principal; a bad one is a 401.
+	onSocket := func(authz string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodGet, "/v1/sandboxes", nil)
+		r = r.WithContext(context.WithValue(r.Context(), http.LocalAddrContextKey, &net.UnixAddr{Name: "/run/forkd/forkd.sock", Net: "unix"}))
+		r.Header.Set("Authorization", authz)
+		w := httptest.NewRecorder()
+		got, had = Principal{}, false
+		h.ServeHTTP(w, r)
+		return w
+	}
+	if w := onSocket("Bearer " + tok); w.Code != http.StatusOK || !had || got != (Principal{Token: "ci", Role: RoleReadOnly, Tenant: "acme"}) {
+		t.Errorf("Unix socket with a token: %d, principal %+v %v", w.Code, got, had)
+	}
+	if w := onSocket("Bearer not-a-token"); w.Code != http.StatusUnauthorized || had {
+		t.Errorf("Unix socket with a bad token: %d, principal %+v %v", w.Code, got, had)
+	}
 	if s := (Principal{Token: "ci", Role: RoleUser, Tenant: "acme"}).String(); s != `token "ci" (user of tenant "acme")` {
 		t.Errorf("String = %s", s)
 	}

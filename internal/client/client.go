@@ -30,6 +30,7 @@ type Client struct {
 	socket string // where the daemon is, for messages
 	base   string // URL prefix
 	token  string
+	local  bool // on the daemon's Unix socket
 	http   *http.Client
 }
 
@@ -42,7 +43,15 @@ func New(socketPath string) *Client {
 		},
 		MaxIdleConnsPerHost: 64,
 	}
-	return &Client{socket: socketPath, base: "http://forkd", http: &http.Client{Transport: tr}}
+	return &Client{socket: socketPath, base: "http://forkd", local: true, http: &http.Client{Transport: tr}}
+}
+
+// WithToken makes c present token on every request. On the local socket
+// the request then acts as the token's tenant, under its role and quotas,
+// instead of as the socket's admin. It returns c.
+func (c *Client) WithToken(token string) *Client {
+	c.token = token
+	return c
 }
 
 // Remote configures a client for a daemon listening on TCP.
@@ -122,10 +131,10 @@ func (c *Client) send(ctx context.Context, method, path string, q url.Values, bo
 
 // connectError explains a request that reached no daemon.
 func (c *Client) connectError(err error) error {
-	if c.token == "" && (errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)) {
+	if c.local && (errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)) {
 		return fmt.Errorf("%w at %s: start it with `forkd daemon start` (or `forkd serve`): %w", ErrDaemonNotRunning, c.socket, errdefs.ErrUnavailable)
 	}
-	if c.token == "" && errors.Is(err, syscall.EACCES) {
+	if c.local && errors.Is(err, syscall.EACCES) {
 		return fmt.Errorf("forkd daemon at %s: permission denied: use sudo, or join the socket's group (sudo usermod -aG forkd $USER, then log in again; membership is root-equivalent on this host): %w",
 			c.socket, errdefs.ErrPermissionDenied)
 	}

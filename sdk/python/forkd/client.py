@@ -63,7 +63,8 @@ class Client:
             or ``unix:///path/to/forkd.sock``. Default: ``$FORKD_HOST``, else
             the local Unix socket.
         token: Bearer token for a TCP daemon (``forkd token create``).
-            Default: ``$FORKD_TOKEN``. The Unix socket needs none.
+            Default: ``$FORKD_TOKEN``. The Unix socket needs none; one given
+            there makes the client act as the token's tenant, under its quotas.
         ca_cert: PEM file of the CA that signed the daemon's certificate
             (https only). Default: ``$FORKD_CA_CERT``, else the system roots.
         socket: Path of the daemon's Unix socket. Default: ``$FORKD_SOCKET``,

@@ -35,7 +35,7 @@ export interface ConnectionOptions {
    * `$FORKD_RUN_DIR/forkd.sock` (FORKD_RUN_DIR defaults to /run/forkd).
    */
   socket?: string;
-  /** Bearer token for a TCP daemon (`forkd token create`). Env `FORKD_TOKEN`. */
+  /** Bearer token (`forkd token create`): required over TCP; on the Unix socket it makes the client act as the token's tenant, under its quotas. Env `FORKD_TOKEN`. */
   token?: string;
   /**
    * CA certificate that signs an https daemon's certificate: a PEM file path
