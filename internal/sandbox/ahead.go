@@ -60,6 +60,9 @@ func (e *Engine) restoreAhead(ctx context.Context, pv *prepared) error {
 		return fmt.Errorf("sandbox %s: restore ahead: %w (console: %s)", pv.id, err, pv.machine.ConsoleTail(512))
 	}
 	e.cfg.Metrics.ObserveVMMStart(metrics.PhaseRestore, time.Since(start))
+	if err := e.dialAgent(rctx, pv); err != nil {
+		return err
+	}
 	sess, _, err := agentconn.Dial(rctx, pv.conn, agentapi.Hello{Identity: newIdentity(pv.id)})
 	if err != nil {
 		return fmt.Errorf("sandbox %s: agent did not answer: %w (console: %s)", pv.id, err, pv.machine.ConsoleTail(512))

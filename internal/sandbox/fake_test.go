@@ -54,6 +54,10 @@ type fakeDriver struct {
 	// restorable, if set, is CanRestore's answer for a snapshot's
 	// version (vmm.RestoreChecker); unset, every version restores.
 	restorable func(version string) error
+	// agentAfterRestore makes the driver report it (vmm.Features) and
+	// its machines refuse DialAgent before Restore, as Firecracker's
+	// vsock does.
+	agentAfterRestore bool
 
 	mu       sync.Mutex
 	machines []*fakeMachine
@@ -67,8 +71,9 @@ func (d *fakeDriver) CanRestore(version string) error {
 }
 
 var (
-	_ vmm.Driver         = (*fakeDriver)(nil)
-	_ vmm.RestoreChecker = (*fakeDriver)(nil)
+	_ vmm.Driver          = (*fakeDriver)(nil)
+	_ vmm.RestoreChecker  = (*fakeDriver)(nil)
+	_ vmm.FeatureReporter = (*fakeDriver)(nil)
 )
 
 func (d *fakeDriver) Name() string                            { return "fake" }
@@ -110,6 +115,7 @@ type fakeMachine struct {
 	done        chan struct{}
 	exitErr     error
 	cpu         atomic.Int64 // SetCPULimit's last millicores
+	restored    atomic.Bool
 }
 
 var (
@@ -126,7 +132,14 @@ func (m *fakeMachine) ID() string                { return m.cfg.ID }
 func (m *fakeMachine) PID() int                  { return m.pid }
 func (m *fakeMachine) Config() vmm.MachineConfig { return m.cfg }
 func (m *fakeMachine) DialAgent(context.Context) (net.Conn, error) {
+	if m.d.agentAfterRestore && !m.restored.Load() {
+		return nil, fmt.Errorf("fake %s: no agent channel before Restore: %w", m.cfg.ID, errdefs.ErrFailedPrecondition)
+	}
 	return m.host, nil
+}
+
+func (d *fakeDriver) Features() vmm.Features {
+	return vmm.Features{AgentAfterRestore: d.agentAfterRestore}
 }
 
 func (m *fakeMachine) Restore(ctx context.Context) (vmm.RestoreTimings, error) {
@@ -181,6 +194,7 @@ func (m *fakeMachine) Restore(ctx context.Context) (vmm.RestoreTimings, error) {
 		id.Store(h.Identity.SandboxID)
 		return info(), nil
 	})
+	m.restored.Store(true)
 	return vmm.RestoreTimings{}, nil
 }
 

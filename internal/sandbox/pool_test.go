@@ -110,3 +110,36 @@ func TestPoolsYieldToForks(t *testing.T) {
 		t.Fatalf("%d VMMs still pooled for base, want at most 1", got)
 	}
 }
+
+// A driver whose agent channel exists only once the guest runs
+// (vmm.Features.AgentAfterRestore, Firecracker's vsock) gets its agent
+// dialled after the restore: forks from the pool (restored ahead) and
+// started on their path both answer.
+func TestAgentDialledAfterRestore(t *testing.T) {
+	ctx := context.Background()
+	d := &fakeDriver{agentAfterRestore: true}
+	e, _ := newFakeEngine(t, d, 1)
+	e.Warm("base")
+	snap := e.mustSnap(t, "base")
+	waitFor(t, func() bool { return e.PoolSize(snap.ID) == 1 })
+	sbs, err := e.Fork(ctx, "base", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pooled := 0
+	for _, s := range sbs {
+		if s.Pooled {
+			pooled++
+		}
+		a, err := e.Agent(s.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := a.Info(ctx); err != nil || got.SandboxID != s.ID {
+			t.Fatalf("agent of %s says %+v, %v", s.ID, got, err)
+		}
+	}
+	if pooled != 1 {
+		t.Errorf("%d of 3 children came from the pool, want 1", pooled)
+	}
+}

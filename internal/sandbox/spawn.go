@@ -73,7 +73,36 @@ func (e *Engine) machineConfig(id string, snap *snapshot.Snapshot, runDir, memFi
 		MemoryFile: memFile,
 		ConsoleLog: filepath.Join(runDir, "console.log"),
 		DiskRead:   e.cfg.DiskRead,
+		// Children are branched with diff snapshots, which such a
+		// driver can take only of a machine restored with tracking on.
+		TrackDirtyPages: e.features().DirtyPageTracking,
 	}
+}
+
+// features is what the driver's snapshots and machines can do
+// (vmm.FeatureReporter; none beyond full snapshots without it).
+func (e *Engine) features() vmm.Features {
+	if fr, ok := e.cfg.Driver.(vmm.FeatureReporter); ok {
+		return fr.Features()
+	}
+	return vmm.Features{}
+}
+
+// dialAgent connects pv's agent channel after its restore, unless prepare
+// already did (off the fork's path, where the driver allows it before the
+// restore: vmm.Features.AgentAfterRestore). The connection closes with
+// pv's teardown.
+func (e *Engine) dialAgent(ctx context.Context, pv *prepared) error {
+	if pv.conn != nil {
+		return nil
+	}
+	conn, err := pv.machine.DialAgent(ctx)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: agent socket: %w", pv.id, err)
+	}
+	pv.conn = conn
+	pv.teardown = append(pv.teardown, func(context.Context) error { return conn.Close() })
+	return nil
 }
 
 // poolNice is the CPU niceness pool refills start VMMs with: QEMU's
@@ -129,11 +158,13 @@ func (e *Engine) prepare(ctx context.Context, snap *snapshot.Snapshot, nice int)
 	}
 	cl.Push(func(context.Context) error { return m.Kill() })
 
-	conn, err := m.DialAgent(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: agent socket: %w", id, err)
+	var conn net.Conn
+	if !e.features().AgentAfterRestore { // else dialAgent, after the restore
+		if conn, err = m.DialAgent(ctx); err != nil {
+			return nil, fmt.Errorf("sandbox %s: agent socket: %w", id, err)
+		}
+		cl.Push(func(context.Context) error { return conn.Close() })
 	}
-	cl.Push(func(context.Context) error { return conn.Close() })
 	took := time.Since(start)
 	e.cfg.Metrics.ObserveVMMStart(metrics.PhasePrepare, took)
 	return &prepared{id: id, snap: snap, machine: m, netns: ns.Name(), net: sn, conn: conn, teardown: cl.Release(), took: took, linkTook: linkTook}, nil
@@ -412,6 +443,9 @@ func (e *Engine) spawnFrom(ctx context.Context, p *pool, opts ForkOptions, pv *p
 		e.cfg.Metrics.ObserveVMMStart(metrics.PhaseRestore, time.Since(restoreStart))
 		phases.RestoreMillis = since(restoreStart)
 		t := time.Now()
+		if err := e.dialAgent(rctx, pv); err != nil {
+			return nil, err
+		}
 		hello := agentapi.Hello{Identity: newIdentity(pv.id)}
 		if sess, _, err = agentconn.Dial(rctx, pv.conn, hello); err != nil {
 			return nil, fmt.Errorf("sandbox %s: agent did not answer: %w (console: %s)", pv.id, err, pv.machine.ConsoleTail(512))

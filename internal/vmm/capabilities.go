@@ -94,6 +94,13 @@ type Features struct {
 	// that find written pages otherwise (QEMU: the pagemap of a private
 	// mapping) leave it false.
 	DirtyPageTracking bool
+	// AgentAfterRestore: a prepared machine's agent channel exists only
+	// once its guest runs (Firecracker's vsock device is restored with
+	// the snapshot), so DialAgent fails before Restore and callers dial
+	// after it. Drivers whose channel is a host socket open before the
+	// restore (QEMU's virtio-serial chardev) leave it false, and callers
+	// dial ahead, off the fork's path.
+	AgentAfterRestore bool
 }
 
 // FeatureReporter is an optional Driver capability: a driver without it

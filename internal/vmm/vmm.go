@@ -215,7 +215,8 @@ type Machine interface {
 	PID() int
 	Config() MachineConfig
 	// DialAgent connects to the guest agent's stream. It may be called before
-	// Restore (the bytes flow once the guest runs). One connection at a time.
+	// Restore (the bytes flow once the guest runs) unless the driver's
+	// Features say AgentAfterRestore. One connection at a time.
 	DialAgent(ctx context.Context) (net.Conn, error)
 	// Restore loads the snapshot of a prepared machine and lets it run.
 	// On failure (a missing or corrupt snapshot) the machine is killed:

@@ -79,7 +79,18 @@ type Driver struct {
 	versionErr  error
 }
 
-var _ vmm.Driver = (*Driver)(nil)
+var (
+	_ vmm.Driver          = (*Driver)(nil)
+	_ vmm.FeatureReporter = (*Driver)(nil)
+)
+
+// Features: diff snapshots need dirty page tracking from boot or restore;
+// the agent's vsock exists once the guest runs, so it is dialled after
+// Restore. Diff snapshots are not offered to the engine yet: they write
+// no page index (Snapshot refuses PageIndexFile).
+func (d *Driver) Features() vmm.Features {
+	return vmm.Features{DirtyPageTracking: true, AgentAfterRestore: true}
+}
 
 func init() {
 	vmm.Register(Name, vmm.Constructor{
