@@ -18,21 +18,62 @@ import (
 // next one. Lock files are left in place: deleting one while another
 // process waits on it would let two holders in.
 func LockFile(ctx context.Context, path, held string) (unlock func(), err error) {
+	return lockFile(ctx, path, held, syscall.LOCK_EX)
+}
+
+// LockFileShared takes a shared flock on path, as LockFile does: any
+// number of shared holders at once, none while an exclusive one holds it.
+func LockFileShared(ctx context.Context, path, held string) (unlock func(), err error) {
+	return lockFile(ctx, path, held, syscall.LOCK_SH)
+}
+
+// TryLockFile takes an exclusive flock on path without waiting: ok is
+// false (and err nil) while another holder, shared or exclusive, has it.
+func TryLockFile(path string) (unlock func(), ok bool, err error) {
+	f, err := openLock(path)
+	if err != nil {
+		return nil, false, err
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		switch {
+		case err == nil:
+			return unlocker(f), true, nil
+		case errors.Is(err, syscall.EINTR):
+			continue
+		case errors.Is(err, syscall.EWOULDBLOCK):
+			f.Close()
+			return nil, false, nil
+		}
+		f.Close()
+		return nil, false, fmt.Errorf("lock %s: %w", path, err)
+	}
+}
+
+func openLock(path string) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	return os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+}
+
+func unlocker(f *os.File) func() {
+	return func() {
+		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}
+}
+
+func lockFile(ctx context.Context, path, held string, how int) (unlock func(), err error) {
+	f, err := openLock(path)
 	if err != nil {
 		return nil, err
 	}
 	delay := 5 * time.Millisecond
 	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB)
 		if err == nil {
-			return func() {
-				syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-				f.Close()
-			}, nil
+			return unlocker(f), nil
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
 			f.Close()

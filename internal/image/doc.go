@@ -25,7 +25,9 @@
 //	DataDir/cache/kernel/current          the package version FetchKernel uses
 //	DataDir/cache/debs/<name>_<ver>.deb   downloaded packages (busybox-static)
 //	DataDir/cache/rootfs/<key>/           rootfs.ext4, rootfs.json
-//	DataDir/cache/layers/sha256/<hex>     OCI layer blobs (recipe from; internal/oci)
+//	DataDir/cache/layers/sha256/<hex>     OCI layer blobs (recipe from; internal/ociimage),
+//	                                      each image's in its manifest (from.layers); forkd
+//	                                      system prune removes those no image lists
 //	DataDir/images/<digest>/              vmlinuz, initrd.img, rootfs.ext4, image.json
 //
 // The rootfs key is recipe.RootfsKey (base, packages, omit, from) plus the

@@ -27,11 +27,18 @@ type Source struct {
 	Config      ociimage.Config `json:"config"`
 }
 
+// LayerCacheDir is where images built with from keep the layers they
+// pulled, shared by all images (an ociimage.Cache); each image records its
+// layers in its manifest (Image.From.Layers).
+func LayerCacheDir(dataDir string) string {
+	return filepath.Join(dataDir, "cache", "layers")
+}
+
 // puller is the registry client for recipe r; layers are cached in
-// DataDir/cache/layers and shared by all images.
+// LayerCacheDir.
 func (b *Builder) puller(r *recipe.Recipe) *ociimage.Puller {
 	return &ociimage.Puller{
-		CacheDir: filepath.Join(b.DataDir, "cache", "layers"),
+		CacheDir: LayerCacheDir(b.DataDir),
 		Insecure: r.InsecureRegistry,
 		Limits:   b.PullLimits,
 		Progress: b.Progress,

@@ -46,6 +46,9 @@ type Image struct {
 	Kernel string
 	Initrd string
 	Rootfs string
+	// RootfsKey names the cached root file system it was built from
+	// (DataDir/cache/rootfs/<key>).
+	RootfsKey string
 
 	KernelVersion        string // uname -r in the guest
 	KernelPackage        string
@@ -133,6 +136,7 @@ func loadImage(dir string) (*Image, error) {
 		Kernel:               filepath.Join(abs, kernelName),
 		Initrd:               filepath.Join(abs, initrdName),
 		Rootfs:               filepath.Join(abs, rootfsName),
+		RootfsKey:            m.Rootfs.Key,
 		KernelVersion:        m.Kernel.Version,
 		KernelPackage:        m.Kernel.Package,
 		KernelPackageVersion: m.Kernel.PackageVersion,

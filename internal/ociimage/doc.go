@@ -21,6 +21,10 @@
 // size and digest, fsynced and renamed into place, so a crash or a corrupt
 // download never leaves a file under a digest's name.
 //
+// Pulls hold the cache shared; Cache.Remove (forkd system prune) takes it
+// exclusively, so a layer being fetched or applied is never removed (see
+// cachedir.go).
+//
 // # Unpacking
 //
 // Layers are applied in order with the OCI whiteout rules (".wh.NAME"

@@ -268,7 +268,7 @@ func TestPullRefusesCorruptBlobsAndCachesNothing(t *testing.T) {
 			}
 			var files []string
 			filepath.WalkDir(p.CacheDir, func(path string, d os.DirEntry, err error) error {
-				if err == nil && !d.IsDir() {
+				if err == nil && !d.IsDir() && d.Name() != cacheLockName {
 					files = append(files, path)
 				}
 				return nil

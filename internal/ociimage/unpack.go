@@ -20,6 +20,15 @@ import (
 
 // Fetch downloads the layers that are not cached yet.
 func (img *Image) Fetch(ctx context.Context) error {
+	unlock, err := lockCacheShared(ctx, img.p.CacheDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return img.fetch(ctx)
+}
+
+func (img *Image) fetch(ctx context.Context) error {
 	c := blobCache{img.p.CacheDir}
 	for i, l := range img.layers {
 		if err := ctx.Err(); err != nil {
@@ -53,10 +62,16 @@ func (img *Image) Fetch(ctx context.Context) error {
 
 // Unpack fetches the layers that are not cached and applies them in order
 // to dir, an empty directory that the caller owns (a staging directory: on
-// error it holds a partial tree to throw away).
+// error it holds a partial tree to throw away). The cache is held (shared)
+// throughout, so Cache.Remove cannot take a layer from under it.
 func (img *Image) Unpack(ctx context.Context, dir string) (Stats, error) {
 	var st Stats
-	if err := img.Fetch(ctx); err != nil {
+	unlock, err := lockCacheShared(ctx, img.p.CacheDir)
+	if err != nil {
+		return st, err
+	}
+	defer unlock()
+	if err := img.fetch(ctx); err != nil {
 		return st, err
 	}
 	a := &applier{t: tree{dir: dir}, lim: img.p.Limits.withDefaults(), stats: &st, owners: os.Geteuid() == 0}
