@@ -8,6 +8,7 @@ import (
 	"log"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -119,6 +120,20 @@ func TestSnapshotFromOCIImage(t *testing.T) {
 	}
 	if built.From == nil || built.From.Digest != want.String() {
 		t.Fatalf("image %s records source %+v, want manifest %s", built.Digest, built.From, want)
+	}
+	// df counts the pulled layers as in use, and no prune would take them.
+	du, err := e.DiskUsage()
+	if err != nil || len(built.From.Layers) != 2 || du.OCILayers.Active < 2 || du.OCILayers.Bytes <= 0 {
+		t.Fatalf("df: %+v (%v); the image lists layers %v", du.OCILayers, err, built.From.Layers)
+	}
+	plan, err := e.Prune(ctx, sandbox.PruneOptions{Images: true, DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range plan.OCILayers {
+		if slices.Contains(built.From.Layers, d) {
+			t.Fatalf("a prune would remove layer %s of image %s, which snapshot %s uses", d, built.Digest, tag)
+		}
 	}
 
 	sbs, err := e.Fork(ctx, snap.Tag, 1)

@@ -21,10 +21,11 @@ func systemCmd(g *globals) *cobra.Command {
 func systemDFCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "df",
-		Short: "Show the disk (and guest memory) images, snapshots, layers, memory images, pools and sandboxes take",
+		Short: "Show the disk (and guest memory) images, snapshots, layers, memory images, OCI layers, pools and sandboxes take",
 		Long: "Show counts, sizes and reclaimable bytes by kind. Sizes are allocated disk bytes\n" +
 			"(memory files are sparse); for pooled VMMs and sandboxes, the guest memory they\n" +
-			"commit. RECLAIMABLE is what `forkd system prune --images` would free.",
+			"commit. RECLAIMABLE is what `forkd system prune --images` would free. OCI layers\n" +
+			"are the layer cache of images built with --from: ACTIVE, those an image lists.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client(cmd.Context())
@@ -52,7 +53,8 @@ func printDiskUsage(w io.Writer, du apiv1.DiskUsage) {
 		u    apiv1.Usage
 	}{
 		{"Images", du.Images}, {"Snapshots", du.Snapshots}, {"Layers", du.Layers},
-		{"Memory images", du.MemoryImages}, {"Pooled VMMs (memory)", du.Pools}, {"Sandboxes (memory)", du.Sandboxes},
+		{"Memory images", du.MemoryImages}, {"OCI layers (cache)", du.OCILayers},
+		{"Pooled VMMs (memory)", du.Pools}, {"Sandboxes (memory)", du.Sandboxes},
 	} {
 		reclaim := human(row.u.ReclaimableBytes)
 		if row.u.SizeBytes > 0 && row.u.ReclaimableBytes > 0 {
@@ -68,11 +70,13 @@ func systemPruneCmd(g *globals) *cobra.Command {
 	var force bool
 	cmd := &cobra.Command{
 		Use:   "prune [--images] [--dry-run] [--force]",
-		Short: "Forget dead sandboxes and remove memory images no snapshot needs (--images: unused images too)",
-		Long: "Forget dead sandboxes, remove assembled memory images whose snapshot is gone and,\n" +
-			"with --images, the images no snapshot was taken from. Snapshots are never removed\n" +
-			"(forkd rmi does that). It prints what it would remove and, on a terminal, asks\n" +
-			"before removing it unless --force.",
+		Short: "Forget dead sandboxes, remove memory images and OCI layers nothing needs (--images: unused images too)",
+		Long: "Forget dead sandboxes, remove assembled memory images whose snapshot is gone, the\n" +
+			"cached OCI layers (of images built with --from) no image lists and, with --images,\n" +
+			"the images no snapshot was taken from (and then their layers). Snapshots are never\n" +
+			"removed (forkd rmi does that). It prints what it would remove and, on a terminal,\n" +
+			"asks before removing it unless --force. While an image build is pulling layers, a\n" +
+			"prune that would remove layers is refused; retry when it ends.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client(cmd.Context())
@@ -116,7 +120,7 @@ func systemPruneCmd(g *globals) *cobra.Command {
 }
 
 func prunesNothing(r apiv1.PruneResponse) bool {
-	return len(r.Sandboxes)+len(r.Images)+len(r.MemoryImages) == 0
+	return len(r.Sandboxes)+len(r.Images)+len(r.MemoryImages)+len(r.OCILayers) == 0
 }
 
 // printPrune says what a prune removed, or with DryRun would remove.
@@ -137,6 +141,9 @@ func printPrune(w io.Writer, r apiv1.PruneResponse) {
 	}
 	for _, d := range r.MemoryImages {
 		fmt.Fprintf(w, "%s memory image %s\n", verb, shortDigest(strings.TrimPrefix(d, "sha256:")))
+	}
+	for _, d := range r.OCILayers {
+		fmt.Fprintf(w, "%s OCI layer %s\n", verb, shortDigest(strings.TrimPrefix(d, "sha256:")))
 	}
 	if r.DryRun {
 		fmt.Fprintf(w, "would free %s\n", human(r.ReclaimedBytes))

@@ -17,7 +17,8 @@ func TestSystemAndImageCommands(t *testing.T) {
 	img := apiv1.Image{Digest: strings.Repeat("cd", 32), Recipe: "old", SizeBytes: 3 << 20}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/system/df", func(w http.ResponseWriter, r *http.Request) {
-		json.NewEncoder(w).Encode(apiv1.DiskUsage{Images: apiv1.Usage{Count: 2, Active: 1, SizeBytes: 4 << 20, ReclaimableBytes: 1 << 20}})
+		json.NewEncoder(w).Encode(apiv1.DiskUsage{Images: apiv1.Usage{Count: 2, Active: 1, SizeBytes: 4 << 20, ReclaimableBytes: 1 << 20},
+			OCILayers: apiv1.Usage{Count: 4, Active: 2, SizeBytes: 8 << 20, ReclaimableBytes: 6 << 20}})
 	})
 	mux.HandleFunc("POST /v1/system/prune", func(w http.ResponseWriter, r *http.Request) {
 		var req apiv1.PruneRequest
@@ -25,7 +26,8 @@ func TestSystemAndImageCommands(t *testing.T) {
 		mu.Lock()
 		prunes = append(prunes, req)
 		mu.Unlock()
-		json.NewEncoder(w).Encode(apiv1.PruneResponse{DryRun: req.DryRun, Sandboxes: []string{"sb-dead"}, Images: []apiv1.Image{img}, ReclaimedBytes: 3 << 20})
+		json.NewEncoder(w).Encode(apiv1.PruneResponse{DryRun: req.DryRun, Sandboxes: []string{"sb-dead"}, Images: []apiv1.Image{img},
+			OCILayers: []string{"sha256:" + strings.Repeat("ef", 32)}, ReclaimedBytes: 3 << 20})
 	})
 	mux.HandleFunc("DELETE /v1/images/{ref}", func(w http.ResponseWriter, r *http.Request) {
 		if r.PathValue("ref") == "used" {
@@ -37,11 +39,13 @@ func TestSystemAndImageCommands(t *testing.T) {
 	d := newFakeDaemon(t, mux)
 
 	out, err := runCLI(t, d, "system", "df")
-	if err != nil || !strings.Contains(out, "Images") || !strings.Contains(out, "1.0 MiB (25%)") {
+	if err != nil || !strings.Contains(out, "Images") || !strings.Contains(out, "1.0 MiB (25%)") ||
+		!strings.Contains(out, "OCI layers (cache)") || !strings.Contains(out, "6.0 MiB (75%)") {
 		t.Errorf("df: %v\n%s", err, out)
 	}
 	out, err = runCLI(t, d, "system", "prune", "--images", "--dry-run")
-	if err != nil || !strings.Contains(out, "would remove dead sandbox sb-dead") || !strings.Contains(out, "would free 3.0 MiB") {
+	if err != nil || !strings.Contains(out, "would remove dead sandbox sb-dead") ||
+		!strings.Contains(out, "would remove OCI layer efefefefefef") || !strings.Contains(out, "would free 3.0 MiB") {
 		t.Errorf("dry run: %v\n%s", err, out)
 	}
 	if len(prunes) != 1 || !prunes[0].DryRun || !prunes[0].Images {

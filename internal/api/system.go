@@ -29,7 +29,8 @@ func (s *Server) diskUsage(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, apiv1.DiskUsage{
 		Images: usageInfo(du.Images), Snapshots: usageInfo(du.Snapshots), Layers: usageInfo(du.Layers),
-		MemoryImages: usageInfo(du.MemoryImages), Pools: usageInfo(du.Pools), Sandboxes: usageInfo(du.Sandboxes),
+		MemoryImages: usageInfo(du.MemoryImages), OCILayers: usageInfo(du.OCILayers),
+		Pools: usageInfo(du.Pools), Sandboxes: usageInfo(du.Sandboxes),
 	})
 }
 
@@ -38,7 +39,8 @@ func usageInfo(u sandbox.Usage) apiv1.Usage {
 }
 
 // prune answers POST /v1/system/prune: dead sandboxes forgotten, orphaned
-// memory images removed, and with images the unused images. What was
+// memory images and unlisted OCI layers removed, and with images the
+// unused images. What was
 // removed before a failure is in the audit record.
 func (s *Server) prune(w http.ResponseWriter, r *http.Request) {
 	var req apiv1.PruneRequest
@@ -49,7 +51,8 @@ func (s *Server) prune(w http.ResponseWriter, r *http.Request) {
 	res, err := s.Engine.Prune(r.Context(), sandbox.PruneOptions{Images: req.Images, DryRun: req.DryRun})
 	out := apiv1.PruneResponse{
 		DryRun: req.DryRun, Sandboxes: append([]string{}, res.Sandboxes...), Images: []apiv1.Image{},
-		MemoryImages: append([]string{}, res.MemoryImages...), ReclaimedBytes: res.Bytes,
+		MemoryImages: append([]string{}, res.MemoryImages...), OCILayers: append([]string{}, res.OCILayers...),
+		ReclaimedBytes: res.Bytes,
 	}
 	for _, img := range res.Images {
 		out.Images = append(out.Images, imageInfo(img))

@@ -1,6 +1,8 @@
 package api
 
 import (
+	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -12,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/fsutil"
+	"github.com/forkd-dev/forkd/internal/image"
 	"github.com/forkd-dev/forkd/internal/testutil"
 )
 
@@ -128,5 +132,112 @@ func TestSystemDFAndPrune(t *testing.T) {
 	tk.getJSON("ops", "/v1/system/df", &du)
 	if du.Images.Count != 3 || du.Images.ReclaimableBytes != 0 || du.Snapshots.Count != 3 || du.Sandboxes.Count != 0 {
 		t.Fatalf("after prune: %+v", du)
+	}
+}
+
+// addCachedLayer puts a blob of random bytes into dataDir's OCI layer
+// cache and returns its digest.
+func addCachedLayer(t *testing.T, dataDir string) string {
+	t.Helper()
+	b := make([]byte, 16<<10)
+	rand.Read(b)
+	sum := sha256.Sum256(b)
+	dir := filepath.Join(image.LayerCacheDir(dataDir), "sha256")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, hex.EncodeToString(sum[:])), b, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// setImageLayers records in the image in imgDir that it was built from an
+// OCI image of layers.
+func setImageLayers(t *testing.T, imgDir string, layers ...string) {
+	t.Helper()
+	p := filepath.Join(imgDir, "image.json")
+	data, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["from"] = map[string]any{"ref": "registry.test/app:v1", "digest": "sha256:" + strings.Repeat("1", 64), "layers": layers}
+	data, _ = json.Marshal(m)
+	os.Remove(p)
+	if err := os.WriteFile(p, data, 0o444); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSystemDFAndPruneOCILayers: df counts the OCI layer cache (active:
+// listed by an image; reclaimable: listed by no image a snapshot uses); a
+// prune removes the layers no image lists, with images also those of the
+// images it removes, never one a kept image lists; while a pull holds the
+// cache the prune is refused before anything is removed.
+func TestSystemDFAndPruneOCILayers(t *testing.T) {
+	tk := newTenancy(t, nil)
+	dataDir := tk.s.Engine.Config().DataDir
+	used, spare, orphan := addCachedLayer(t, dataDir), addCachedLayer(t, dataDir), addCachedLayer(t, dataDir)
+	setImageLayers(t, filepath.Join(dataDir, "images", digestOf("a-base")), used)
+	_, spareDir := addImage(t, dataDir, "spare", "spare")
+	setImageLayers(t, spareDir, spare, used)
+	exists := func(d string) bool {
+		_, err := os.Stat(filepath.Join(image.LayerCacheDir(dataDir), "sha256", strings.TrimPrefix(d, "sha256:")))
+		return err == nil
+	}
+
+	var du apiv1.DiskUsage
+	tk.getJSON("ops", "/v1/system/df", &du)
+	l := du.OCILayers
+	if l.Count != 3 || l.Active != 2 || l.SizeBytes <= 0 || l.ReclaimableBytes*3 != l.SizeBytes*2 {
+		t.Fatalf("df oci_layers %+v, want 3 layers, 2 active, 2/3 reclaimable", l)
+	}
+	prune := func(body string) (int, apiv1.PruneResponse) {
+		t.Helper()
+		var res apiv1.PruneResponse
+		a := tk.call("ops", http.MethodPost, "/v1/system/prune", body, nil)
+		if a.status == http.StatusOK && json.Unmarshal(a.body, &res) != nil {
+			t.Fatalf("prune %s: %s", body, a.body)
+		}
+		return a.status, res
+	}
+	if code, dry := prune(`{"dry_run":true}`); code != http.StatusOK || !slices.Equal(dry.OCILayers, []string{orphan}) {
+		t.Fatalf("dry run without images: %d %+v", code, dry)
+	}
+	code, dry := prune(`{"images":true,"dry_run":true}`)
+	slices.Sort(dry.OCILayers)
+	want := []string{orphan, spare}
+	slices.Sort(want)
+	if code != http.StatusOK || !slices.Equal(dry.OCILayers, want) || !exists(orphan) || !exists(spare) {
+		t.Fatalf("dry run with images: %d %+v", code, dry)
+	}
+
+	if code, res := prune(`{}`); code != http.StatusOK || !slices.Equal(res.OCILayers, []string{orphan}) || exists(orphan) || !exists(spare) {
+		t.Fatalf("prune: %d %+v", code, res)
+	}
+
+	// A pull holds the cache: the prune would remove a layer, so it is
+	// refused, and the image it would remove stays.
+	unlock, err := fsutil.LockFileShared(context.Background(), filepath.Join(image.LayerCacheDir(dataDir), ".lock"), "the test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := tk.call("ops", http.MethodPost, "/v1/system/prune", `{"images":true}`, nil)
+	unlock()
+	if _, err := os.Stat(spareDir); a.status != http.StatusConflict || err != nil || !exists(spare) {
+		t.Fatalf("prune while a pull holds the cache: %d %s (image left: %v)", a.status, a.body, err)
+	}
+
+	code, res := prune(`{"images":true}`)
+	if code != http.StatusOK || !slices.Equal(res.OCILayers, []string{spare}) || len(res.Images) != 1 || exists(spare) || !exists(used) {
+		t.Fatalf("prune with images: %d %+v", code, res)
+	}
+	tk.getJSON("ops", "/v1/system/df", &du)
+	if l := du.OCILayers; l.Count != 1 || l.Active != 1 || l.ReclaimableBytes != 0 {
+		t.Fatalf("df after the prunes: %+v", l)
 	}
 }

@@ -23,8 +23,11 @@ type DiskUsage struct {
 	// MemoryImages are the assembled memory images forks of layers (and,
 	// with --memory-dir, of every snapshot) map.
 	MemoryImages Usage `json:"memory_images"`
-	Pools        Usage `json:"pools"` // pooled VMMs, ready for forks
-	Sandboxes    Usage `json:"sandboxes"`
+	// OCILayers is the cache of OCI layers images built with from
+	// pulled, shared by digest: active, those an image lists.
+	OCILayers Usage `json:"oci_layers"`
+	Pools     Usage `json:"pools"` // pooled VMMs, ready for forks
+	Sandboxes Usage `json:"sandboxes"`
 }
 
 // PruneRequest is POST /v1/system/prune.
@@ -42,6 +45,8 @@ type PruneResponse struct {
 	Sandboxes []string `json:"sandboxes"`
 	Images    []Image  `json:"images"`
 	// MemoryImages are the digests of the assembled memory images removed.
-	MemoryImages   []string `json:"memory_images"`
+	MemoryImages []string `json:"memory_images"`
+	// OCILayers are the digests of the cached OCI layers removed.
+	OCILayers      []string `json:"oci_layers"`
 	ReclaimedBytes int64    `json:"reclaimed_bytes"`
 }

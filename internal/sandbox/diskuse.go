@@ -12,6 +12,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/image"
+	"github.com/forkd-dev/forkd/internal/ociimage"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 )
 
@@ -25,6 +26,9 @@ import (
 //   - images no snapshot was taken from (with PruneOptions.Images);
 //   - assembled memory images (the cache of chain heads, and of flat
 //     snapshots with --memory-dir) whose snapshot is gone;
+//   - OCI layers (the cache of images built with from) that no image
+//     lists, counting the images the same prune removes (ociimage.Cache:
+//     refused while a build is pulling);
 //   - dead sandboxes' records (they hold no disk: their run directory went
 //     with their VMM).
 //
@@ -42,6 +46,10 @@ type Usage struct {
 // DiskUsage is Usage by kind.
 type DiskUsage struct {
 	Images, Snapshots, Layers, MemoryImages, Pools, Sandboxes Usage
+	// OCILayers is the layer cache of images built with from: a layer an
+	// image lists is active, one no image a snapshot uses lists is
+	// reclaimable (prune --images frees it).
+	OCILayers Usage
 }
 
 // allocated is the disk space a file takes (0 if it cannot be read).
@@ -118,6 +126,46 @@ func (e *Engine) memoryImages(keep map[string]bool) (all Usage) {
 	return all
 }
 
+func (e *Engine) layerCache() ociimage.Cache {
+	return ociimage.Cache{Dir: image.LayerCacheDir(e.cfg.DataDir)}
+}
+
+// layersOf is the set of OCI layer digests imgs list.
+func layersOf(imgs []*image.Image) map[string]bool {
+	set := map[string]bool{}
+	for _, img := range imgs {
+		if img.From != nil {
+			for _, d := range img.From.Layers {
+				set[d] = true
+			}
+		}
+	}
+	return set
+}
+
+// ociLayers is the usage of the OCI layer cache: a layer one of all lists
+// is active; one none of kept lists is reclaimable (listed in
+// reclaimableItems).
+func (e *Engine) ociLayers(all, kept []*image.Image) (u Usage, err error) {
+	cached, err := e.layerCache().List()
+	if err != nil {
+		return u, fmt.Errorf("OCI layer cache: %w", err)
+	}
+	active, keep := layersOf(all), layersOf(kept)
+	for _, l := range cached {
+		u.Count++
+		u.Bytes += l.Bytes
+		if active[l.Digest] {
+			u.Active++
+		}
+		if !keep[l.Digest] {
+			u.Reclaim += l.Bytes
+			u.reclaimableItems = append(u.reclaimableItems, l.Digest)
+		}
+	}
+	return u, nil
+}
+
 // DiskUsage reports what the daemon's data directory (and memory
 // directory) holds, and its pools and sandboxes.
 func (e *Engine) DiskUsage() (DiskUsage, error) {
@@ -131,15 +179,20 @@ func (e *Engine) DiskUsage() (DiskUsage, error) {
 		return du, err
 	}
 	users := imageUsers(snaps)
+	var used []*image.Image
 	for _, img := range imgs {
 		n := allocatedTree(img.Dir)
 		du.Images.Count++
 		du.Images.Bytes += n
 		if len(users[img.Digest]) > 0 {
 			du.Images.Active++
+			used = append(used, img)
 		} else {
 			du.Images.Reclaim += n
 		}
+	}
+	if du.OCILayers, err = e.ociLayers(imgs, used); err != nil {
+		return du, err
 	}
 	inUse := map[string]bool{} // snapshot ids with running sandboxes
 	for _, sb := range e.List() {
@@ -214,8 +267,8 @@ func (e *Engine) RemoveImage(ctx context.Context, ref string) (*image.Image, err
 	return img, nil
 }
 
-// PruneOptions say what Prune removes besides dead sandboxes' records
-// and orphaned memory images.
+// PruneOptions say what Prune removes besides dead sandboxes' records,
+// orphaned memory images and unlisted OCI layers.
 type PruneOptions struct {
 	// Images removes the images no snapshot was taken from.
 	Images bool
@@ -228,14 +281,18 @@ type PruneResult struct {
 	Sandboxes    []string
 	Images       []*image.Image
 	MemoryImages []string
+	// OCILayers are the digests of the cached OCI layers removed.
+	OCILayers []string
 	// Bytes is the disk space freed (or that would be).
 	Bytes int64
 }
 
 // Prune forgets dead sandboxes, removes assembled memory images no
-// snapshot needs, and with opts.Images the images no snapshot uses.
-// Snapshots are never removed. A removal that fails ends the prune with
-// what was done so far.
+// snapshot needs, cached OCI layers no image lists, and with opts.Images
+// the images no snapshot uses. Snapshots are never removed. The layers go
+// first: while a build is pulling, the prune is refused before anything
+// is removed (FailedPrecondition). A removal that fails ends the prune
+// with what was done so far.
 func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (PruneResult, error) {
 	var res PruneResult
 	for _, sb := range e.List() {
@@ -251,16 +308,26 @@ func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (PruneResult, err
 		if err := e.imagesBusy("prune images"); err != nil {
 			return res, err
 		}
-		imgs, err := e.Images()
-		if err != nil && len(imgs) == 0 {
-			return res, err
-		}
+	}
+	imgs, err := e.Images()
+	if err != nil && len(imgs) == 0 {
+		return res, err
+	}
+	kept := imgs
+	if opts.Images {
 		users := imageUsers(snaps)
+		kept = nil
 		for _, img := range imgs {
 			if len(users[img.Digest]) == 0 {
 				res.Images = append(res.Images, img)
+			} else {
+				kept = append(kept, img)
 			}
 		}
+	}
+	layers, err := e.ociLayers(imgs, kept)
+	if err != nil {
+		return res, err
 	}
 	mem := e.memoryImages(e.memoryKeep(snaps))
 	res.MemoryImages = mem.reclaimableItems
@@ -268,8 +335,17 @@ func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (PruneResult, err
 		for _, img := range res.Images {
 			res.Bytes += allocatedTree(img.Dir)
 		}
-		res.Bytes += mem.Reclaim
+		res.Bytes += mem.Reclaim + layers.Reclaim
+		res.OCILayers = layers.reclaimableItems
 		return res, nil
+	}
+	gone, err := e.layerCache().Remove(layers.reclaimableItems)
+	for _, l := range gone {
+		res.OCILayers = append(res.OCILayers, l.Digest)
+		res.Bytes += l.Bytes
+	}
+	if err != nil {
+		return res, fmt.Errorf("prune OCI layers: %w", err)
 	}
 	if len(res.Sandboxes) > 0 {
 		forgotten, _ := e.Kill(ctx, res.Sandboxes) // one forgotten meanwhile is not an error
