@@ -8,9 +8,18 @@
 #            PATH is kept), and Debian's docker-registry (distribution 2.8:
 #            the registry tests start their own on a unix socket; the
 #            package's own service is disabled when this script installs it).
+#   --bench  also what `forkd bench image-from` compares with: docker-registry,
+#            skopeo and umoci (not needed by `make test`).
 set -euo pipefail
 for_tests=false
-[ "${1:-}" = --test ] && for_tests=true
+for_bench=false
+for arg in "$@"; do
+  case "$arg" in
+    --test) for_tests=true ;;
+    --bench) for_bench=true ;;
+    *) echo "usage: $0 [--test] [--bench]" >&2; exit 2 ;;
+  esac
+done
 
 need=()
 have() { command -v "$1" >/dev/null 2>&1; }
@@ -32,6 +41,11 @@ if $for_tests; then
   have node || need+=(nodejs)
   have npm || need+=(npm)
   have docker-registry || need+=(docker-registry)
+fi
+if $for_bench; then
+  have docker-registry || need+=(docker-registry)
+  have skopeo || need+=(skopeo)
+  have umoci || need+=(umoci)
 fi
 have apt-get || { echo "forkd needs a Debian-based host with apt-get" >&2; exit 1; }
 

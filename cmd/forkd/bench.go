@@ -51,6 +51,7 @@ func benchCmd(g *globals) *cobra.Command {
 	cmd.AddCommand(benchAPICmd(g))
 	cmd.AddCommand(benchFirstCmd(g))
 	cmd.AddCommand(benchBranchCmds(g)...)
+	cmd.AddCommand(benchImageFromCmd(g))
 	cmd.AddCommand(benchWatchdogCmd(g))
 	return cmd
 }

@@ -89,6 +89,7 @@ var examples = map[string][]string{
 	"bench branch":       {"forkd bench branch --memory 256 --rounds 3"},
 	"bench chain":        {"forkd bench chain --depth 5"},
 	"bench first-answer": {"forkd bench first-answer"},
+	"bench image-from":   {"forkd bench image-from", "sudo forkd bench image-from --size-mb 500 --layers 8 --json"},
 	"bench watchdog":     {"forkd bench watchdog --owner 1234   # internal: started by the benchmarks"},
 }
 
