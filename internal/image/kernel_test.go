@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/forkd-dev/forkd/internal/vmlinux"
 )
 
 func TestFetchKernel(t *testing.T) {
@@ -157,5 +159,27 @@ func TestInstallModulesCompressed(t *testing.T) {
 		if len(a) == 0 || string(a) != string(b) {
 			t.Errorf("%s: decompressed module differs from the original", m)
 		}
+	}
+}
+
+// Firecracker on x86_64 boots an ELF vmlinux, not the bzImage Debian
+// ships: the real kernel's payload decompresses to an x86-64 executable.
+func TestDebianKernelToELF(t *testing.T) {
+	k := sharedKernel(t)
+	out, err := vmlinux.Ensure(filepath.Join(t.TempDir(), "unused")) // a missing file is an error, not an ELF
+	if err == nil {
+		t.Fatalf("Ensure of a missing kernel: %s", out)
+	}
+	b, err := os.ReadFile(k.Vmlinuz)
+	if err != nil {
+		t.Fatal(err)
+	}
+	elfBytes, err := vmlinux.Extract(b)
+	if err != nil {
+		t.Fatalf("%s (%s): %v", k.Vmlinuz, k.PackageVersion, err)
+	}
+	t.Logf("%s: %d bytes of bzImage, %d of ELF", k.Version, len(b), len(elfBytes))
+	if len(elfBytes) < 2*len(b) {
+		t.Errorf("ELF of %d bytes from a %d-byte bzImage: want the uncompressed kernel", len(elfBytes), len(b))
 	}
 }

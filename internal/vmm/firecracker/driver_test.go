@@ -343,3 +343,27 @@ func TestVersionAndChecks(t *testing.T) {
 		t.Error("versionAtLeast")
 	}
 }
+
+// A kernel that is neither an ELF vmlinux nor a bzImage fails the boot
+// before Firecracker is told of it, naming what it wants, and leaves no
+// VMM running.
+func TestBootKernelNotELF(t *testing.T) {
+	d, log := newTestDriver(t, Config{})
+	img := testImage(t)
+	if err := os.WriteFile(img.Kernel, []byte("not a kernel"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := d.Boot(testCtx(t), vmm.BootSpec{MachineConfig: testConfig(t, "vm-badkernel", img)})
+	if err == nil {
+		m.Kill()
+		t.Fatal("booted a kernel that is neither ELF nor bzImage")
+	}
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "bzImage") {
+		t.Errorf("%v, want invalid argument naming the bzImage it wants", err)
+	}
+	for _, c := range calls(t, log) {
+		if c.Path == "/boot-source" {
+			t.Errorf("boot-source was sent: %v", c)
+		}
+	}
+}

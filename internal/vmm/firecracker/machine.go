@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/vmlinux"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -117,7 +118,13 @@ const bootArgs = "console=ttyS0 reboot=k panic=1 pci=off"
 // boot configures a fresh process and starts the guest.
 func (m *Machine) boot(ctx context.Context) error {
 	img := m.cfg.Image
-	kernel, err := m.stage(img.Kernel, "vmlinux")
+	// Firecracker on x86_64 boots an ELF vmlinux; images hold the
+	// bzImage Debian ships, extracted once beside it.
+	elfKernel, err := vmlinux.Ensure(img.Kernel)
+	if err != nil {
+		return fmt.Errorf("firecracker %s: kernel: %w", m.cfg.ID, err)
+	}
+	kernel, err := m.stage(elfKernel, "vmlinux")
 	if err != nil {
 		return err
 	}

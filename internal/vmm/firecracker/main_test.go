@@ -101,13 +101,14 @@ func body(t *testing.T, cs []fctest.Call, method, path string) map[string]any {
 }
 
 // testImage writes placeholder image files (the fake opens, never boots
-// them).
+// them); the kernel starts like an ELF file, so the driver passes it as
+// the vmlinux it is.
 func testImage(t *testing.T) vmm.Image {
 	t.Helper()
 	dir := t.TempDir()
 	img := vmm.Image{Kernel: filepath.Join(dir, "vmlinux"), Initrd: filepath.Join(dir, "initrd"), Rootfs: filepath.Join(dir, "rootfs.ext4"), KernelArgs: []string{"quiet"}}
 	for _, p := range []string{img.Kernel, img.Initrd, img.Rootfs} {
-		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+		if err := os.WriteFile(p, []byte("\x7fELF placeholder"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
