@@ -84,6 +84,20 @@ var (
 	_ vmm.FeatureReporter = (*Driver)(nil)
 )
 
+// newFromOptions is the registered constructor: the daemon's driver.
+func newFromOptions(o vmm.Options) (vmm.Driver, error) {
+	var dc DriverConfig
+	if err := vmm.DecodeConfig(Name, o.Config, &dc); err != nil {
+		return nil, err
+	}
+	if dc.UID < 0 || dc.GID < 0 || (dc.UID == 0) != (dc.GID == 0) {
+		return nil, fmt.Errorf("[driver.%s]: uid %d, gid %d: set both to a uid and gid above 0 (default %d), or neither: %w", Name, dc.UID, dc.GID, DefaultJailUID, errdefs.ErrInvalidArgument)
+	}
+	return New(Config{Binary: o.Binary, NoJailer: o.NoJail, Logger: o.Logger,
+		Jailer: dc.Jailer, ChrootBase: dc.ChrootBase, UID: dc.UID, GID: dc.GID,
+		LayerMiB: dc.LayerMiB, NoClockRealtime: dc.NoClockRealtime})
+}
+
 // Features: diff snapshots need dirty page tracking from boot or restore;
 // the agent's vsock exists once the guest runs, so it is dialled after
 // Restore. Diff snapshots are not offered to the engine yet: they write
@@ -92,13 +106,19 @@ func (d *Driver) Features() vmm.Features {
 	return vmm.Features{DirtyPageTracking: true, AgentAfterRestore: true}
 }
 
+// DriverConfig is the [driver.firecracker] section of forkd.toml: the
+// Config fields an operator sets (keys as written there).
+type DriverConfig struct {
+	Jailer          string `json:"jailer"`
+	ChrootBase      string `json:"chroot_base"`
+	UID             int    `json:"uid"`
+	GID             int    `json:"gid"`
+	LayerMiB        int    `json:"layer_mib"`
+	NoClockRealtime bool   `json:"no_clock_realtime"`
+}
+
 func init() {
-	vmm.Register(Name, vmm.Constructor{
-		New: func(o vmm.Options) (vmm.Driver, error) {
-			return New(Config{Binary: o.Binary, NoJailer: o.NoJail, Logger: o.Logger})
-		},
-		Checks: Checks,
-	})
+	vmm.Register(Name, vmm.Constructor{New: newFromOptions, Checks: Checks})
 }
 
 // New returns a driver. It fails, saying what to install, when a binary

@@ -367,3 +367,33 @@ func TestBootKernelNotELF(t *testing.T) {
 		}
 	}
 }
+
+// [driver.firecracker] reaches the driver's Config; unknown keys, wrong
+// types and a uid without a gid are refused naming them.
+func TestDriverConfigSection(t *testing.T) {
+	bin, _ := fakeEnv(t)
+	drv, err := newFromOptions(vmm.Options{Binary: bin, NoJail: true, Config: map[string]any{
+		"chroot_base": "/srv/fc", "uid": int64(4000), "gid": int64(4001), "layer_mib": int64(64), "no_clock_realtime": true,
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := drv.(*Driver).cfg
+	if c.ChrootBase != "/srv/fc" || c.UID != 4000 || c.GID != 4001 || c.LayerMiB != 64 || !c.NoClockRealtime {
+		t.Fatalf("config %+v", c)
+	}
+	for name, e := range map[string]struct {
+		section map[string]any
+		says    string
+	}{
+		"unknown key":    {map[string]any{"chroot": "/x"}, `"chroot"`},
+		"wrong type":     {map[string]any{"layer_mib": "big"}, "layer_mib"},
+		"uid without id": {map[string]any{"uid": int64(4000)}, "gid"},
+		"negative layer": {map[string]any{"layer_mib": int64(-1)}, "LayerMiB"},
+	} {
+		_, err := newFromOptions(vmm.Options{Binary: bin, NoJail: true, Config: e.section})
+		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), e.says) {
+			t.Errorf("%s: %v, want an invalid argument naming %s", name, err, e.says)
+		}
+	}
+}
