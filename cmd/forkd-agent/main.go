@@ -21,6 +21,7 @@ import (
 	"os/signal"
 	"time"
 
+	"github.com/mdlayher/vsock"
 	"golang.org/x/sys/unix"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
@@ -57,11 +58,6 @@ func runInit() {
 		log.Printf("boot failed: %v", err)
 		power.Off(log.Printf)
 	}
-	port, err := os.OpenFile(res.AgentPort, os.O_RDWR, 0)
-	if err != nil {
-		log.Printf("opening the agent port: %v", err)
-		power.Off(log.Printf)
-	}
 	shutdown := func() { power.Off(log.Printf) }
 	// An image built from an OCI image sets the defaults of execs.
 	env, cwd, err := procenv.FromImageConfig(agentapi.ImageConfigPath, procenv.Default)
@@ -83,8 +79,27 @@ func runInit() {
 		log.Printf("%v: shutting down", s)
 		shutdown()
 	}()
+	srv := &agentconn.Server{Handler: agent, OnHello: agent.OnHello}
+	if res.AgentVsock {
+		// Firecracker: one host connection at a time, each with its own
+		// HELLO; a restore resets the one before it.
+		ln, err := vsock.Listen(agentapi.VsockPort, nil)
+		if err != nil {
+			log.Printf("listening on vsock port %d: %v", agentapi.VsockPort, err)
+			power.Off(log.Printf)
+		}
+		log.Printf("serving on vsock port %d", agentapi.VsockPort)
+		err = srv.ServeListener(context.Background(), ln)
+		log.Printf("vsock listener failed: %v", err)
+		power.Off(log.Printf)
+	}
+	port, err := os.OpenFile(res.AgentPort, os.O_RDWR, 0)
+	if err != nil {
+		log.Printf("opening the agent port: %v", err)
+		power.Off(log.Printf)
+	}
 	log.Printf("serving on %s", res.AgentPort)
-	err = agentconn.Serve(context.Background(), port, agent, agent.OnHello)
+	err = srv.Serve(context.Background(), port)
 	log.Printf("agent port failed: %v", err)
 	power.Off(log.Printf)
 }

@@ -49,6 +49,10 @@ const (
 // Version of this wire contract; the agent reports it in Ready and Info.
 const Version = 1
 
+// VsockPort is the vsock port the agent listens on in a VM whose channel
+// is vsock (Firecracker's hybrid vsock: the host sends "CONNECT 1024").
+const VsockPort = 1024
+
 // Paths of the agent's HTTP API (served on each yamux stream).
 const (
 	PathInfo        = "/v1/info"            // GET -> Info

@@ -41,6 +41,11 @@ type Server struct {
 	OnHello func(agentapi.Hello) (agentapi.Info, error)
 	// Logf logs transport events; nil uses the log package.
 	Logf func(format string, args ...any)
+	// Connection says the port is one connection (a vsock stream), not a
+	// device that outlives hosts (virtio-serial): its EOF, or any read
+	// error, ends Serve with an error wrapping io.EOF or that error,
+	// instead of waiting for another host on the same port.
+	Connection bool
 
 	wmu      sync.Mutex // serializes writes to the port (READY lines, yamux frames)
 	sessions atomic.Int64
@@ -130,6 +135,12 @@ func (s *Server) readLoop(port io.Reader, out chan<- readEvent, done <-chan stru
 		switch {
 		case n > 0 && err == nil:
 			continue
+		case s.Connection && (errors.Is(err, io.EOF) || (err == nil && n == 0)):
+			send(readEvent{err: fmt.Errorf("agentconn: the host closed the connection: %w", io.EOF)})
+			return
+		case s.Connection && err != nil:
+			send(readEvent{err: fmt.Errorf("agentconn: connection: %w", err)})
+			return
 		case err == nil || errors.Is(err, io.EOF):
 			if n > 0 {
 				continue

@@ -35,8 +35,12 @@ const (
 
 // Result is what Init found.
 type Result struct {
-	// AgentPort is the device node of the agent's virtio-serial port.
+	// AgentPort is the device node of the agent's virtio-serial port; ""
+	// when the channel is vsock (AgentVsock).
 	AgentPort string
+	// AgentVsock: the VM has a virtio vsock device and no agent port
+	// (Firecracker); the agent listens on agentapi.VsockPort.
+	AgentVsock bool
 	// Overlay is true when the root is the disk's overlay; false when the
 	// agent stayed in the initramfs (no disk).
 	Overlay bool
@@ -72,11 +76,12 @@ func Init(logf func(string, ...any)) (*Result, error) {
 			return nil, fmt.Errorf("root disk: %w", err)
 		}
 	}
-	port, err := findPort("/sys", "/dev", AgentPort, portWait)
+	port, vsock, err := findAgentChannel("/sys", "/dev", AgentPort, portWait)
 	if err != nil {
 		return nil, err
 	}
-	step(fmt.Sprintf("found agent port %s, root disk %v", port, disk), start)
+	res.AgentVsock = vsock
+	step(fmt.Sprintf("found agent channel %s, root disk %v", channelName(port, vsock), disk), start)
 
 	if disk {
 		start = time.Now()
@@ -226,22 +231,40 @@ func waitPath(p string, bound time.Duration) error {
 	}
 }
 
-// findPort finds the device node of the virtio-serial port called name
-// (/sys/class/virtio-ports/vportNpM/name), waiting up to bound for it and
-// its node to appear.
-func findPort(sys, dev, name string, bound time.Duration) (string, error) {
+// findAgentChannel finds the agent's channel, waiting up to bound: the
+// device node of the virtio-serial port called name
+// (/sys/class/virtio-ports/vportNpM/name) under QEMU, or, in a VM with a
+// virtio vsock device bound to its driver and no such port (Firecracker),
+// vsock.
+func findAgentChannel(sys, dev, name string, bound time.Duration) (port string, vsock bool, err error) {
 	deadline := time.Now().Add(bound)
 	for {
 		if p, ok := lookupPort(sys, dev, name); ok {
 			if _, err := os.Stat(p); err == nil {
-				return p, nil
+				return p, false, nil
 			}
 		}
+		if hasVirtioVsock(sys) {
+			return "", true, nil
+		}
 		if time.Now().After(deadline) {
-			return "", fmt.Errorf("no virtio-serial port named %q within %v (is virtio_console loaded and the VM given -device virtserialport,name=%s?)", name, bound, name)
+			return "", false, fmt.Errorf("no virtio-serial port named %q and no vsock device within %v (is virtio_console loaded and the VM given -device virtserialport,name=%s, or a vsock device with vmw_vsock_virtio_transport?)", name, bound, name)
 		}
 		time.Sleep(pollStep)
 	}
+}
+
+// hasVirtioVsock reports a virtio vsock device bound to its driver.
+func hasVirtioVsock(sys string) bool {
+	devs, _ := filepath.Glob(filepath.Join(sys, "bus/virtio/drivers/vmw_vsock_virtio_transport/virtio*"))
+	return len(devs) > 0
+}
+
+func channelName(port string, vsock bool) string {
+	if vsock {
+		return "vsock"
+	}
+	return port
 }
 
 func lookupPort(sys, dev, name string) (string, bool) {

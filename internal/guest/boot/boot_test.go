@@ -41,12 +41,30 @@ func TestFindPortByName(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 		os.WriteFile(filepath.Join(dev, "vport0p1"), nil, 0o600)
 	}()
-	p, err := findPort(sys, dev, "agent", time.Minute) // bounds a hang only
-	if err != nil || p != filepath.Join(dev, "vport0p1") {
-		t.Fatalf("findPort = %q, %v", p, err)
+	p, vsock, err := findAgentChannel(sys, dev, "agent", time.Minute) // bounds a hang only
+	if err != nil || vsock || p != filepath.Join(dev, "vport0p1") {
+		t.Fatalf("findAgentChannel = %q, vsock %v, %v", p, vsock, err)
 	}
-	if _, err := findPort(sys, dev, "missing", 20*time.Millisecond); err == nil {
+	if _, _, err := findAgentChannel(sys, dev, "missing", 20*time.Millisecond); err == nil {
 		t.Fatal("found a port that does not exist")
+	}
+}
+
+// A VM with a virtio vsock device bound to its driver and no agent port
+// (Firecracker) serves on vsock; one with both keeps its port.
+func TestFindAgentChannelVsock(t *testing.T) {
+	sys, dev := t.TempDir(), t.TempDir()
+	os.MkdirAll(filepath.Join(sys, "bus/virtio/drivers/vmw_vsock_virtio_transport/virtio2"), 0o755)
+	p, vsock, err := findAgentChannel(sys, dev, "agent", time.Minute)
+	if err != nil || !vsock || p != "" {
+		t.Fatalf("findAgentChannel = %q, vsock %v, %v; want vsock", p, vsock, err)
+	}
+	d := filepath.Join(sys, "class/virtio-ports/vport0p1")
+	os.MkdirAll(d, 0o755)
+	os.WriteFile(filepath.Join(d, "name"), []byte("agent\n"), 0o644)
+	os.WriteFile(filepath.Join(dev, "vport0p1"), nil, 0o600)
+	if p, vsock, err := findAgentChannel(sys, dev, "agent", time.Minute); err != nil || vsock || p != filepath.Join(dev, "vport0p1") {
+		t.Fatalf("with both: %q, vsock %v, %v; want the port", p, vsock, err)
 	}
 }
 

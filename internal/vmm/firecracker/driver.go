@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"sync"
 
+	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
@@ -33,7 +34,7 @@ const (
 
 // AgentVsockPort is the guest vsock port the agent listens on under
 // Firecracker; DialAgent sends "CONNECT <port>" for it.
-const AgentVsockPort = 1024
+const AgentVsockPort = agentapi.VsockPort
 
 // DefaultJailUID is the uid and gid the jailer drops every Firecracker
 // to when Config.UID is zero: outside QEMU's uid range, owned by no user.
