@@ -41,7 +41,7 @@ const MaxJSONBody = 1 << 20
 
 // Server serves the API for one engine.
 type Server struct {
-	Engine  *sandbox.Engine
+	Engine  Engine
 	Version string
 	Checks  func(ctx context.Context) []vmm.Check
 	Log     *slog.Logger
