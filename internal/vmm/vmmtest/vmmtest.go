@@ -34,7 +34,9 @@ type Target struct {
 	// Driver is the driver under test.
 	Driver vmm.Driver
 	// Image boots testguest's guest (AgentInit as /init): its agent
-	// port, DialAgent's stream, speaks the line protocol.
+	// port, DialAgent's stream, speaks the line protocol. A driver
+	// without a real guest (internal/vmm/fakevmm) answers the protocol
+	// itself and needs only a kernel file that exists.
 	Image vmm.Image
 	// MemoryMiB is each machine's memory (default 256).
 	MemoryMiB int
