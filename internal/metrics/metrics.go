@@ -70,6 +70,7 @@ type Metrics struct {
 	requests           *prometheus.HistogramVec
 	auditFailures      prometheus.Counter
 	sandboxEvents      *prometheus.CounterVec
+	poolStopped        *prometheus.CounterVec
 
 	state       atomic.Pointer[func() State]
 	filesystems atomic.Pointer[[]Filesystem]
@@ -117,9 +118,14 @@ func New(version string) *Metrics {
 		}),
 		sandboxEvents: counter("forkd_sandbox_events_total",
 			"Sandbox lifecycle events: created, failed (asked of a fork that failed), expired (timeout or idle timeout), died (VMM exited on its own), killed (on request).", "event"),
+		poolStopped: counter("forkd_pool_vmms_stopped_total",
+			"Waiting pooled VMMs stopped by forkd, by reason: idle (no fork took from the pool for --pool-idle), shrunk (a pool grown by a fan-out went back to --pool), evicted (a fork needed their guest memory).", "reason"),
 	}
 	for _, ev := range SandboxEvents {
 		m.sandboxEvents.WithLabelValues(ev)
+	}
+	for _, r := range PoolStopReasons {
+		m.poolStopped.WithLabelValues(r)
 	}
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "forkd_build_info",
@@ -132,7 +138,7 @@ func New(version string) *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo,
 		m.forkReady, m.forkRequests, m.vmmPhase, m.poolRefillFailures, m.poolHandOuts, m.branchPause, m.branchBytes,
-		m.agentRPC, m.agentRPCErrors, m.requests, m.auditFailures, m.sandboxEvents,
+		m.agentRPC, m.agentRPCErrors, m.requests, m.auditFailures, m.sandboxEvents, m.poolStopped,
 		stateCollector{m}, filesystemCollector{m},
 	)
 	return m

@@ -124,3 +124,21 @@ func (m *Metrics) ObserveSandboxEvents(event string, n int) {
 	}
 	m.sandboxEvents.WithLabelValues(event).Add(float64(n))
 }
+
+// Reasons a waiting pooled VMM is stopped (forkd_pool_vmms_stopped_total).
+const (
+	PoolStopIdle    = "idle"    // its pool went unused for --pool-idle
+	PoolStopShrunk  = "shrunk"  // its pool, grown by a fan-out, went back to --pool
+	PoolStopEvicted = "evicted" // a fork needed its guest memory
+)
+
+// PoolStopReasons are the reason label's values.
+var PoolStopReasons = []string{PoolStopIdle, PoolStopShrunk, PoolStopEvicted}
+
+// ObservePoolStopped counts n waiting pooled VMMs stopped for reason.
+func (m *Metrics) ObservePoolStopped(reason string, n int) {
+	if m == nil || n <= 0 {
+		return
+	}
+	m.poolStopped.WithLabelValues(reason).Add(float64(n))
+}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/metrics"
 )
 
 // Admission: a fork is refused at once (ResourceExhausted, a 429) when
@@ -100,6 +101,7 @@ func (e *Engine) evictPooledLocked(p *pool, needMiB int64) (freed int64, evicted
 	}
 	if len(evicted) > 0 {
 		e.log.Info("pooled VMMs evicted for a fork under the guest memory limit", "vmms", len(evicted), "freed_mib", freed)
+		e.cfg.Metrics.ObservePoolStopped(metrics.PoolStopEvicted, len(evicted))
 	}
 	return freed, evicted
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/metrics"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 )
 
@@ -280,6 +281,7 @@ func (e *Engine) drainIdlePools(now time.Time) {
 	for _, p := range e.poolList() {
 		if n := p.drainIdle(now, e.cfg.PoolIdle); n > 0 {
 			e.log.Info("pool drained: no fork took from it", "tag", p.snap.Tag, "vmms", n, "idle", e.cfg.PoolIdle)
+			e.cfg.Metrics.ObservePoolStopped(metrics.PoolStopIdle, n)
 		}
 	}
 }
@@ -290,6 +292,7 @@ func (e *Engine) shrinkPools(now time.Time) {
 	for _, p := range e.poolList() {
 		if n := p.shrink(now, poolShrinkAfter); n > 0 {
 			e.log.Info("pool shrunk to its base size: no fan-out came", "tag", p.snap.Tag, "vmms", n, "size", p.size)
+			e.cfg.Metrics.ObservePoolStopped(metrics.PoolStopShrunk, n)
 		}
 	}
 }

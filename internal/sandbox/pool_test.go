@@ -2,8 +2,11 @@ package sandbox
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/forkd-dev/forkd/internal/metrics"
 )
 
 // A fork of n children grows its snapshot's pool to n (at most PoolMax),
@@ -12,7 +15,8 @@ import (
 // pool goes back to its base size and the VMMs beyond it are stopped.
 func TestFanOutGrowsPool(t *testing.T) {
 	ctx := context.Background()
-	e, _ := newFakeEngineWith(t, &fakeDriver{}, 1, func(c *Config) { c.PoolMax = 4 })
+	m := metrics.New("test")
+	e, _ := newFakeEngineWith(t, &fakeDriver{}, 1, func(c *Config) { c.PoolMax = 4; c.Metrics = m })
 	e.Warm("base")
 	snap := e.mustSnap(t, "base")
 	waitFor(t, func() bool { return e.PoolSize(snap.ID) == 1 })
@@ -62,6 +66,9 @@ func TestFanOutGrowsPool(t *testing.T) {
 	for _, pv := range extra {
 		waitFor(t, func() bool { return isClosed(pv.machine.Done()) }) // stopped, not leaked
 	}
+	if body := scrapeText(t, m); !strings.Contains(body, "\n"+`forkd_pool_vmms_stopped_total{reason="shrunk"} 3`+"\n") {
+		t.Errorf("the 3 VMMs stopped by the shrink were not counted:\n%s", body)
+	}
 }
 
 // PoolMax at or below the base size keeps pools at their base size.
@@ -80,7 +87,8 @@ func TestPoolMaxOffKeepsBaseSize(t *testing.T) {
 // fork that would not fit even then is refused and evicts nothing.
 func TestPoolsYieldToForks(t *testing.T) {
 	ctx := context.Background()
-	e, _ := newFakeEngineWith(t, &fakeDriver{}, 2, func(c *Config) { c.MaxGuestMemoryMiB = 3 * 64 })
+	m := metrics.New("test")
+	e, _ := newFakeEngineWith(t, &fakeDriver{}, 2, func(c *Config) { c.MaxGuestMemoryMiB = 3 * 64; c.Metrics = m })
 	addFakeSnapshot(t, e, "other")
 	e.Warm("base")
 	base := e.mustSnap(t, "base").ID
@@ -108,6 +116,9 @@ func TestPoolsYieldToForks(t *testing.T) {
 	waitFor(t, func() bool { return isClosed(newest.machine.Done()) }) // the newest was evicted and stopped
 	if got := e.PoolSize(base); got > 1 {
 		t.Fatalf("%d VMMs still pooled for base, want at most 1", got)
+	}
+	if body := scrapeText(t, m); !strings.Contains(body, "\n"+`forkd_pool_vmms_stopped_total{reason="evicted"} 1`+"\n") {
+		t.Errorf("the evicted VMM was not counted:\n%s", body)
 	}
 }
 
