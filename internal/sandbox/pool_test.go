@@ -105,6 +105,9 @@ func TestPoolsYieldToForks(t *testing.T) {
 	if got := e.PoolSize(base); got != 2 {
 		t.Fatalf("a refused fork evicted pooled VMMs: %d left of 2", got)
 	}
+	// The refused fork's refill of other's pool fits one VMM (64 MiB)
+	// under the limit; once it is done, what the next fork needs is known.
+	waitFor(t, func() bool { return e.poolIdle(e.mustSnap(t, "other").ID) })
 	// 128 MiB pooled + 2 x 64 for other > 192: one pooled VMM of base goes.
 	sbs, err := e.Fork(ctx, "other", 2)
 	if err != nil {
