@@ -80,8 +80,12 @@ type MachineConfig struct {
 	VCPUs     int
 	Accel     Accel
 	Network   *Network // nil: no NIC
-	// MemoryFile backs guest RAM. Boot: mapped shared (the template's image).
-	// Prepare: mapped private, copy-on-write.
+	// MemoryFile is the template's memory image. Boot: where a snapshot
+	// that names no SnapshotSpec.MemoryFile leaves guest memory, either
+	// because RAM is that file mapped shared from the start (QEMU) or
+	// because the driver writes it there at snapshot time (Firecracker);
+	// the engine relies on nothing else and checks
+	// SnapshotResult.MemoryFile. Prepare: mapped private, copy-on-write.
 	MemoryFile string
 	// VMGenID is a fresh 128-bit UUID per child where the VMM supports a
 	// vmgenid device; it tells the guest kernel it was cloned.
