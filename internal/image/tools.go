@@ -11,11 +11,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/tailbuf"
 )
 
 // Tool is a host command the image builder runs, with the Debian package
@@ -150,29 +150,6 @@ type command struct {
 	gracePeriod time.Duration
 }
 
-// tailBuffer keeps the last bytes written to it, for error messages.
-type tailBuffer struct {
-	mu  sync.Mutex
-	buf []byte
-	max int
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, p...)
-	if len(t.buf) > t.max {
-		t.buf = append([]byte(nil), t.buf[len(t.buf)-t.max:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return strings.TrimSpace(string(t.buf))
-}
-
 // run executes c and returns its stdout. A failure carries the command line
 // and the tail of stderr, since that is where apt, dpkg and mke2fs explain
 // themselves. The environment pins the C locale so output can be parsed.
@@ -189,7 +166,7 @@ func run(ctx context.Context, c command) ([]byte, error) {
 		cmd.WaitDelay = c.gracePeriod
 	}
 	var stdout bytes.Buffer
-	stderr := &tailBuffer{max: 4096}
+	stderr := tailbuf.New(4096)
 	cmd.Stdout = &stdout
 	var pw *io.PipeWriter
 	var scanDone chan struct{}

@@ -49,8 +49,13 @@ type Recipe struct {
 	// CPUs is the default CPU limit of each sandbox forked from this
 	// recipe's snapshots (0.5: half a CPU), from 0.1 to VCPUs; 0: one CPU
 	// per vCPU plus half a CPU for the VMM. A fork may ask for another.
-	CPUs   float64 `toml:"cpus"`
-	Python Python  `toml:"python"`
+	CPUs float64 `toml:"cpus"`
+	// Warm are shell commands (sh -c) run in order in the template VM,
+	// after the Python warm-up, before the snapshot: what they leave in
+	// memory (a server started with `cmd &`, a warmed cache, a REPL) is in
+	// every child. Each must exit 0 within the warm-up's time.
+	Warm   []string `toml:"warm"`
+	Python Python   `toml:"python"`
 
 	// Path is where the recipe was read from; Source its exact bytes, which
 	// feed the image digest.
@@ -70,6 +75,12 @@ type Python struct {
 	Rehearse string `toml:"rehearse"`
 }
 
+// Bounds on a recipe's warm commands.
+const (
+	MaxWarmCommands     = 64
+	MaxWarmCommandBytes = 64 << 10
+)
+
 var (
 	nameRule    = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
 	packageRule = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`)
@@ -87,7 +98,7 @@ func Parse(path string, data []byte) (*Recipe, error) {
 		for i, k := range un {
 			keys[i] = k.String()
 		}
-		return nil, fmt.Errorf("recipe %s: unknown keys %s (known: name, description, base, from, insecure_registry, packages, omit, memory_mib, vcpus, cpus, [python] enabled, warm): %w",
+		return nil, fmt.Errorf("recipe %s: unknown keys %s (known: name, description, base, from, insecure_registry, packages, omit, memory_mib, vcpus, cpus, warm, [python] enabled, warm, rehearse): %w",
 			path, strings.Join(keys, ", "), errdefs.ErrInvalidArgument)
 	}
 	r.Path, r.Source = path, data
@@ -159,6 +170,14 @@ func (r *Recipe) Validate() error {
 	}
 	if r.Python.Enabled && !slices.Contains(r.Packages, "python3") {
 		return bad("[python] enabled = true needs \"python3\" in packages")
+	}
+	if len(r.Warm) > MaxWarmCommands {
+		return bad("warm has %d commands, at most %d: join them with && in fewer", len(r.Warm), MaxWarmCommands)
+	}
+	for i, c := range r.Warm {
+		if strings.TrimSpace(c) == "" || len(c) > MaxWarmCommandBytes || strings.ContainsRune(c, 0) {
+			return bad("warm[%d]: want a shell command of 1 to %d bytes without NUL", i, MaxWarmCommandBytes)
+		}
 	}
 	if !r.Python.Enabled && strings.TrimSpace(r.Python.Warm) != "" {
 		return bad("[python] warm code is set but enabled is false")

@@ -40,19 +40,21 @@ func TestShippedRecipesParse(t *testing.T) {
 
 func TestBadRecipes(t *testing.T) {
 	for name, c := range map[string]struct{ src, says string }{
-		"unknown key":       {"name='x'\nbase='busybox'\nmemroy_mib=1", "unknown keys memroy_mib"},
-		"bad base":          {"name='x'\nbase='alpine'", `must be "busybox" or "debian"`},
-		"busybox pkgs":      {"name='x'\nbase='busybox'\npackages=['vim']", "takes no packages"},
-		"bad package":       {"name='x'\nbase='debian'\npackages=['rm -rf']", "not a Debian package name"},
-		"python no py3":     {"name='x'\nbase='debian'\npackages=['busybox']\n[python]\nenabled=true", `needs "python3"`},
-		"warm disabled":     {"name='x'\nbase='debian'\npackages=['python3']\n[python]\nwarm='import os'", "enabled is false"},
-		"rehearse disabled": {"name='x'\nbase='debian'\npackages=['python3']\n[python]\nrehearse='1'", "rehearse code is set but enabled is false"},
-		"memory range":      {"name='x'\nbase='busybox'\nmemory_mib=8", "out of range"},
-		"bad name":          {"name='X Y'\nbase='busybox'", "lowercase"},
-		"malformed toml":    {"name='x", "recipe r.toml"},
-		"busybox omit":      {"name='x'\nbase='busybox'\nomit=['vim']", "takes no packages or omit"},
-		"bad omit":          {"name='x'\nbase='debian'\nomit=['../x']", "omit: \"../x\" is not a Debian package name"},
-		"omit installed":    {"name='x'\nbase='debian'\npackages=['vim']\nomit=['vim']", "both in packages and in omit"},
+		"unknown key":        {"name='x'\nbase='busybox'\nmemroy_mib=1", "unknown keys memroy_mib"},
+		"bad base":           {"name='x'\nbase='alpine'", `must be "busybox" or "debian"`},
+		"busybox pkgs":       {"name='x'\nbase='busybox'\npackages=['vim']", "takes no packages"},
+		"bad package":        {"name='x'\nbase='debian'\npackages=['rm -rf']", "not a Debian package name"},
+		"python no py3":      {"name='x'\nbase='debian'\npackages=['busybox']\n[python]\nenabled=true", `needs "python3"`},
+		"warm disabled":      {"name='x'\nbase='debian'\npackages=['python3']\n[python]\nwarm='import os'", "enabled is false"},
+		"rehearse disabled":  {"name='x'\nbase='debian'\npackages=['python3']\n[python]\nrehearse='1'", "rehearse code is set but enabled is false"},
+		"memory range":       {"name='x'\nbase='busybox'\nmemory_mib=8", "out of range"},
+		"bad name":           {"name='X Y'\nbase='busybox'", "lowercase"},
+		"malformed toml":     {"name='x", "recipe r.toml"},
+		"busybox omit":       {"name='x'\nbase='busybox'\nomit=['vim']", "takes no packages or omit"},
+		"bad omit":           {"name='x'\nbase='debian'\nomit=['../x']", "omit: \"../x\" is not a Debian package name"},
+		"omit installed":     {"name='x'\nbase='debian'\npackages=['vim']\nomit=['vim']", "both in packages and in omit"},
+		"empty warm command": {"name='x'\nbase='busybox'\nwarm=['true', ' ']", "warm[1]"},
+		"warm not a list":    {"name='x'\nbase='busybox'\nwarm='true'", "recipe r.toml"},
 	} {
 		_, err := Parse("r.toml", []byte(c.src))
 		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), c.says) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
+	"github.com/forkd-dev/forkd/internal/agentclient"
 	"github.com/forkd-dev/forkd/internal/agentconn"
 	"github.com/forkd-dev/forkd/internal/cleanup"
 	"github.com/forkd-dev/forkd/internal/egress"
@@ -18,6 +19,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/netns"
 	"github.com/forkd-dev/forkd/internal/recipe"
 	"github.com/forkd-dev/forkd/internal/snapshot"
+	"github.com/forkd-dev/forkd/internal/tailbuf"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -219,6 +221,9 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 		}
 		progress(fmt.Sprintf("warm-up done in %s", time.Duration(res.Warm.DurationMicros)*time.Microsecond))
 	}
+	if err := runWarmCommands(ctx, agent, r.Warm, progress); err != nil {
+		return nil, err
+	}
 
 	// The agent ends its session and waits for a new HELLO: that is the
 	// state every child resumes in. The host connection stays open through
@@ -270,4 +275,36 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 // (internal/egress), which can change without the guest knowing.
 func guestNetworkArgs() []string {
 	return []string{"forkd.ip=" + netns.GuestAddr + "/30", "forkd.gw=" + netns.HostAddr, "forkd.dns=" + netns.HostAddr}
+}
+
+// runWarmCommands runs a recipe's warm commands in the template, in
+// order, each with sh -c and within warmTimeout; what they leave running
+// is snapshotted with the template. The first that fails (a non-zero exit,
+// its timeout) fails the snapshot with the end of its output.
+func runWarmCommands(ctx context.Context, agent *agentclient.Client, cmds []string, progress func(string)) error {
+	for i, c := range cmds {
+		progress(fmt.Sprintf("warm command %d of %d: %s", i+1, len(cmds), firstLine(c)))
+		out := tailbuf.New(2048)
+		wctx, cancel := context.WithTimeout(ctx, warmTimeout+30*time.Second)
+		ev, err := agent.Exec(wctx, agentapi.ExecRequest{Shell: c, TimeoutMillis: warmTimeout.Milliseconds()}, nil, out, out)
+		cancel()
+		switch {
+		case err != nil:
+			return fmt.Errorf("warm[%d] %q: %w", i, firstLine(c), err)
+		case ev.TimedOut:
+			return fmt.Errorf("warm[%d] %q: still running after %s (leave a server running with `cmd &`): %w\n%s", i, firstLine(c), warmTimeout, errdefs.ErrInvalidArgument, out)
+		case ev.ExitCode != 0:
+			return fmt.Errorf("warm[%d] %q exited with %d: %w\n%s", i, firstLine(c), ev.ExitCode, errdefs.ErrInvalidArgument, out)
+		}
+	}
+	return nil
+}
+
+// firstLine is a command's first line, cut to 80 bytes, for messages.
+func firstLine(c string) string {
+	c, _, _ = strings.Cut(strings.TrimSpace(c), "\n")
+	if len(c) > 80 {
+		c = c[:80] + "…"
+	}
+	return c
 }
