@@ -122,36 +122,4 @@ func TestRegistryPushPull(t *testing.T) {
 	if out := forkExec(br, "cat", "/root/pushed"); out != br+"\n" {
 		t.Fatalf("a child of the pulled branch has %q in /root/pushed, want %q", out, br)
 	}
-
-	// C: another empty host forks the branch by its reference, pulled on
-	// first use (its chain with it); a second fork asks the registry
-	// nothing.
-	c := newCLIOn(t, t.TempDir())
-	c.env = append(c.env, "DOCKER_CONFIG="+dockerConfig)
-	reg.BlobGets()
-	forkRef := func() string {
-		t.Helper()
-		var fr apiv1.ForkResponse
-		if err := json.Unmarshal([]byte(c.ok("fork", "--tag", repo+":branch", "--json")), &fr); err != nil || len(fr.Sandboxes) != 1 {
-			t.Fatalf("fork of %s:branch by reference on C: %+v %v", repo, fr, err)
-		}
-		defer c.run("kill", fr.Sandboxes[0].ID)
-		if out := c.ok("exec", fr.Sandboxes[0].ID, "--", "cat", "/root/pushed"); out != br+"\n" {
-			t.Fatalf("a child forked by reference has %q in /root/pushed, want %q", out, br)
-		}
-		return fr.Sandboxes[0].Tag
-	}
-	local := forkRef()
-	if gets := reg.BlobGets(); len(gets) != 4 {
-		t.Fatalf("the first fork by reference on an empty host: blob GETs %v, want 4 (config, image, template, layer)", gets)
-	}
-	if again := forkRef(); again != local {
-		t.Fatalf("the second fork by reference forked %q, the first %q", again, local)
-	}
-	if gets := reg.BlobGets(); len(gets) != 0 {
-		t.Fatalf("the second fork by reference fetched %v, want nothing", gets)
-	}
-	if _, errs, code := c.run("fork", "--tag", reg.Host+"/forkd/no-such-"+id+":x"); code == 0 || !strings.Contains(errs, "pull") {
-		t.Fatalf("a fork of a reference the registry lacks: exit %d\n%s", code, errs)
-	}
 }

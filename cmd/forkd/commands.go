@@ -10,7 +10,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/forkd-dev/forkd/internal/api"
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/progress"
@@ -294,11 +293,11 @@ func forkCmd(g *globals) *cobra.Command {
 	var cpus float64
 	var idemKey string
 	cmd := &cobra.Command{
-		Use:   "fork --tag TAG|REF [-n N]",
-		Short: "Fork N sandboxes from a snapshot (a local tag, or a registry reference pulled on first use); returns when every agent answers (they keep running)",
+		Use:   "fork --tag TAG [-n N]",
+		Short: "Fork N sandboxes from a snapshot; returns when every agent answers (they keep running)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := api.CheckForkTag(tag); err != nil {
+			if err := snapshot.ValidateTag(tag); err != nil {
 				return err
 			}
 			if n < 1 {

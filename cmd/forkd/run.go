@@ -16,10 +16,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/forkd-dev/forkd/internal/api"
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/client"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/snapshot"
 	"github.com/forkd-dev/forkd/internal/termio"
 )
 
@@ -96,7 +96,7 @@ func dockerRunCmd(g *globals) *cobra.Command {
 
 // runInSandbox is `forkd run`'s body.
 func runInSandbox(cmd *cobra.Command, g *globals, f runFlags, args []string) error {
-	if err := api.CheckForkTag(f.tag); err != nil {
+	if err := snapshot.ValidateTag(f.tag); err != nil {
 		return err
 	}
 	if f.keep && cmd.Flags().Changed("rm") && f.remove {

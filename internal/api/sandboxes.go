@@ -12,6 +12,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/auth"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/sandbox"
+	"github.com/forkd-dev/forkd/internal/snapshot"
 )
 
 // The sandbox routes: list, fork, get, kill (lifetime.go changes a
@@ -57,7 +58,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	if err := CheckForkTag(req.Tag); err != nil {
+	if err := snapshot.ValidateTag(req.Tag); err != nil {
 		writeProblem(w, r, err)
 		return
 	}
@@ -66,14 +67,6 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer claim.release()
-	if IsForkReference(req.Tag) {
-		tag, err := s.forkReference(r, req.Tag)
-		if err != nil {
-			writeProblem(w, r, err)
-			return
-		}
-		req.Tag = tag
-	}
 	p := s.principalOf(r)
 	opts := sandbox.ForkOptions{
 		Tag: req.Tag, Count: req.Count, Labels: req.Metadata, RequestID: requestID(r), Network: policyOf(req.Network),

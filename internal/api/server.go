@@ -11,7 +11,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"golang.org/x/sync/singleflight"
 	"io"
 	"log/slog"
 	"net/http"
@@ -83,10 +82,9 @@ type Server struct {
 	idem      idempotency // Idempotency-Key records (idempotency.go)
 	// execSessions bounds exec WebSockets (sessions.go).
 	execSessions sessionSlots
-	owners       snapshotOwners     // which tenant owns each snapshot tag (owners.go)
-	refPulls     singleflight.Group // pulls for forks by reference, by local tag (forkref.go)
-	auditGate    auditGate          // fails closed when audit writes fail (audit.go)
-	unauthAudit  unauthLimiter      // bounds the records of unauthenticated requests (audit.go)
+	owners       snapshotOwners // which tenant owns each snapshot tag (owners.go)
+	auditGate    auditGate      // fails closed when audit writes fail (audit.go)
+	unauthAudit  unauthLimiter  // bounds the records of unauthenticated requests (audit.go)
 
 	// createSnapshotFn writes a snapshot for POST /v1/snapshots: nil is
 	// the engine's CreateSnapshot; tests put a fake here.

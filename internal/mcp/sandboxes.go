@@ -50,7 +50,7 @@ func sandboxInfo(s apiv1.Sandbox) SandboxInfo {
 
 // CreateInput is create_sandbox's arguments.
 type CreateInput struct {
-	Tag                string            `json:"tag" jsonschema:"snapshot tag to fork the sandbox from (see list_snapshots), or a registry reference host[:port]/repository:tag that forkd push wrote, pulled on first use"`
+	Tag                string            `json:"tag" jsonschema:"snapshot tag to fork the sandbox from (see list_snapshots)"`
 	TimeoutSeconds     *int64            `json:"timeout_seconds,omitempty" jsonschema:"lifetime in seconds: the sandbox is killed this long after creation (0: no limit, kill it yourself with kill_sandbox)"`
 	IdleTimeoutSeconds int64             `json:"idle_timeout_seconds,omitempty" jsonschema:"kill the sandbox after this many seconds without any request (0: no idle limit)"`
 	Metadata           map[string]string `json:"metadata,omitempty" jsonschema:"labels to attach (string keys and values); list_sandboxes can filter on them"`
@@ -59,7 +59,7 @@ type CreateInput struct {
 
 // ForkInput is fork_sandboxes' arguments.
 type ForkInput struct {
-	Tag                string            `json:"tag" jsonschema:"snapshot tag to fork from (see list_snapshots), or a registry reference host[:port]/repository:tag, pulled on first use"`
+	Tag                string            `json:"tag" jsonschema:"snapshot tag to fork from (see list_snapshots)"`
 	N                  int               `json:"n" jsonschema:"how many sandboxes to create"`
 	TimeoutSeconds     *int64            `json:"timeout_seconds,omitempty" jsonschema:"lifetime of each sandbox in seconds (0: no limit)"`
 	IdleTimeoutSeconds int64             `json:"idle_timeout_seconds,omitempty" jsonschema:"kill a sandbox after this many seconds without any request (0: no idle limit)"`

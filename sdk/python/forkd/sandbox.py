@@ -93,9 +93,7 @@ class Sandbox:
         """Fork one sandbox from the snapshot ``tag``.
 
         Args:
-            tag: The snapshot to fork from: a local tag, or a registry
-                reference (``host[:port]/repository:tag``) that ``forkd push``
-                wrote, which the daemon pulls on first use.
+            tag: The snapshot to fork from.
             timeout: Seconds after which the daemon kills the sandbox:
                 default 300 (five minutes, as E2B); 0: no limit; None: the
                 daemon's default (an hour unless configured). Extend it

@@ -139,11 +139,7 @@ export class Sandbox {
     return this.initialInfo?.tag;
   }
 
-  /**
-   * Forks one sandbox from a snapshot: a local tag, or a registry reference
-   * (`host[:port]/repository:tag`) that `forkd push` wrote, which the daemon
-   * pulls on first use.
-   */
+  /** Forks one sandbox from a snapshot tag. */
   static async create(tag: string, opts: SandboxOptions = {}): Promise<Sandbox> {
     const [sb] = await Sandbox.fork(tag, 1, opts);
     return sb!;
