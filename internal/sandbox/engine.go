@@ -378,9 +378,7 @@ func (e *Engine) DropPool(ctx context.Context, snapshotID string) {
 
 // PoolSize reports pre-started VMMs waiting for a snapshot.
 func (e *Engine) PoolSize(snapshotID string) int {
-	e.mu.Lock()
-	p := e.pools[snapshotID]
-	e.mu.Unlock()
+	p := e.poolOf(snapshotID)
 	if p == nil {
 		return 0
 	}

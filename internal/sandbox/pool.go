@@ -171,12 +171,17 @@ func (p *pool) evict(n int) []*prepared {
 	return out
 }
 
+// poolOf is the pool of a snapshot id, nil if it has none.
+func (e *Engine) poolOf(snapshotID string) *pool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.pools[snapshotID]
+}
+
 // PoolTarget reports how many VMMs the pool of a snapshot keeps now (its base
 // size, or more after a fan-out); 0 when the snapshot has no pool.
 func (e *Engine) PoolTarget(snapshotID string) int {
-	e.mu.Lock()
-	p := e.pools[snapshotID]
-	e.mu.Unlock()
+	p := e.poolOf(snapshotID)
 	if p == nil {
 		return 0
 	}
@@ -315,9 +320,7 @@ func (p *pool) close(ctx context.Context) {
 // PoolPIDs returns the VMM processes waiting in a snapshot's pool (for
 // benchmarks that measure what a waiting VMM costs).
 func (e *Engine) PoolPIDs(snapshotID string) []int {
-	e.mu.Lock()
-	p := e.pools[snapshotID]
-	e.mu.Unlock()
+	p := e.poolOf(snapshotID)
 	if p == nil {
 		return nil
 	}
