@@ -92,6 +92,20 @@ func TestPorts(t *testing.T) {
 	if err := json.Unmarshal(body, &echo); err != nil || resp.StatusCode != 200 || echo.Path != "/a/b?c=d" {
 		t.Errorf("proxied GET = %d %s (%v)", resp.StatusCode, body, err)
 	}
+	// The app's own Authorization (not a forkd bearer token) reaches it
+	// over the socket, untouched.
+	basic, _ := http.NewRequest(http.MethodGet, base+"8765/basic", nil)
+	basic.SetBasicAuth("app-user", "app-pass")
+	if resp, err := hc.Do(basic); err != nil {
+		t.Fatal(err)
+	} else {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		echo.Headers = nil
+		if err := json.Unmarshal(body, &echo); err != nil || resp.StatusCode != 200 || echo.Headers["Authorization"] != basic.Header.Get("Authorization") {
+			t.Errorf("app's Basic auth over the socket = %d %s (%v)", resp.StatusCode, body, err)
+		}
+	}
 	// `forkd port` names that URL.
 	if u := strings.TrimSpace(c.ok("--no-autostart", "port", id, "8765")); u != base+"8765/" {
 		t.Errorf("forkd port = %q, want %q", u, base+"8765/")

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/auth"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 )
 
@@ -133,8 +134,9 @@ func (s *Server) portProxy() *httputil.ReverseProxy {
 				pr.Out.URL.RawPath = ""
 				pr.Out.Host = in.Host
 				pr.SetXForwarded()
-				if s.Tokens != nil {
-					// The API's bearer token is not the app's to see.
+				if auth.TokenConsumed(in.Context()) {
+					// The API's bearer token is not the app's to see;
+					// any other Authorization is the app's.
 					pr.Out.Header.Del("Authorization")
 				}
 			},

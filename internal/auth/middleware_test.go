@@ -323,3 +323,51 @@ func TestListenRefusesExposedPlaintext(t *testing.T) {
 		}
 	}
 }
+
+// TestMiddlewareSocketAuthorization: on the Unix socket only a bearer token
+// is forkd's. Another scheme is the app's and passes as the socket's admin;
+// a bearer token that does not verify is refused with the way out; one
+// that verifies is marked consumed (the port proxy strips only that).
+func TestMiddlewareSocketAuthorization(t *testing.T) {
+	tk, tok := storeWithToken(t, "ci")
+	var consumed bool
+	h := Middleware(tk, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		consumed = TokenConsumed(r.Context())
+		echoName.ServeHTTP(w, r)
+	}))
+	onSocket := func(authz string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodGet, "/v1/version", nil)
+		r = r.WithContext(context.WithValue(r.Context(), http.LocalAddrContextKey, &net.UnixAddr{Name: "/run/forkd/forkd.sock", Net: "unix"}))
+		if authz != "" {
+			r.Header.Set("Authorization", authz)
+		}
+		rec := httptest.NewRecorder()
+		rec.Header().Set("X-Request-Id", "rid-1")
+		h.ServeHTTP(rec, r)
+		return rec
+	}
+	for _, authz := range []string{"", "Basic YXBwOnB3", "Digest username=\"app\"", "Bearer"} {
+		consumed = true
+		if rec := onSocket(authz); rec.Code != 200 || rec.Body.String() != "name=" || consumed {
+			t.Errorf("socket with %q: %d %s consumed=%v, want the socket's admin, header left to the app", authz, rec.Code, rec.Body, consumed)
+		}
+	}
+	if rec := onSocket("Bearer " + tok); rec.Code != 200 || rec.Body.String() != "name=ci" || !consumed {
+		t.Errorf("socket with a valid token: %d %s consumed=%v", rec.Code, rec.Body, consumed)
+	}
+	rec := onSocket("Bearer forkd_from_another_daemon")
+	checkUnauthorized(t, rec, `Bearer realm="forkd", error="invalid_token"`)
+	if !strings.Contains(rec.Body.String(), "unset FORKD_TOKEN") {
+		t.Errorf("socket 401 does not say how to act as the socket's admin: %s", rec.Body)
+	}
+
+	// A store that cannot be read says why, not "not recognised".
+	if err := os.Chmod(tk.Path(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rec = serve(h, "/v1/version", "Bearer "+tok)
+	checkUnauthorized(t, rec, `Bearer realm="forkd", error="invalid_token"`)
+	if !strings.Contains(rec.Body.String(), "chmod 600") {
+		t.Errorf("unreadable store: 401 does not name the problem: %s", rec.Body)
+	}
+}
