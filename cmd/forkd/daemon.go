@@ -246,6 +246,13 @@ func serveCmd(g *globals) *cobra.Command {
 			}
 			if err == nil {
 				srv.Tokens, err = auth.Open(tokenFile)
+				if err != nil && listen == "" {
+					// The socket serves without tokens: a bad store
+					// refuses only requests that present one, until
+					// it is fixed (reloaded on the next one).
+					log.Warn("token store unreadable: requests on the socket that present a token are refused until it is fixed", "file", tokenFile, "err", err)
+					err = nil
+				}
 			}
 			if err == nil && listen != "" {
 				tln, err = auth.Listen(auth.ListenConfig{Addr: listen, CertFile: tlsCert, KeyFile: tlsKey, Insecure: insecure})

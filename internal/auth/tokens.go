@@ -119,14 +119,16 @@ var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 // Open reads the store at path. A missing file is an empty store; the file
 // is created (0600) by the first Create. A file that others may read or
 // write is refused.
+//
+// On that error Open returns the store as well, failed closed: it verifies
+// no token (Err says why) until the file is readable again, when the next
+// Verify reloads it. A daemon that needs no token to serve (its Unix
+// socket) keeps serving with it.
 func Open(path string) (*Tokens, error) {
 	t := &Tokens{path: path}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if err := t.loadLocked(); err != nil {
-		return nil, err
-	}
-	return t, nil
+	return t, t.loadLocked()
 }
 
 // Path returns the store's file.

@@ -205,9 +205,20 @@ func TestStorePermissions(t *testing.T) {
 	if err := os.Chmod(path, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(path); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "chmod 600") {
+	failed, err := Open(path)
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "chmod 600") {
 		t.Errorf("Open of a 0644 store: %v, want failed precondition naming chmod 600", err)
 	}
+	// The store Open returns with the error (a socket-only daemon serves
+	// on with it) verifies nothing until the file is fixed.
+	if _, ok := failed.Verify(tok); ok {
+		t.Error("token verified by a store opened from a file others can read")
+	}
+	defer func() {
+		if _, ok := failed.Verify(tok); !ok {
+			t.Error("store opened failed did not recover after chmod 600")
+		}
+	}()
 	// The running store fails closed.
 	if _, ok := tk.Verify(tok); ok {
 		t.Error("token verified from a store others can read")
