@@ -32,11 +32,15 @@ import (
 const (
 	// MaxImage bounds the bzImage read.
 	MaxImage = 256 << 20
-	// MaxELF bounds the decompressed kernel.
-	MaxELF = 1 << 30
+	// MaxELF bounds the decompressed kernel: a distribution's vmlinux
+	// is 30-60 MiB, one with debug sections some hundreds.
+	MaxELF = 256 << 20
 	// lz4LegacyBlock is the largest block of the LZ4 legacy format.
 	lz4LegacyBlock = 8 << 20
 )
+
+// elfLimit is MaxELF, lowered by tests.
+var elfLimit = MaxELF
 
 var (
 	magicGzip      = []byte{0x1f, 0x8b}
@@ -66,17 +70,18 @@ func Extract(bzImage []byte) ([]byte, error) {
 		return nil, err
 	}
 	var out []byte
+	hint := sizeHint(payload)
 	switch {
 	case bytes.HasPrefix(payload, magicLZ4Legacy):
-		out, err = lz4Legacy(payload[len(magicLZ4Legacy):])
+		out, err = lz4Legacy(payload[len(magicLZ4Legacy):], hint)
 	case bytes.HasPrefix(payload, magicGzip):
 		var zr *gzip.Reader
 		if zr, err = gzip.NewReader(bytes.NewReader(payload)); err == nil {
 			zr.Multistream(false)
-			out, err = readBounded(zr)
+			out, err = readBounded(zr, hint)
 		}
 	case bytes.HasPrefix(payload, magicZstd):
-		out, err = unzstd(payload)
+		out, err = unzstd(payload, hint)
 	default:
 		n := min(len(payload), 6)
 		return nil, fmt.Errorf("bzImage payload compressed with an unsupported format (magic %x): LZ4, gzip and zstd are read; extract it with the kernel's scripts/extract-vmlinux and give the ELF instead: %w", payload[:n], errdefs.ErrInvalidArgument)
@@ -117,8 +122,8 @@ func payloadOf(b []byte) ([]byte, error) {
 // blocks of at most 8 MiB, each a little-endian compressed length and an
 // LZ4 block. The kernel's build appends the decompressed size (4 bytes)
 // after the last block; it is checked when present.
-func lz4Legacy(b []byte) ([]byte, error) {
-	var out []byte
+func lz4Legacy(b []byte, hint int) ([]byte, error) {
+	out := make([]byte, 0, hint)
 	block := make([]byte, lz4LegacyBlock)
 	for len(b) >= 4 {
 		n := binary.LittleEndian.Uint32(b)
@@ -133,8 +138,8 @@ func lz4Legacy(b []byte) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("lz4 block at %d: %w", len(out), err)
 		}
-		if len(out)+m > MaxELF {
-			return nil, fmt.Errorf("decompresses past %d MiB", MaxELF>>20)
+		if len(out)+m > elfLimit {
+			return nil, fmt.Errorf("decompresses past %d MiB", elfLimit>>20)
 		}
 		out = append(out, block[:m]...)
 		b = b[4+n:]
@@ -154,14 +159,14 @@ func lz4Legacy(b []byte) ([]byte, error) {
 // decompressed size (4 bytes) after the frame, which a zstd reader takes
 // for a bad frame: the payload without it is tried first, and the size
 // checked.
-func unzstd(payload []byte) ([]byte, error) {
+func unzstd(payload []byte, hint int) ([]byte, error) {
 	dec := func(b []byte) ([]byte, error) {
-		zr, err := zstd.NewReader(bytes.NewReader(b), zstd.WithDecoderMaxMemory(MaxELF), zstd.WithDecoderConcurrency(1))
+		zr, err := zstd.NewReader(bytes.NewReader(b), zstd.WithDecoderMaxMemory(uint64(elfLimit)), zstd.WithDecoderConcurrency(1))
 		if err != nil {
 			return nil, err
 		}
 		defer zr.Close()
-		return readBounded(zr)
+		return readBounded(zr, hint)
 	}
 	if n := len(payload) - 4; n > len(magicZstd) {
 		if out, err := dec(payload[:n]); err == nil && uint64(binary.LittleEndian.Uint32(payload[n:])) == uint64(len(out))&0xffffffff {
@@ -171,12 +176,29 @@ func unzstd(payload []byte) ([]byte, error) {
 	return dec(payload)
 }
 
-func readBounded(r io.Reader) ([]byte, error) {
-	out, err := io.ReadAll(io.LimitReader(r, MaxELF+1))
-	if err == nil && len(out) > MaxELF {
-		err = fmt.Errorf("decompresses past %d MiB", MaxELF>>20)
+// readBounded reads r to its end, at most MaxELF bytes, into a buffer of
+// hint bytes to begin with.
+func readBounded(r io.Reader, hint int) ([]byte, error) {
+	buf := bytes.NewBuffer(make([]byte, 0, hint))
+	_, err := buf.ReadFrom(io.LimitReader(r, int64(elfLimit)+1))
+	if err == nil && buf.Len() > elfLimit {
+		err = fmt.Errorf("decompresses past %d MiB", elfLimit>>20)
 	}
-	return out, err
+	return buf.Bytes(), err
+}
+
+// sizeHint is the decompressed size the kernel's build appends to the
+// payload (gzip's own trailer says the same), if it is within MaxELF;
+// else 0. It only sizes the first allocation: nothing trusts it.
+func sizeHint(payload []byte) int {
+	if len(payload) < 8 {
+		return 0
+	}
+	n := binary.LittleEndian.Uint32(payload[len(payload)-4:])
+	if uint64(n) > uint64(elfLimit) {
+		return 0
+	}
+	return int(n)
 }
 
 // checkELF accepts an x86-64 executable with loadable segments.

@@ -132,3 +132,28 @@ func TestEnsure(t *testing.T) {
 		t.Errorf("staging files left: %v", left)
 	}
 }
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+// A payload that decompresses past MaxELF is refused, and the size the
+// payload claims never sizes an allocation past it.
+func TestDecompressBounded(t *testing.T) {
+	defer func(l int) { elfLimit = l }(elfLimit)
+	elfLimit = 4 << 20
+	if _, err := readBounded(zeros{}, 0); err == nil || !strings.Contains(err.Error(), "past 4 MiB") {
+		t.Fatalf("an endless payload: %v", err)
+	}
+	claim := func(n uint32) []byte {
+		b := make([]byte, 16)
+		binary.LittleEndian.PutUint32(b[12:], n)
+		return b
+	}
+	if got := sizeHint(claim(4<<20 + 1)); got != 0 {
+		t.Errorf("a claimed size past the limit gave a hint of %d", got)
+	}
+	if got := sizeHint(claim(3 << 20)); got != 3<<20 {
+		t.Errorf("hint %d, want 3 MiB", got)
+	}
+}
