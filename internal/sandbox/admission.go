@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"context"
 	"fmt"
 	"sync"
 
@@ -49,10 +48,27 @@ func (e *Engine) reserveSlots(n int, p *pool) (release func(), err error) {
 		total := runningMiB + e.startingMiB + pooledMiB + needMiB
 		if total > maxMiB {
 			freed, evicted := e.evictPooledLocked(p, total-maxMiB)
-			pooledMiB -= freed
-			total -= freed
-			for _, pv := range evicted {
-				go pv.discard(context.Background())
+			if total-freed > maxMiB {
+				// Not enough after all (a fork took from a pool
+				// meanwhile): the VMMs go back, ready, and the fork
+				// is refused below.
+				for _, ev := range evicted {
+					ev.from.putBack(ev.vmms)
+				}
+			} else {
+				n := 0
+				for _, ev := range evicted {
+					for _, pv := range ev.vmms {
+						e.discardLater(pv)
+					}
+					n += len(ev.vmms)
+				}
+				if n > 0 {
+					e.log.Info("pooled VMMs evicted for a fork under the guest memory limit", "vmms", n, "freed_mib", freed)
+					e.cfg.Metrics.ObservePoolStopped(metrics.PoolStopEvicted, n)
+				}
+				pooledMiB -= freed
+				total -= freed
 			}
 		}
 		if total > maxMiB {
@@ -73,13 +89,20 @@ func (e *Engine) reserveSlots(n int, p *pool) (release func(), err error) {
 	}, nil
 }
 
-// evictPooledLocked frees at least needMiB of guest memory held by VMMs
-// waiting in the pools of snapshots other than p's, for a fork that
+// eviction is the VMMs taken from one pool for a fork.
+type eviction struct {
+	from *pool
+	vmms []*prepared
+}
+
+// evictPooledLocked takes out at least needMiB of guest memory held by
+// VMMs waiting in the pools of snapshots other than p's, for a fork that
 // would otherwise be refused: pooled VMMs are a cache, never a reason
-// for a 429. It evicts nothing when even all of them would not be
-// enough. It returns the memory freed and the VMMs taken, which the
-// caller discards outside e.mu; e.mu is held.
-func (e *Engine) evictPooledLocked(p *pool, needMiB int64) (freed int64, evicted []*prepared) {
+// for a 429. It takes nothing when even all of them would not be
+// enough. It returns the memory taken and the VMMs, which the caller
+// discards outside e.mu (or puts back if the fork is refused anyway);
+// e.mu is held.
+func (e *Engine) evictPooledLocked(p *pool, needMiB int64) (freed int64, evicted []eviction) {
 	var avail int64
 	for _, o := range e.pools {
 		if o != p {
@@ -96,12 +119,10 @@ func (e *Engine) evictPooledLocked(p *pool, needMiB int64) (freed int64, evicted
 		}
 		per := int64(o.snap.MemoryMiB)
 		taken := o.evict(int((needMiB - freed + per - 1) / per))
-		freed += int64(len(taken)) * per
-		evicted = append(evicted, taken...)
-	}
-	if len(evicted) > 0 {
-		e.log.Info("pooled VMMs evicted for a fork under the guest memory limit", "vmms", len(evicted), "freed_mib", freed)
-		e.cfg.Metrics.ObservePoolStopped(metrics.PoolStopEvicted, len(evicted))
+		if len(taken) > 0 {
+			freed += int64(len(taken)) * per
+			evicted = append(evicted, eviction{from: o, vmms: taken})
+		}
 	}
 	return freed, evicted
 }

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
@@ -41,4 +42,66 @@ func (e *Engine) Go(ctx context.Context, fn func(ctx context.Context)) error {
 		fn(wctx)
 	}()
 	return nil
+}
+
+// discardLater stops pv on its own goroutine, for callers that hold a
+// pool's lock or must not wait for a teardown; Close waits for it.
+func (e *Engine) discardLater(pv *prepared) {
+	e.discards.add()
+	go func() {
+		defer e.discards.done()
+		pv.discard(context.Background())
+	}()
+}
+
+// discardTracker counts discards in flight. Unlike a WaitGroup it may be
+// added to while wait runs (a pool handing back a VMM as Close waits),
+// and wait gives up with ctx. Its lock is a leaf: add is called under
+// pool and engine locks.
+type discardTracker struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n drops to 0; nil while n is 0
+}
+
+func (t *discardTracker) add() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.n == 0 {
+		t.idle = make(chan struct{})
+	}
+	t.n++
+}
+
+func (t *discardTracker) done() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.n--
+	if t.n == 0 {
+		close(t.idle)
+		t.idle = nil
+	}
+}
+
+func (t *discardTracker) pending() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.n
+}
+
+// wait returns once no discard is in flight, or with ctx's error.
+func (t *discardTracker) wait(ctx context.Context) error {
+	for {
+		t.mu.Lock()
+		idle := t.idle
+		t.mu.Unlock()
+		if idle == nil {
+			return nil
+		}
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }

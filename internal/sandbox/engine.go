@@ -139,6 +139,9 @@ type Engine struct {
 	// bg tracks daemon-owned work (background branches, Go), which Close
 	// waits for.
 	bg sync.WaitGroup
+	// discards tracks VMMs being stopped off the caller's goroutine
+	// (discardLater), which Close waits for too.
+	discards discardTracker
 	// life is the engine's lifetime context: daemon-owned work runs on
 	// it, never on the request that started it. Close cancels it (with
 	// ErrEngineClosed) once it stops waiting for that work.
@@ -268,6 +271,11 @@ func (e *Engine) Close(ctx context.Context) error {
 		}
 	}
 	wg.Wait()
+	// VMMs a pool or a fork let go of (shrink, eviction, a dead one
+	// taken) are gone before Close returns, not left to a goroutine.
+	if err := e.discards.wait(ctx); err != nil {
+		e.log.Warn("pooled VMMs still stopping at shutdown", "vmms", e.discards.pending(), "err", err)
+	}
 	// Background work (branches, operations) commits or fails; none is
 	// left half-written either way, but waiting lets what is nearly done
 	// land. What is still running when ctx ends is cancelled, and given

@@ -94,11 +94,11 @@ func (p *pool) take() (*prepared, bool) {
 		select {
 		case <-pv.machine.Done():
 			p.e.log.Warn("pooled VMM died while waiting", "sandbox_id", pv.id, "err", pv.machine.ExitError())
-			go pv.discard(context.Background())
+			p.e.discardLater(pv)
 			continue
 		case <-pv.sessionDone():
 			p.e.log.Warn("the agent session of a pooled child ended while waiting", "sandbox_id", pv.id)
-			go pv.discard(context.Background())
+			p.e.discardLater(pv)
 			continue
 		default:
 		}
@@ -153,7 +153,7 @@ func (p *pool) shrink(now time.Time, after time.Duration) int {
 	}
 	p.mu.Unlock()
 	for _, pv := range extra {
-		go pv.discard(context.Background())
+		p.e.discardLater(pv)
 	}
 	return len(extra)
 }
@@ -169,6 +169,20 @@ func (p *pool) evict(n int) []*prepared {
 	out := slices.Clone(p.items[len(p.items)-n:])
 	p.items = p.items[:len(p.items)-n]
 	return out
+}
+
+// putBack returns VMMs evict took, for a fork refused anyway; a pool
+// closed meanwhile discards them.
+func (p *pool) putBack(vmms []*prepared) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		for _, pv := range vmms {
+			p.e.discardLater(pv)
+		}
+		return
+	}
+	p.items = append(p.items, vmms...)
 }
 
 // poolOf is the pool of a snapshot id, nil if it has none.
@@ -266,7 +280,7 @@ func (p *pool) drainIdle(now time.Time, idle time.Duration) int {
 	for _, pv := range items {
 		// Not on the janitor's goroutine: a teardown would hold up the
 		// sandboxes' timeouts it also enforces.
-		go pv.discard(context.Background())
+		p.e.discardLater(pv)
 	}
 	return len(items)
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/metrics"
 )
 
@@ -155,5 +156,71 @@ func TestAgentDialledAfterRestore(t *testing.T) {
 	}
 	if pooled != 1 {
 		t.Errorf("%d of 3 children came from the pool, want 1", pooled)
+	}
+}
+
+// A fan-out refused at admission does not grow its snapshot's pool: the
+// VMMs would wait for forks that cannot come.
+func TestRefusedForkDoesNotGrowPool(t *testing.T) {
+	e, _ := newFakeEngineWith(t, &fakeDriver{}, 1, func(c *Config) { c.PoolMax = 8; c.MaxSandboxes = 2 })
+	if _, err := e.Fork(context.Background(), "base", 5); !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("a fork of 5 under --max-sandboxes 2: %v", err)
+	}
+	if got := e.PoolTarget(e.mustSnap(t, "base").ID); got != 1 {
+		t.Fatalf("a refused fork of 5 set the pool's target to %d, want its base size 1", got)
+	}
+}
+
+// VMMs evicted for a fork that is refused anyway go back to their pool,
+// ready; a pool closed meanwhile stops them instead.
+func TestEvictedVMMsPutBack(t *testing.T) {
+	e, _ := newFakeEngine(t, &fakeDriver{}, 2)
+	e.Warm("base")
+	snap := e.mustSnap(t, "base")
+	waitFor(t, func() bool { return e.PoolSize(snap.ID) == 2 })
+	p := e.poolFor(snap)
+	taken := p.evict(1)
+	if len(taken) != 1 || e.PoolSize(snap.ID) != 1 {
+		t.Fatalf("evict(1) took %d, left %d", len(taken), e.PoolSize(snap.ID))
+	}
+	p.putBack(taken)
+	if e.PoolSize(snap.ID) != 2 || isClosed(taken[0].machine.Done()) {
+		t.Fatal("a VMM put back is not waiting, ready, in its pool")
+	}
+	taken = p.evict(1)
+	p.close(context.Background())
+	p.putBack(taken)
+	waitFor(t, func() bool { return isClosed(taken[0].machine.Done()) })
+}
+
+// Close waits for the VMMs being stopped off their caller's goroutine
+// (shrink, eviction, a dead one taken from a pool), until its deadline.
+func TestCloseWaitsForDiscards(t *testing.T) {
+	e, _ := newFakeEngine(t, &fakeDriver{}, 0)
+	e.discards.add() // a discard in flight
+	closed := make(chan struct{})
+	go func() { e.Close(context.Background()); close(closed) }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a discard was in flight")
+	case <-time.After(200 * time.Millisecond):
+	}
+	e.discards.add() // added while Close waits: waited for too
+	e.discards.done()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a discard added during its wait was in flight")
+	case <-time.After(200 * time.Millisecond):
+	}
+	e.discards.done()
+	<-closed
+
+	e2, _ := newFakeEngine(t, &fakeDriver{}, 0)
+	e2.discards.add() // stuck: Close gives up at its deadline
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	e2.Close(ctx)
+	if e2.discards.pending() != 1 {
+		t.Fatal("the stuck discard was not left pending")
 	}
 }

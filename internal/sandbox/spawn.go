@@ -242,7 +242,6 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) (_ []*Sandbox, 
 	}
 	defer releaseQuota()
 	p := e.poolFor(snap)
-	p.grow(n, e.cfg.PoolMax, time.Now())
 	// Deferred first, so it runs last: after releaseSlots. Once the fork
 	// committed, its children count as running; until the release they
 	// count as starting too, and a refill that looked in between found
@@ -253,6 +252,9 @@ func (e *Engine) ForkWith(ctx context.Context, opts ForkOptions) (_ []*Sandbox, 
 		return nil, err
 	}
 	defer releaseSlots()
+	// Only an admitted fan-out grows the pool: a refused one would fill
+	// it ahead for forks that cannot come.
+	p.grow(n, e.cfg.PoolMax, time.Now())
 	if opts.RequestID == "" {
 		opts.RequestID = "fork-" + snapshot.NewID()
 	}
@@ -361,7 +363,7 @@ func (e *Engine) spawnOne(ctx context.Context, p *pool, opts ForkOptions) (*Sand
 		// connection opened then would outlive a change of rules: a fork
 		// that asks for another policy gets a VMM restored now.
 		if pol, _, err := e.net.resolve(opts.Network, p.snap.Network.Policy); err == nil && !samePolicy(pol, pv.net.Policy()) {
-			go pv.discard(context.Background())
+			e.discardLater(pv)
 			pv, pooled = nil, false
 		}
 	}
