@@ -146,7 +146,7 @@ func waitPoolFull(e *sandbox.Engine, snapID string, size int, limit time.Duratio
 	}
 	if n := e.PoolSize(snapID); n < size {
 		// Measured anyway, but not from a full pool: say so beside the rows.
-		benchSay("the pool held %d of %d VMMs after --pool-wait %s: this measure starts from a partial pool", n, size, limit)
+		benchSay("the pool held %d of %d VMMs after waiting %s: this measure starts from a partial pool", n, size, limit)
 	}
 }
 
