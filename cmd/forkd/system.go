@@ -125,6 +125,9 @@ func prunesNothing(r apiv1.PruneResponse) bool {
 
 // printPrune says what a prune removed, or with DryRun would remove.
 func printPrune(w io.Writer, r apiv1.PruneResponse) {
+	for _, s := range r.Skipped {
+		fmt.Fprintf(w, "left for another prune: %s\n", s)
+	}
 	if prunesNothing(r) {
 		fmt.Fprintln(w, "nothing to prune")
 		return

@@ -52,7 +52,7 @@ func (s *Server) prune(w http.ResponseWriter, r *http.Request) {
 	out := apiv1.PruneResponse{
 		DryRun: req.DryRun, Sandboxes: append([]string{}, res.Sandboxes...), Images: []apiv1.Image{},
 		MemoryImages: append([]string{}, res.MemoryImages...), OCILayers: append([]string{}, res.OCILayers...),
-		ReclaimedBytes: res.Bytes,
+		ReclaimedBytes: res.Bytes, Skipped: res.Skipped,
 	}
 	for _, img := range res.Images {
 		out.Images = append(out.Images, imageInfo(img))

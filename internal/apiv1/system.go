@@ -49,4 +49,7 @@ type PruneResponse struct {
 	// OCILayers are the digests of the cached OCI layers removed.
 	OCILayers      []string `json:"oci_layers"`
 	ReclaimedBytes int64    `json:"reclaimed_bytes"`
+	// Skipped says what was left for another prune, and why (the OCI
+	// layer cache while a build pulls layers).
+	Skipped []string `json:"skipped,omitempty"`
 }

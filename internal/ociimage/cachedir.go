@@ -30,6 +30,19 @@ func lockCacheShared(ctx context.Context, dir string) (func(), error) {
 	return fsutil.LockFileShared(ctx, filepath.Join(dir, cacheLockName), "a removal of unused layers")
 }
 
+// ErrCacheBusy is Remove's error while a pull uses the cache.
+var ErrCacheBusy = fmt.Errorf("the OCI layer cache is in use by an image build pulling layers; retry when it ends (`forkd operation ls`): %w",
+	errdefs.ErrFailedPrecondition)
+
+// Hold holds the cache as a pull does (shared): Remove removes nothing
+// until the returned release is called.
+func (c Cache) Hold(ctx context.Context) (release func(), err error) {
+	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	return lockCacheShared(ctx, c.Dir)
+}
+
 // Cache is the layer cache in Dir (a Puller's CacheDir).
 type Cache struct {
 	Dir string
@@ -85,8 +98,7 @@ func (c Cache) Remove(digests []string) ([]CachedLayer, error) {
 		return nil, err
 	}
 	if !ok {
-		return nil, fmt.Errorf("the OCI layer cache is in use by an image build pulling layers; retry when it ends (`forkd operation ls`): %w",
-			errdefs.ErrFailedPrecondition)
+		return nil, ErrCacheBusy
 	}
 	defer unlock()
 	var out []CachedLayer

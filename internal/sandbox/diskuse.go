@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -285,14 +286,16 @@ type PruneResult struct {
 	OCILayers []string
 	// Bytes is the disk space freed (or that would be).
 	Bytes int64
+	// Skipped says what the prune left for another time, and why.
+	Skipped []string
 }
 
 // Prune forgets dead sandboxes, removes assembled memory images no
 // snapshot needs, cached OCI layers no image lists, and with opts.Images
 // the images no snapshot uses. Snapshots are never removed. The layers go
-// first: while a build is pulling, the prune is refused before anything
-// is removed (FailedPrecondition). A removal that fails ends the prune
-// with what was done so far.
+// first; while a build is pulling they are left (Skipped says so) and the
+// rest goes on. A removal that fails ends the prune with what was done
+// so far.
 func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (PruneResult, error) {
 	var res PruneResult
 	for _, sb := range e.List() {
@@ -344,7 +347,11 @@ func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (PruneResult, err
 		res.OCILayers = append(res.OCILayers, l.Digest)
 		res.Bytes += l.Bytes
 	}
-	if err != nil {
+	if errors.Is(err, ociimage.ErrCacheBusy) {
+		// A build pulling layers is no reason to keep dead sandboxes,
+		// memory images and unused images: the layers wait.
+		res.Skipped = append(res.Skipped, fmt.Sprintf("%d unused OCI layers: %v", len(layers.reclaimableItems), err))
+	} else if err != nil {
 		return res, fmt.Errorf("prune OCI layers: %w", err)
 	}
 	if len(res.Sandboxes) > 0 {
