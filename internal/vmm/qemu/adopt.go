@@ -107,6 +107,7 @@ func (d *Driver) Adopt(ctx context.Context, spec vmm.AdoptSpec) (vmm.Machine, er
 	}
 	m.state = stateRunning
 	m.attach(c)
+	m.settleHandovers(ctx)
 	m.followConsole(reconnectConsole(cfg, d))
 	go m.reap()
 	if status != "running" {
@@ -114,6 +115,26 @@ func (d *Driver) Adopt(ctx context.Context, spec vmm.AdoptSpec) (vmm.Machine, er
 	}
 	d.log.Info("vmm adopted", "id", cfg.ID, "pid", want.PID, "took", time.Since(began))
 	return m, nil
+}
+
+// settleHandovers learns what the adopted QEMU can do from the process
+// itself, then takes back the migration files an earlier daemon that died
+// mid-hand-over left with it. Neither is fatal: a QEMU of unknown version
+// gets what QEMU 7.2 can do, which every release accepts.
+func (m *Machine) settleHandovers(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, adoptTimeout)
+	defer cancel()
+	v, err := runningVersion(ctx, m.qmp)
+	if err != nil {
+		m.d.log.Warn("adopted vmm: QEMU version unknown; using only what QEMU 7.2 can do", "id", m.cfg.ID, "err", err)
+	}
+	m.feat = featuresOf(v)
+	if v != "" && v != m.d.version {
+		m.d.log.Info("adopted vmm runs another QEMU than the binary installed", "id", m.cfg.ID, "running", v, "installed", m.d.version)
+	}
+	if err := m.dropStrayHandovers(ctx); err != nil {
+		m.d.log.Warn("adopted vmm: could not take back the migration files an earlier daemon left with QEMU", "id", m.cfg.ID, "err", err)
+	}
 }
 
 // reconnectConsole connects to an adopted QEMU's console socket, which it

@@ -71,9 +71,6 @@ import (
 )
 
 const (
-	// branchFD is the name of the live branch's stream descriptor in QEMU.
-	branchFD = "forkd-branch"
-
 	// branchMachineType is the machine type the configuration section of
 	// a branch's state file names: the driver's -M (args.go).
 	branchMachineType = "microvm"
@@ -408,19 +405,12 @@ func (b *brancher) paused(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
 	}
-	var fdset struct {
-		ID int64 `json:"fdset-id"`
-	}
-	err = m.qmp.ExecuteWithFiles(ctx, "add-fd", nil, &fdset, devW)
+	devSet, err := m.addFdset(ctx, devW, devStateFD)
 	devW.Close()
 	if err != nil {
 		return m.failure("add-fd", err)
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resumeTimeout)
-		defer cancel()
-		m.qmp.Execute(cctx, "remove-fd", map[string]int64{"fdset-id": fdset.ID}, nil)
-	}()
+	defer devSet.release(ctx)
 
 	if err := hook("before-stop"); err != nil {
 		return err
@@ -454,7 +444,7 @@ func (b *brancher) paused(ctx context.Context) (err error) {
 	saved := make(chan error, 1)
 	go func() {
 		saved <- m.qmp.Execute(ctx, "xen-save-devices-state",
-			map[string]any{"filename": fmt.Sprintf("/dev/fdset/%d", fdset.ID), "live": false}, nil)
+			map[string]any{"filename": devSet.path(), "live": false}, nil)
 	}()
 	var (
 		idx     *memlayer.Builder

@@ -157,13 +157,13 @@ func (b *brancher) live(ctx context.Context) (err error) {
 	// cuts off may have taken effect in QEMU all the same. Its calls must
 	// work after ctx has ended.
 	migrating := false
+	var spoolFile *handover
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), liveCleanupTimeout)
 		defer cancel()
-		if !migrating {
-			// QEMU may hold the spool descriptor.
-			m.qmp.Execute(cctx, "closefd", map[string]string{"fdname": branchFD}, nil)
-		}
+		// QEMU may hold the spool descriptor; a running snapshot keeps
+		// its own.
+		spoolFile.release(cctx)
 		cerr := m.qmp.Execute(cctx, "migrate-set-capabilities", backgroundSnapshot(false), nil)
 		if cerr != nil && migrating && errors.Is(cerr, context.DeadlineExceeded) {
 			m.Kill()
@@ -181,13 +181,13 @@ func (b *brancher) live(ctx context.Context) (err error) {
 			}
 		}
 	}()
-	// QEMU gets a write-only descriptor of the spool (getfd matches the
-	// access mode of its use).
+	// QEMU gets a write-only descriptor of the spool (the access mode of
+	// its use, which a descriptor set must match).
 	spoolW, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", spool.Fd()), os.O_WRONLY, 0)
 	if err != nil {
 		return fmt.Errorf("qemu %s: branch: %w", m.cfg.ID, err)
 	}
-	err = m.qmp.ExecuteWithFiles(ctx, "getfd", map[string]string{"fdname": branchFD}, nil, spoolW)
+	spoolFile, err = m.handOver(ctx, spoolW, branchFD)
 	spoolW.Close()
 	if err != nil {
 		return m.failure("hand over the stream spool", err)
@@ -210,7 +210,7 @@ func (b *brancher) live(ctx context.Context) (err error) {
 		return err
 	}
 	tStart := time.Now()
-	err = m.startMigration(ctx)
+	err = m.startMigration(ctx, spoolFile)
 	if err == nil {
 		err = hook("migrate") // tests: as though ctx cut the reply off
 	}
@@ -267,13 +267,13 @@ func (m *Machine) enableBackgroundSnapshot(ctx context.Context) error {
 	})
 }
 
-// startMigration starts the live branch's migration to the state fd. In
+// startMigration starts the live branch's migration to the spool. In
 // the same window as above, QEMU 10 may still hold the earlier
 // migration's yank instance and refuse a new one ("duplicate yank
 // instance", before it takes the fd): retried too.
-func (m *Machine) startMigration(ctx context.Context) error {
+func (m *Machine) startMigration(ctx context.Context, spool *handover) error {
 	return m.retryCleanup(ctx, "duplicate yank instance", func() error {
-		return m.qmp.Execute(ctx, "migrate", map[string]string{"uri": "fd:" + branchFD}, nil)
+		return spool.migrate(ctx, "migrate")
 	})
 }
 

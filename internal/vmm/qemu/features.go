@@ -1,11 +1,13 @@
 package qemu
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/qmp"
 )
 
 // features are what the QEMU binary can do that forkd uses when it can,
@@ -27,6 +29,11 @@ type features struct {
 	// vm.unprivileged_userfaultfd: the jail gives each VMM a device node
 	// of its own uid.
 	uffdDevice bool
+	// fileMigration: a migration file reaches QEMU as a descriptor set
+	// (add-fd) named by a "file:/dev/fdset/N" URI (9.1+, which deprecated
+	// "fd:" for anything but sockets and pipes); older QEMU gets it by
+	// getfd and "fd:NAME" (see handover.go).
+	fileMigration bool
 }
 
 // featuresOf decides the features of a version string.
@@ -39,7 +46,30 @@ func featuresOf(version string) features {
 	f.runWith = at(9, 1)
 	f.readonlyRAM = at(8, 2)
 	f.uffdDevice = at(8, 1)
+	f.fileMigration = at(9, 1)
 	return f
+}
+
+// runningVersion asks a running QEMU its version (query-version), in the
+// form of the binary's --version ("10.0.2 (Debian …)"): an adopted process
+// may run another release than the binary installed now.
+func runningVersion(ctx context.Context, c *qmp.Client) (string, error) {
+	var v struct {
+		QEMU struct {
+			Major int `json:"major"`
+			Minor int `json:"minor"`
+			Micro int `json:"micro"`
+		} `json:"qemu"`
+		Package string `json:"package"`
+	}
+	if err := c.Execute(ctx, "query-version", nil, &v); err != nil {
+		return "", err
+	}
+	version := fmt.Sprintf("%d.%d.%d", v.QEMU.Major, v.QEMU.Minor, v.QEMU.Micro)
+	if p := strings.Trim(strings.TrimSpace(v.Package), "()"); p != "" {
+		version += " (" + p + ")"
+	}
+	return version, nil
 }
 
 // versionNumbers returns the major and minor numbers of a version string

@@ -52,9 +52,13 @@ type Machine struct {
 	proc     process // the QEMU process: a child (started) or a pidfd (adopted)
 	ident    vmm.ProcessIdentity
 	incoming bool
+	feat     features      // what this QEMU can do: the binary's, or the adopted process's (query-version)
 	uid      int           // from the driver's uid pool, released when reaped; 0 if none
 	qmp      *qmp.Client   // set once connected (under mu), before the machine is handed out
 	qmpReady time.Duration // process start to QMP ready
+	// stateFile is a prepared machine's state file, handed over to QEMU
+	// for Restore (handover.go).
+	stateFile *handover
 	// memID is the file a clone's RAM maps (cfg.MemoryFile) as it was
 	// when QEMU started (memIDFile keeps it for an adopting daemon); nil
 	// if unknown. A branch finds the RAM's mappings by it: the path may
@@ -114,7 +118,7 @@ func (c child) kill() error {
 
 func newMachine(d *Driver, cfg vmm.MachineConfig, proc process, incoming bool) *Machine {
 	m := &Machine{
-		d: d, cfg: cfg, proc: proc, incoming: incoming, done: make(chan struct{}),
+		d: d, cfg: cfg, proc: proc, incoming: incoming, feat: d.feat, done: make(chan struct{}),
 		console:     newCappedLog(cfg.ConsoleLog, consoleLogBytes),
 		stderr:      newCappedLog(filepath.Join(cfg.RunDir, stderrFile), stderrLogBytes),
 		consoleDone: make(chan struct{}),

@@ -32,10 +32,12 @@ func (m *Machine) Restore(ctx context.Context) (_ vmm.RestoreTimings, err error)
 			m.Kill()
 		}
 	}()
+	// Before the kill above: QEMU has the state file until it is loaded.
+	defer m.stateFile.release(ctx)
 	sub := m.qmp.SubscribeNames("RESUME", "MIGRATION")
 	defer sub.Cancel()
 	load := time.Now()
-	if err := m.qmp.Execute(ctx, "migrate-incoming", map[string]string{"uri": "fd:" + stateFD}, nil); err != nil {
+	if err := m.stateFile.migrate(ctx, "migrate-incoming"); err != nil {
 		return vmm.RestoreTimings{}, m.failure("migrate-incoming", err)
 	}
 	poll := time.NewTicker(10 * pollInterval)
@@ -120,16 +122,19 @@ func (m *Machine) Snapshot(ctx context.Context, spec vmm.SnapshotSpec) (_ vmm.Sn
 		}
 	}()
 
-	if err := m.passFile(ctx, spec.StateFile, os.O_WRONLY|os.O_CREATE|os.O_TRUNC); err != nil {
+	h, err := m.handOverFile(ctx, spec.StateFile, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, stateFD)
+	if err != nil {
 		return vmm.SnapshotResult{}, m.failure("hand over state file", err)
 	}
-	if err := m.qmp.Execute(ctx, "migrate", map[string]string{"uri": "fd:" + stateFD}, nil); err != nil {
+	defer h.release(ctx) // on failure
+	if err := h.migrate(ctx, "migrate"); err != nil {
 		return vmm.SnapshotResult{}, m.failure("migrate", err)
 	}
 	info, err := m.waitMigration(ctx)
 	if err != nil {
 		return vmm.SnapshotResult{}, err
 	}
+	h.release(ctx) // before StopAfter quits QEMU
 	saved := time.Since(start)
 	// QEMU wrote through its own descriptor; make the data and the name
 	// durable before anyone relies on them.

@@ -16,11 +16,12 @@
 // sets x-ignore-shared and hands over the state file, so Restore only sends
 // migrate-incoming and waits for the guest to run.
 //
-// The state file travels as a descriptor (QMP getfd over SCM_RIGHTS, then
-// the "fd:NAME" migration URI) in both directions; QEMU 7.2 reads and
-// writes a regular file through it fine (checked by the tests). This keeps
-// QEMU from spawning "cat" for exec: migration, which the seccomp sandbox
-// (spawn=deny) would forbid.
+// The state file travels as a descriptor passed over QMP (SCM_RIGHTS) in
+// both directions: from QEMU 9.1 in a descriptor set (add-fd) named by the
+// "file:/dev/fdset/N" migration URI, before that by getfd and "fd:NAME",
+// which 9.1 deprecated for regular files (handover.go). This keeps QEMU
+// from opening paths of forkd's, and from spawning "cat" for exec:
+// migration, which the seccomp sandbox (spawn=deny) would forbid.
 //
 // # Least privilege
 //

@@ -300,11 +300,12 @@ func TestCanRestore(t *testing.T) {
 func TestFeaturesOf(t *testing.T) {
 	for v, want := range map[string]features{
 		"7.2.22 (Debian 1:7.2+dfsg-7+deb12u18+b3)": {},
-		"8.1.0":  {uffdDevice: true},
-		"8.2.2":  {uffdDevice: true, readonlyRAM: true},
-		"9.1.0":  {uffdDevice: true, readonlyRAM: true, runWith: true},
-		"10.0.2": {uffdDevice: true, readonlyRAM: true, runWith: true},
-		"":       {},
+		"8.1.0": {uffdDevice: true},
+		"8.2.2": {uffdDevice: true, readonlyRAM: true},
+		"9.0.2": {uffdDevice: true, readonlyRAM: true},
+		"9.1.0": {uffdDevice: true, readonlyRAM: true, runWith: true, fileMigration: true},
+		"10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)": {uffdDevice: true, readonlyRAM: true, runWith: true, fileMigration: true},
+		"": {},
 	} {
 		want.version = v
 		if got := featuresOf(v); got != want {

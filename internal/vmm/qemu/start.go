@@ -27,9 +27,6 @@ import (
 // caller's context has no deadline of its own.
 const startTimeout = 30 * time.Second
 
-// stateFD is the name the state file's descriptor gets in QEMU (getfd).
-const stateFD = "forkd-state"
-
 // errExited cancels waits on a machine whose process is gone.
 var errExited = errors.New("qemu process exited")
 
@@ -284,7 +281,8 @@ func (d *Driver) start(ctx context.Context, cfg vmm.MachineConfig, stateFile str
 		return nil, m.failure("set migration capabilities", err)
 	}
 	if incoming {
-		if err := m.passFile(ctx, stateFile, os.O_RDONLY); err != nil {
+		// Restore loads it, and takes it back from QEMU.
+		if m.stateFile, err = m.handOverFile(ctx, stateFile, os.O_RDONLY, stateFD); err != nil {
 			return nil, m.failure("hand over state file", err)
 		}
 	}
@@ -340,16 +338,6 @@ func (m *Machine) attach(c *qmp.Client) {
 	m.qmp, m.events = c, events
 	m.mu.Unlock()
 	go m.watchEvents(sub, events)
-}
-
-// passFile opens path and hands its descriptor to QEMU as stateFD.
-func (m *Machine) passFile(ctx context.Context, path string, flag int) error {
-	f, err := os.OpenFile(path, flag, 0o600)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return m.qmp.ExecuteWithFiles(ctx, "getfd", map[string]string{"fdname": stateFD}, nil, f)
 }
 
 // failure describes a failed step, with QEMU's own words if it exited.
