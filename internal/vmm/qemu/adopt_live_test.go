@@ -58,6 +58,15 @@ func TestBranchAfterAdoptionMidLiveBranch(t *testing.T) {
 	if err := c.QMP().Execute(ctx, "migrate", map[string]string{"uri": "fd:" + branchFD}, nil); err != nil {
 		t.Fatal(err)
 	}
+	// It had handed over another file, not yet taken back.
+	stray, err := os.Create(filepath.Join(out, "stray"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stray.Close()
+	if _, err := c.addFdset(ctx, stray, stateFD); err != nil {
+		t.Fatal(err)
+	}
 	// The daemon dies: its connections close, QEMU runs on.
 	ca.Close()
 	c.QMP().Close()
@@ -68,6 +77,9 @@ func TestBranchAfterAdoptionMidLiveBranch(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := vm.(*Machine)
+	if sets := queryFdsets(t, m); len(sets) != 0 {
+		t.Errorf("the adopted QEMU still holds descriptor sets %+v", sets)
+	}
 	var info migrationInfo
 	if err := m.QMP().Execute(ctx, "query-migrate", nil, &info); err != nil {
 		t.Fatal(err)
