@@ -22,7 +22,7 @@ func branchCmd(g *globals) *cobra.Command {
 			"memory is captured).",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := snapshot.ValidateTag(req.Tag); err != nil {
+			if err := snapshot.ValidateNewTag(req.Tag); err != nil {
 				return err
 			}
 			c, err := g.client(cmd.Context())

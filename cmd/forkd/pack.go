@@ -252,7 +252,7 @@ func unpackCmd(g *globals) *cobra.Command {
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opts.Tag != "" {
-				if err := snapshot.ValidateTag(opts.Tag); err != nil {
+				if err := snapshot.ValidateNewTag(opts.Tag); err != nil {
 					return err
 				}
 			}

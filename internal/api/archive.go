@@ -78,7 +78,7 @@ func (s *Server) importArchive(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	opts := pack.UnpackOptions{Tag: q.Get("tag"), TrustedKeys: s.TrustedKeys}
 	if opts.Tag != "" {
-		if err := snapshot.ValidateTag(opts.Tag); err != nil {
+		if err := snapshot.ValidateNewTag(opts.Tag); err != nil {
 			writeProblem(w, r, err)
 			return
 		}

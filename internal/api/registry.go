@@ -40,7 +40,7 @@ func (s *Server) pullSnapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Tag != "" {
-		if err := snapshot.ValidateTag(req.Tag); err != nil {
+		if err := snapshot.ValidateNewTag(req.Tag); err != nil {
 			writeProblem(w, r, err)
 			return
 		}

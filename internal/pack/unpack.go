@@ -58,6 +58,15 @@ type UnpackOptions struct {
 	// Tag, if set, is the tag to create instead of the archive's head's;
 	// ancestors keep their tags.
 	Tag string
+	// ReservedTag lets Tag be in snapshot.ReservedTagPrefix's namespace:
+	// set by the daemon's fork by registry reference alone, never from a
+	// request. Whatever it says, no other snapshot of the archive is
+	// created under a reserved tag (an ancestor already here with the
+	// same digest is reused).
+	ReservedTag bool
+	// ReplaceHead replaces the snapshot under the head's tag, as Force
+	// does, but no ancestor: those must be absent or the same here.
+	ReplaceHead bool
 	// MaxLogicalBytes bounds the sum of the files' sizes (holes included);
 	// 0 means DefaultMaxLogicalBytes.
 	MaxLogicalBytes int64
@@ -174,7 +183,11 @@ func Unpack(ctx context.Context, dataDir string, r io.Reader, opts UnpackOptions
 		opts.MaxFiles = DefaultMaxFiles
 	}
 	if opts.Tag != "" {
-		if err := snapshot.ValidateTag(opts.Tag); err != nil {
+		check := snapshot.ValidateNewTag
+		if opts.ReservedTag {
+			check = snapshot.ValidateTag
+		}
+		if err := check(opts.Tag); err != nil {
 			return nil, stats, err
 		}
 	}
@@ -351,6 +364,9 @@ func (u *unpacker) prepare() error {
 		if err := u.classify(us); err != nil {
 			return err
 		}
+		if err := u.checkReserved(us); err != nil {
+			return err
+		}
 	}
 	if err := u.checkDependents(); err != nil {
 		return err
@@ -452,7 +468,7 @@ func (u *unpacker) classify(us *unpackSnap) error {
 		us.action = actReuse
 		return nil
 	}
-	if !u.opts.Force {
+	if !u.opts.Force && !(us.head && u.opts.ReplaceHead) {
 		if us.head {
 			return u.exists()
 		}
@@ -465,6 +481,21 @@ func (u *unpacker) classify(us *unpackSnap) error {
 	}
 	us.action = actReplace
 	return nil
+}
+
+// checkReserved refuses to create or replace a snapshot under a reserved
+// tag (snapshot.ReservedTagPrefix) unless it is the head and the daemon
+// asked for that tag (UnpackOptions.ReservedTag): an archive's tags are
+// whatever its maker wrote.
+func (u *unpacker) checkReserved(us *unpackSnap) error {
+	if !snapshot.IsReservedTag(us.tag) || us.action == actReuse || (us.head && u.opts.ReservedTag && us.tag == u.opts.Tag) {
+		return nil
+	}
+	if us.head {
+		return fmt.Errorf("the archive's snapshot is tagged %q: %w (unpack or pull it with a tag of your own)", us.tag, snapshot.ReservedTagError(us.tag))
+	}
+	return fmt.Errorf("the archive's chain holds ancestor %q, which is not on this host as it is there: %w (pull or unpack that ancestor under a tag of your own, branch from it and push the branch again)",
+		us.tag, snapshot.ReservedTagError(us.tag))
 }
 
 // checkDependents refuses to replace a snapshot that local layers are

@@ -213,11 +213,12 @@ type Staging struct {
 	done  bool
 }
 
-// CheckFree reports whether a snapshot could be created under tag: valid
-// and not taken. Callers that must refuse early (before streaming a
-// response) use it; Stage checks the same.
+// CheckFree reports whether a snapshot could be created under tag: valid,
+// outside the reserved namespace (ValidateNewTag) and not taken. Callers
+// that must refuse early (before streaming a response) use it; Stage
+// checks the same.
 func (s *Store) CheckFree(tag string) error {
-	if err := ValidateTag(tag); err != nil {
+	if err := ValidateNewTag(tag); err != nil {
 		return err
 	}
 	if _, err := os.Stat(filepath.Join(s.root, tag)); err == nil {
@@ -226,7 +227,8 @@ func (s *Store) CheckFree(tag string) error {
 	return nil
 }
 
-// Stage starts a snapshot for tag. The tag must be valid and not exist yet.
+// Stage starts a snapshot for tag. The tag must be valid, not reserved and
+// not exist yet.
 func (s *Store) Stage(tag string) (*Staging, error) {
 	if err := s.CheckFree(tag); err != nil {
 		return nil, err

@@ -139,3 +139,31 @@ func TestCorruptManifestIsClearError(t *testing.T) {
 		t.Fatalf("Get(corrupt) = %v", err)
 	}
 }
+
+// TestReservedTagsRefused: no snapshot is staged under a tag of the
+// reserved namespace; reading one (a fork by reference's) is fine.
+func TestReservedTagsRefused(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag := ReservedTagPrefix + "py-3.12-0123456789abcdef01234567"
+	if ValidateTag(tag) != nil || !IsReservedTag(tag) || IsReservedTag("ref-x") || IsReservedTag("my-ref--x") {
+		t.Fatal("IsReservedTag and ValidateTag disagree with the namespace")
+	}
+	for name, err := range map[string]error{"ValidateNewTag": ValidateNewTag(tag), "CheckFree": s.CheckFree(tag)} {
+		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "reserves") {
+			t.Errorf("%s(%q): %v, want invalid argument naming the reserved namespace", name, tag, err)
+		}
+	}
+	if st, err := s.Stage(tag); err == nil {
+		st.Abort()
+		t.Errorf("Stage(%q) succeeded", tag)
+	}
+	if err := ValidateNewTag("py-3.12"); err != nil {
+		t.Errorf("an ordinary tag: %v", err)
+	}
+	if _, err := s.Get(tag); !errdefs.IsNotFound(err) {
+		t.Errorf("Get of an absent reserved tag: %v, want not found", err)
+	}
+}
