@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
@@ -63,6 +64,12 @@ func Pull(ctx context.Context, dataDir, ref string, opts PullOptions) (*snapshot
 		return nil, stats, err
 	}
 	desc, rc, err := repo.FetchReference(ctx, repo.Reference.Reference)
+	if pinned, derr := repo.Reference.Digest(); err != nil && derr == nil && strings.Contains(err.Error(), "digest mismatch") {
+		// oras-go has no typed error for an answer that is not the
+		// manifest the digest names.
+		return nil, stats, fmt.Errorf("%s: the registry answered another manifest than %s (%v): refused (a registry or proxy on the way altered it): %w",
+			ref, pinned, err, errdefs.ErrInvalidArgument)
+	}
 	if err != nil {
 		return nil, stats, wrapRegistry(ctx, repo.Reference.Registry, "fetch "+ref, err)
 	}
@@ -72,6 +79,12 @@ func Pull(ctx context.Context, dataDir, ref string, opts PullOptions) (*snapshot
 		return nil, stats, err
 	}
 	stats.Digest = desc.Digest.String()
+	// A reference that pins a digest gets that manifest or nothing
+	// (readBounded checked the bytes against desc's digest).
+	if pinned, err := repo.Reference.Digest(); err == nil && desc.Digest != pinned {
+		return nil, stats, fmt.Errorf("%s: the registry answered manifest %s for digest %s: refused (a registry or proxy on the way altered it): %w",
+			ref, desc.Digest, pinned, errdefs.ErrInvalidArgument)
+	}
 	var man ocispec.Manifest
 	if err := json.Unmarshal(raw, &man); err != nil || man.MediaType != ocispec.MediaTypeImageManifest {
 		return nil, stats, fmt.Errorf("%s is not an OCI image manifest (media type %q): %w", ref, man.MediaType, errdefs.ErrInvalidArgument)
