@@ -73,7 +73,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 		Short: "Boot a recipe's image, warm it, and save it as a snapshot tag to fork from",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := snapshot.ValidateTag(req.Tag); err != nil {
+			if err := snapshot.ValidateNewTag(req.Tag); err != nil {
 				return err
 			}
 			mem, err := parseMemory(memory)
@@ -185,10 +185,11 @@ func snapshotCmd(g *globals) *cobra.Command {
 		Short: "Write a self-contained copy of a chain head (no parent) under a new tag",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			for _, t := range []string{from, to} {
-				if err := snapshot.ValidateTag(t); err != nil {
-					return err
-				}
+			if err := snapshot.ValidateTag(from); err != nil {
+				return err
+			}
+			if err := snapshot.ValidateNewTag(to); err != nil {
+				return err
 			}
 			c, err := g.client(cmd.Context())
 			if err != nil {
@@ -291,13 +292,14 @@ func forkCmd(g *globals) *cobra.Command {
 	var network string
 	var limits limitFlags
 	var cpus float64
-	var idemKey string
+	var idemKey, pullPolicy string
 	cmd := &cobra.Command{
-		Use:   "fork --tag TAG [-n N]",
-		Short: "Fork N sandboxes from a snapshot; returns when every agent answers (they keep running)",
+		Use:   "fork --tag TAG|REF [-n N]",
+		Short: "Fork N sandboxes from a snapshot (a local tag, or a registry reference pulled on first use); returns when every agent answers (they keep running)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := snapshot.ValidateTag(tag); err != nil {
+			req := apiv1.ForkRequest{Tag: tag}
+			if err := forkSource(cmd.Context(), &req, pullPolicy); err != nil {
 				return err
 			}
 			if n < 1 {
@@ -318,10 +320,9 @@ func forkCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.ForkIdempotent(cmd.Context(), apiv1.ForkRequest{
-				Tag: tag, Count: n, Metadata: meta, Network: pol, CPUs: cpus,
-				TimeoutSeconds: lifetimeFlag(cmd, "timeout", timeout), IdleTimeoutSeconds: wholeSeconds(idle),
-			}, idemKey)
+			req.Count, req.Metadata, req.Network, req.CPUs = n, meta, pol, cpus
+			req.TimeoutSeconds, req.IdleTimeoutSeconds = lifetimeFlag(cmd, "timeout", timeout), wholeSeconds(idle)
+			resp, err := c.ForkIdempotent(cmd.Context(), req, idemKey)
 			if err != nil {
 				return err
 			}
@@ -343,7 +344,8 @@ func forkCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&tag, "tag", "", "snapshot tag to fork from")
+	cmd.Flags().StringVar(&tag, "tag", "", "snapshot tag to fork from, or a registry reference HOST[:PORT]/REPOSITORY:TAG (or @sha256:DIGEST) that `forkd push` wrote, which the daemon pulls for your tenant on first use")
+	cmd.Flags().StringVar(&pullPolicy, "pull-policy", "", pullPolicyHelp)
 	cmd.Flags().IntVarP(&n, "count", "n", 1, "number of sandboxes")
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only the sandbox ids")
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "end each sandbox this long after creation (e.g. 30m; 0: never; default: the daemon's --sandbox-timeout, 1h unless set); change it later with `forkd sandbox timeout`")

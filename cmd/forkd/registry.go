@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
 	"crypto/ed25519"
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -104,7 +107,7 @@ func pullCmd(g *globals) *cobra.Command {
 				return err
 			}
 			if req.Tag != "" {
-				if err := snapshot.ValidateTag(req.Tag); err != nil {
+				if err := snapshot.ValidateNewTag(req.Tag); err != nil {
 					return err
 				}
 			}
@@ -166,4 +169,30 @@ func readSignKey(path string) (ed25519.PrivateKey, error) {
 		return nil, fmt.Errorf("signing key %s: %w", path, err)
 	}
 	return key, nil
+}
+
+// pullPolicyHelp describes --pull-policy of fork and run.
+const pullPolicyHelp = "with a registry reference for --tag: if_not_present (the default: fork the copy pulled by an earlier fork of it, pulling only the first time) or always (ask the registry for its digest at each fork and pull when it moved)"
+
+// forkSource checks a fork's --tag, a local tag or a registry reference
+// (pulled by the daemon on first use), and for a reference sets the pull
+// policy and the credentials this user's docker config holds for its
+// registry, as `forkd pull` sends them.
+func forkSource(ctx context.Context, req *apiv1.ForkRequest, policy string) error {
+	if err := oci.CheckForkSource(req.Tag); err != nil {
+		return err
+	}
+	if !oci.IsReference(req.Tag) {
+		if policy != "" {
+			return fmt.Errorf("--pull-policy applies to a registry reference (HOST/REPOSITORY:TAG), and %q is a local tag: drop it: %w", req.Tag, errdefs.ErrInvalidArgument)
+		}
+		return nil
+	}
+	if policy != "" && !slices.Contains(apiv1.PullPolicies, policy) {
+		return fmt.Errorf("--pull-policy %q: want %s: %w", policy, strings.Join(apiv1.PullPolicies, " or "), errdefs.ErrInvalidArgument)
+	}
+	req.PullPolicy = policy
+	var err error
+	req.RegistryUsername, req.RegistryPassword, err = oci.DockerCredential(ctx, req.Tag)
+	return err
 }

@@ -19,7 +19,6 @@ import (
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/client"
 	"github.com/forkd-dev/forkd/internal/errdefs"
-	"github.com/forkd-dev/forkd/internal/snapshot"
 	"github.com/forkd-dev/forkd/internal/termio"
 )
 
@@ -52,6 +51,7 @@ const (
 // runFlags are `forkd run`'s flags.
 type runFlags struct {
 	tag     string
+	pull    string // --pull-policy
 	remove  bool
 	keep    bool
 	timeout time.Duration
@@ -66,7 +66,7 @@ type runFlags struct {
 func dockerRunCmd(g *globals) *cobra.Command {
 	var f runFlags
 	cmd := &cobra.Command{
-		Use:   "run --tag TAG [flags] -- CMD [ARG...]",
+		Use:   "run --tag TAG|REF [flags] -- CMD [ARG...]",
 		Short: "Fork a sandbox, run a command in it streaming its output, then kill it; exits with the command's code",
 		Long: "Fork one sandbox from TAG, run CMD in it with stdout and stderr streamed (stdin too when\n" +
 			"it is not a terminal), and kill the sandbox afterwards (--rm, the default) unless --keep.\n" +
@@ -80,7 +80,8 @@ func dockerRunCmd(g *globals) *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.tag, "tag", "", "snapshot tag to fork from")
+	fl.StringVar(&f.tag, "tag", "", "snapshot tag to fork from, or a registry reference HOST[:PORT]/REPOSITORY:TAG that the daemon pulls on first use")
+	fl.StringVar(&f.pull, "pull-policy", "", pullPolicyHelp)
 	fl.BoolVar(&f.remove, "rm", true, "kill the sandbox when the command ends (the default; for docker users)")
 	fl.BoolVar(&f.keep, "keep", false, "keep the sandbox running afterwards and print its id (same as --rm=false)")
 	fl.DurationVar(&f.timeout, "timeout", 0, "kill the command after this long (exit 124); the sandbox ends a minute later at most")
@@ -96,7 +97,8 @@ func dockerRunCmd(g *globals) *cobra.Command {
 
 // runInSandbox is `forkd run`'s body.
 func runInSandbox(cmd *cobra.Command, g *globals, f runFlags, args []string) error {
-	if err := snapshot.ValidateTag(f.tag); err != nil {
+	fork := apiv1.ForkRequest{Tag: f.tag, Count: 1}
+	if err := forkSource(cmd.Context(), &fork, f.pull); err != nil {
 		return err
 	}
 	if f.keep && cmd.Flags().Changed("rm") && f.remove {
@@ -129,7 +131,7 @@ func runInSandbox(cmd *cobra.Command, g *globals, f runFlags, args []string) err
 	if err != nil {
 		return err
 	}
-	fork := apiv1.ForkRequest{Tag: f.tag, Count: 1, Metadata: meta, Network: pol, CPUs: f.cpus}
+	fork.Metadata, fork.Network, fork.CPUs = meta, pol, f.cpus
 	if remove {
 		fork.IdleTimeoutSeconds = wholeSeconds(runIdleTimeout)
 		if f.timeout > 0 {

@@ -75,6 +75,27 @@ func (o *snapshotOwners) claim(tag, tenant, id string) error {
 	return o.putLocked(state.SnapshotOwnerRecord{Tag: tag, Tenant: auth.TenantOf(tenant), SnapshotID: id})
 }
 
+// claimOrigin is claim for a snapshot a fork by reference pulled: it
+// records where it came from as well.
+func (o *snapshotOwners) claimOrigin(tag, tenant, id string, origin state.SnapshotOrigin) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.putLocked(state.SnapshotOwnerRecord{Tag: tag, Tenant: auth.TenantOf(tenant), SnapshotID: id, Origin: &origin})
+}
+
+// origin returns the owner and origin recorded for tag's snapshot id:
+// ok only when the record was made for that very snapshot by a fork by
+// reference.
+func (o *snapshotOwners) origin(tag, id string) (tenant string, origin state.SnapshotOrigin, ok bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	rec, found := o.recs[tag]
+	if !found || rec.Origin == nil || id == "" || rec.SnapshotID != id {
+		return "", state.SnapshotOrigin{}, false
+	}
+	return auth.TenantOf(rec.Tenant), *rec.Origin, true
+}
+
 // forget drops the records of removed tags.
 func (o *snapshotOwners) forget(tags ...string) {
 	o.mu.Lock()

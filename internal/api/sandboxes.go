@@ -11,8 +11,8 @@ import (
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/auth"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/oci"
 	"github.com/forkd-dev/forkd/internal/sandbox"
-	"github.com/forkd-dev/forkd/internal/snapshot"
 )
 
 // The sandbox routes: list, fork, get, kill (lifetime.go changes a
@@ -58,7 +58,11 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	if err := snapshot.ValidateTag(req.Tag); err != nil {
+	if err := oci.CheckForkSource(req.Tag); err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	if err := checkPullPolicy(req); err != nil {
 		writeProblem(w, r, err)
 		return
 	}
@@ -67,6 +71,15 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer claim.release()
+	if oci.IsReference(req.Tag) {
+		// The reference's snapshot, pulled for this tenant (forkref.go).
+		tag, err := s.forkReference(r, req)
+		if err != nil {
+			writeProblem(w, r, err)
+			return
+		}
+		req.Tag = tag
+	}
 	p := s.principalOf(r)
 	opts := sandbox.ForkOptions{
 		Tag: req.Tag, Count: req.Count, Labels: req.Metadata, RequestID: requestID(r), Network: policyOf(req.Network),

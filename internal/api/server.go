@@ -21,6 +21,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/agentclient"
 	"github.com/forkd-dev/forkd/internal/apiv1"
@@ -82,9 +84,10 @@ type Server struct {
 	idem      idempotency // Idempotency-Key records (idempotency.go)
 	// execSessions bounds exec WebSockets (sessions.go).
 	execSessions sessionSlots
-	owners       snapshotOwners // which tenant owns each snapshot tag (owners.go)
-	auditGate    auditGate      // fails closed when audit writes fail (audit.go)
-	unauthAudit  unauthLimiter  // bounds the records of unauthenticated requests (audit.go)
+	owners       snapshotOwners     // which tenant owns each snapshot tag (owners.go)
+	refPulls     singleflight.Group // pulls for forks by reference, by local tag (forkref.go)
+	auditGate    auditGate          // fails closed when audit writes fail (audit.go)
+	unauthAudit  unauthLimiter      // bounds the records of unauthenticated requests (audit.go)
 
 	// createSnapshotFn writes a snapshot for POST /v1/snapshots: nil is
 	// the engine's CreateSnapshot; tests put a fake here.

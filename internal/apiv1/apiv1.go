@@ -193,8 +193,20 @@ type SandboxPatch struct {
 
 // ForkRequest is POST /v1/sandboxes: N children of a snapshot tag.
 type ForkRequest struct {
+	// Tag is a local snapshot tag, or a registry reference
+	// (host[:port]/repository:tag or @sha256:..., as `forkd push` wrote
+	// it) that the daemon pulls for the caller's tenant as PullPolicy
+	// says, under a tag of forkd's reserved namespace (ref--...).
 	Tag   string `json:"tag"`
 	Count int    `json:"count"`
+	// PullPolicy is when a fork by reference pulls: PullIfNotPresent
+	// (absent: the default) or PullAlways. Only with a reference.
+	PullPolicy string `json:"pull_policy,omitempty"`
+	// RegistryUsername and RegistryPassword authenticate a fork by
+	// reference's pull (the CLI sends its docker config's credentials);
+	// without them it is anonymous. Only with a reference.
+	RegistryUsername string `json:"registry_username,omitempty"`
+	RegistryPassword string `json:"registry_password,omitempty"`
 	// TimeoutSeconds ends each sandbox this long after it was created;
 	// 0: no limit; absent: the daemon's default (forkd serve
 	// --sandbox-timeout, one hour unless set).
@@ -212,6 +224,23 @@ type ForkRequest struct {
 	// VMM.
 	CPUs float64 `json:"cpus,omitempty"`
 }
+
+// Pull policies of a fork by registry reference (ForkRequest.PullPolicy),
+// as Kubernetes' imagePullPolicy.
+const (
+	// PullIfNotPresent forks the copy the tenant holds, pulled by an
+	// earlier fork of the same reference, without asking the registry; it
+	// pulls only when there is none. A moved registry tag is not seen
+	// until PullAlways (a digest reference never moves).
+	PullIfNotPresent = "if_not_present"
+	// PullAlways asks the registry for the reference's digest at each
+	// fork (a manifest HEAD, no blob) and pulls when it differs from the
+	// held copy's.
+	PullAlways = "always"
+)
+
+// PullPolicies are the pull policies, the default first.
+var PullPolicies = []string{PullIfNotPresent, PullAlways}
 
 // Port is where a sandbox's TCP port is served (GET
 // /v1/sandboxes/{id}/ports/{port}): Path on the API, and Host when the

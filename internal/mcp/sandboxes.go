@@ -50,7 +50,8 @@ func sandboxInfo(s apiv1.Sandbox) SandboxInfo {
 
 // CreateInput is create_sandbox's arguments.
 type CreateInput struct {
-	Tag                string            `json:"tag" jsonschema:"snapshot tag to fork the sandbox from (see list_snapshots)"`
+	Tag                string            `json:"tag" jsonschema:"snapshot tag to fork the sandbox from (see list_snapshots), or a registry reference HOST[:PORT]/REPOSITORY:TAG (or @sha256:DIGEST) that forkd push wrote: the daemon pulls it anonymously on first use"`
+	PullPolicy         string            `json:"pull_policy,omitempty" jsonschema:"with a registry reference: if_not_present (the default: use the copy an earlier fork pulled) or always (pull when the registry's tag moved)"`
 	TimeoutSeconds     *int64            `json:"timeout_seconds,omitempty" jsonschema:"lifetime in seconds: the sandbox is killed this long after creation (0: no limit, kill it yourself with kill_sandbox)"`
 	IdleTimeoutSeconds int64             `json:"idle_timeout_seconds,omitempty" jsonschema:"kill the sandbox after this many seconds without any request (0: no idle limit)"`
 	Metadata           map[string]string `json:"metadata,omitempty" jsonschema:"labels to attach (string keys and values); list_sandboxes can filter on them"`
@@ -59,7 +60,8 @@ type CreateInput struct {
 
 // ForkInput is fork_sandboxes' arguments.
 type ForkInput struct {
-	Tag                string            `json:"tag" jsonschema:"snapshot tag to fork from (see list_snapshots)"`
+	Tag                string            `json:"tag" jsonschema:"snapshot tag to fork from (see list_snapshots), or a registry reference HOST[:PORT]/REPOSITORY:TAG (or @sha256:DIGEST), pulled anonymously on first use"`
+	PullPolicy         string            `json:"pull_policy,omitempty" jsonschema:"with a registry reference: if_not_present (the default: use the copy an earlier fork pulled) or always (pull when the registry's tag moved)"`
 	N                  int               `json:"n" jsonschema:"how many sandboxes to create"`
 	TimeoutSeconds     *int64            `json:"timeout_seconds,omitempty" jsonschema:"lifetime of each sandbox in seconds (0: no limit)"`
 	IdleTimeoutSeconds int64             `json:"idle_timeout_seconds,omitempty" jsonschema:"kill a sandbox after this many seconds without any request (0: no idle limit)"`
@@ -90,19 +92,21 @@ func checkTimeouts(timeout *int64, idle int64) error {
 	return nil
 }
 
-func (t *tools) fork(ctx context.Context, tag string, n int, timeout *int64, idle int64, md map[string]string, network *NetworkInput) (apiv1.ForkResponse, error) {
-	if strings.TrimSpace(tag) == "" {
-		return apiv1.ForkResponse{}, invalid("tag is empty: give a snapshot tag (list_snapshots shows them)")
+// fork is both tools' fork: create_sandbox's is a ForkInput with N 1.
+func (t *tools) fork(ctx context.Context, in ForkInput) (apiv1.ForkResponse, error) {
+	if strings.TrimSpace(in.Tag) == "" {
+		return apiv1.ForkResponse{}, invalid("tag is empty: give a snapshot tag (list_snapshots shows them) or a registry reference")
 	}
-	if err := checkTimeouts(timeout, idle); err != nil {
+	if err := checkTimeouts(in.TimeoutSeconds, in.IdleTimeoutSeconds); err != nil {
 		return apiv1.ForkResponse{}, err
 	}
-	policy, err := networkPolicy(network)
+	policy, err := networkPolicy(in.Network)
 	if err != nil {
 		return apiv1.ForkResponse{}, err
 	}
 	return t.b.Fork(ctx, apiv1.ForkRequest{
-		Tag: tag, Count: n, TimeoutSeconds: ptr(lifetime(timeout)), IdleTimeoutSeconds: idle, Metadata: md, Network: policy,
+		Tag: in.Tag, Count: in.N, TimeoutSeconds: ptr(lifetime(in.TimeoutSeconds)), IdleTimeoutSeconds: in.IdleTimeoutSeconds,
+		Metadata: in.Metadata, Network: policy, PullPolicy: in.PullPolicy,
 	})
 }
 
@@ -123,7 +127,8 @@ func describeLifetime(s SandboxInfo) string {
 }
 
 func (t *tools) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, SandboxInfo, error) {
-	resp, err := t.fork(ctx, in.Tag, 1, in.TimeoutSeconds, in.IdleTimeoutSeconds, in.Metadata, in.Network)
+	resp, err := t.fork(ctx, ForkInput{Tag: in.Tag, N: 1, PullPolicy: in.PullPolicy, TimeoutSeconds: in.TimeoutSeconds,
+		IdleTimeoutSeconds: in.IdleTimeoutSeconds, Metadata: in.Metadata, Network: in.Network})
 	if err != nil {
 		return nil, SandboxInfo{}, toolError(err)
 	}
@@ -141,7 +146,7 @@ func (t *tools) forkSandboxes(ctx context.Context, _ *mcp.CallToolRequest, in Fo
 	if in.N < 1 {
 		return nil, ForkOutput{}, invalid("n %d: want at least 1", in.N)
 	}
-	resp, err := t.fork(ctx, in.Tag, in.N, in.TimeoutSeconds, in.IdleTimeoutSeconds, in.Metadata, in.Network)
+	resp, err := t.fork(ctx, in)
 	if err != nil {
 		return nil, ForkOutput{}, toolError(err)
 	}

@@ -32,8 +32,20 @@ type SnapshotOwnerRecord struct {
 	SnapshotID string `json:"snapshot_id,omitempty"`
 	// SharedWith are the tenants (or "*", every tenant) that may see and
 	// fork the tag.
-	SharedWith []string  `json:"shared_with,omitempty"`
-	Updated    time.Time `json:"updated"`
+	SharedWith []string `json:"shared_with,omitempty"`
+	// Origin is set on a snapshot that a fork by registry reference
+	// pulled: what it was pulled from, which a later fork of the
+	// reference checks before it uses the snapshot.
+	Origin  *SnapshotOrigin `json:"origin,omitempty"`
+	Updated time.Time       `json:"updated"`
+}
+
+// SnapshotOrigin is where a snapshot pulled for a fork came from.
+type SnapshotOrigin struct {
+	// Ref is the reference in its normal form (oci.Reference.String).
+	Ref string `json:"ref"`
+	// Digest is the digest of the manifest pulled.
+	Digest string `json:"digest"`
 }
 
 // PutSnapshotOwner records a tag's owner, replacing any record for it. It

@@ -52,6 +52,12 @@ def sandbox_path(sandbox_id: str) -> str:
     return "/v1/sandboxes/" + q(sandbox_id, "sandbox id")
 
 
+# When a fork by registry reference pulls (the daemon's default first):
+# "if_not_present" forks the copy an earlier fork pulled; "always" pulls
+# when the registry's digest for the reference moved.
+PULL_POLICIES = ("if_not_present", "always")
+
+
 def fork_body(
     tag: str,
     n: int,
@@ -60,9 +66,12 @@ def fork_body(
     metadata: Optional[Mapping[str, str]],
     network: Optional[NetworkPolicyLike],
     cpus: Optional[float],
+    pull_policy: Optional[str] = None,
 ) -> Dict[str, Any]:
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise InvalidArgument("n must be an int >= 1, not %r" % (n,))
+    if pull_policy is not None and pull_policy not in PULL_POLICIES:
+        raise InvalidArgument("pull_policy must be one of %s, not %r" % (", ".join(PULL_POLICIES), pull_policy))
     net = _network_body(network)
     body: Dict[str, Any] = {"tag": tag, "count": n}
     if timeout is not None:
@@ -75,6 +84,8 @@ def fork_body(
         body["network"] = net
     if cpus is not None:
         body["cpus"] = float(cpus)
+    if pull_policy is not None:
+        body["pull_policy"] = pull_policy
     return body
 
 

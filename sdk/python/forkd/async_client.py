@@ -244,6 +244,7 @@ class AsyncSandboxes:
         metadata: Optional[Mapping[str, str]] = None,
         network: Optional[NetworkPolicyLike] = None,
         cpus: Optional[float] = None,
+        pull_policy: Optional[str] = None,
         request_timeout: Any = DEFAULT,
         idempotency_key: Optional[str] = None,
     ) -> List["AsyncSandbox"]:
@@ -251,7 +252,7 @@ class AsyncSandboxes:
         nothing); options as :meth:`forkd.Sandboxes.fork`."""
         from .async_sandbox import AsyncSandbox
 
-        body = fork_body(tag, n, timeout, idle_timeout, metadata, network, cpus)
+        body = fork_body(tag, n, timeout, idle_timeout, metadata, network, cpus, pull_policy)
         data = await self._c._json(
             "POST", "/v1/sandboxes", body=body, headers=_idempotency_headers(idempotency_key),
             timeout=request_timeout, what="fork %d from %s" % (n, tag),

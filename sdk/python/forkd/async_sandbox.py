@@ -66,6 +66,7 @@ class AsyncSandbox:
         metadata: Optional[Mapping[str, str]] = None,
         network: Optional[NetworkPolicyLike] = None,
         cpus: Optional[float] = None,
+        pull_policy: Optional[str] = None,
         client: Optional[AsyncClient] = None,
         host: Optional[str] = None,
         token: Optional[str] = None,
@@ -76,7 +77,7 @@ class AsyncSandbox:
         """Fork one sandbox from ``tag`` (options as :meth:`forkd.Sandbox.create`)."""
         c = _client(client, host, token, ca_cert, socket, request_timeout)
         return (await c.sandboxes.fork(tag, 1, timeout=timeout, idle_timeout=idle_timeout, metadata=metadata,
-                                       network=network, cpus=cpus))[0]
+                                       network=network, cpus=cpus, pull_policy=pull_policy))[0]
 
     @classmethod
     async def fork(
@@ -89,6 +90,7 @@ class AsyncSandbox:
         metadata: Optional[Mapping[str, str]] = None,
         network: Optional[NetworkPolicyLike] = None,
         cpus: Optional[float] = None,
+        pull_policy: Optional[str] = None,
         client: Optional[AsyncClient] = None,
         host: Optional[str] = None,
         token: Optional[str] = None,
@@ -99,7 +101,7 @@ class AsyncSandbox:
         """Fork ``n`` sandboxes from ``tag`` in one request (all or nothing)."""
         c = _client(client, host, token, ca_cert, socket, request_timeout)
         return await c.sandboxes.fork(tag, n, timeout=timeout, idle_timeout=idle_timeout, metadata=metadata,
-                                      network=network, cpus=cpus)
+                                      network=network, cpus=cpus, pull_policy=pull_policy)
 
     @classmethod
     async def connect(

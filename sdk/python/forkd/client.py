@@ -638,6 +638,7 @@ class Sandboxes:
         metadata: Optional[Mapping[str, str]] = None,
         network: Optional[NetworkPolicyLike] = None,
         cpus: Optional[float] = None,
+        pull_policy: Optional[str] = None,
         request_timeout: Any = DEFAULT,
         idempotency_key: Optional[str] = None,
     ) -> List["Sandbox"]:
@@ -645,6 +646,11 @@ class Sandboxes:
         answers (all or nothing: if one fails, none is left running).
 
         Args:
+            tag: A local snapshot tag, or a registry reference
+                (``host[:port]/repository:tag`` or ``...@sha256:...``) that
+                ``forkd push`` wrote: the daemon pulls it for your tenant,
+                anonymously, on first use (give a ``request_timeout`` long
+                enough for that pull), and later forks use its copy.
             timeout: Seconds after which the daemon kills each sandbox
                 (default 300, as E2B; 0: no limit; None: the daemon's
                 default, an hour unless configured). Change it later with
@@ -660,6 +666,8 @@ class Sandboxes:
             cpus: CPU limit of each sandbox (0.5: half a CPU), from 0.1 to
                 the snapshot's vCPUs (None: one CPU per vCPU plus half a
                 CPU for its VMM).
+            pull_policy: Only when ``tag`` is a registry reference:
+                ``"if_not_present"`` (the daemon's default) or ``"always"``.
             request_timeout: Seconds to wait for the daemon's answer.
             idempotency_key: A retry with the same key and arguments (within
                 24 hours) gets the first fork's sandboxes, not new ones: use
@@ -667,7 +675,7 @@ class Sandboxes:
         """
         from .sandbox import Sandbox
 
-        body = fork_body(tag, n, timeout, idle_timeout, metadata, network, cpus)
+        body = fork_body(tag, n, timeout, idle_timeout, metadata, network, cpus, pull_policy)
         data = self._c._transport.request(
             "POST", "/v1/sandboxes", json_body=body, headers=_idempotency_headers(idempotency_key),
             timeout=request_timeout, what="fork %d from %s" % (n, tag),

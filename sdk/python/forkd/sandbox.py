@@ -83,6 +83,7 @@ class Sandbox:
         metadata: Optional[Mapping[str, str]] = None,
         network: Optional[NetworkPolicyLike] = None,
         cpus: Optional[float] = None,
+        pull_policy: Optional[str] = None,
         client: Optional[Client] = None,
         host: Optional[str] = None,
         token: Optional[str] = None,
@@ -93,7 +94,11 @@ class Sandbox:
         """Fork one sandbox from the snapshot ``tag``.
 
         Args:
-            tag: The snapshot to fork from.
+            tag: The snapshot to fork from: a local tag, or a registry
+                reference (``host[:port]/repository:tag`` or
+                ``...@sha256:...``) that ``forkd push`` wrote, which the
+                daemon pulls for your tenant, anonymously, on first use
+                (give a ``request_timeout`` long enough for that pull).
             timeout: Seconds after which the daemon kills the sandbox:
                 default 300 (five minutes, as E2B); 0: no limit; None: the
                 daemon's default (an hour unless configured). Extend it
@@ -108,15 +113,18 @@ class Sandbox:
                 the daemon's default. Change it later with :meth:`set_network`.
             cpus: Its CPU limit (0.5: half a CPU), up to the snapshot's
                 vCPUs. None: one CPU per vCPU plus half a CPU for its VMM.
+            pull_policy: Only when ``tag`` is a registry reference:
+                ``"if_not_present"`` (the daemon's default) or ``"always"``.
 
         Raises:
-            NotFound: no snapshot ``tag``. RateLimited: a daemon limit was
+            NotFound: no snapshot ``tag`` (or no such reference in its registry). RateLimited: a daemon limit was
             reached. Unavailable: no daemon answers. InvalidArgument: a
             malformed network policy.
         """
         c = _client(client, host, token, ca_cert, socket, request_timeout)
         return c.sandboxes.fork(
-            tag, 1, timeout=timeout, idle_timeout=idle_timeout, metadata=metadata, network=network, cpus=cpus
+            tag, 1, timeout=timeout, idle_timeout=idle_timeout, metadata=metadata, network=network, cpus=cpus,
+            pull_policy=pull_policy,
         )[0]
 
     @classmethod
@@ -129,6 +137,7 @@ class Sandbox:
         idle_timeout: Optional[float] = None,
         metadata: Optional[Mapping[str, str]] = None,
         network: Optional[NetworkPolicyLike] = None,
+        pull_policy: Optional[str] = None,
         client: Optional[Client] = None,
         host: Optional[str] = None,
         token: Optional[str] = None,
@@ -139,7 +148,8 @@ class Sandbox:
         """Fork ``n`` sandboxes from ``tag`` in one request (all or nothing);
         returns when every one answers. Options as for :meth:`create`."""
         c = _client(client, host, token, ca_cert, socket, request_timeout)
-        return c.sandboxes.fork(tag, n, timeout=timeout, idle_timeout=idle_timeout, metadata=metadata, network=network)
+        return c.sandboxes.fork(tag, n, timeout=timeout, idle_timeout=idle_timeout, metadata=metadata, network=network,
+                                pull_policy=pull_policy)
 
     @classmethod
     def connect(

@@ -536,3 +536,23 @@ def test_list_stops_on_a_repeated_cursor(fake: _Server) -> None:
     fake.routes[("GET", "/v1/operations")] = lambda h: h.send_json(200, {"items": [{"id": "op-1"}], "next_cursor": "x"})
     with pytest.raises(forkd.ForkdError, match="same next_cursor"):
         _client(fake).operations.list()
+
+
+def test_fork_by_reference_wire_format(fake: _Server) -> None:
+    bodies: List[Dict[str, Any]] = []
+
+    def h(r: _Handler) -> None:
+        bodies.append(json.loads(r.body))
+        r.send_json(201, {"sandboxes": [{"id": "sb-1", "tag": "ref--py-3.12-0123456789abcdef01234567", "state": "running"}]})
+
+    fake.routes[("POST", "/v1/sandboxes")] = h
+    c = _client(fake)
+    ref = "registry.example:5000/team/py:3.12"
+    sb = Sandbox.create(ref, client=c, pull_policy="always")
+    assert sb.id == "sb-1"
+    assert bodies[-1]["tag"] == ref and bodies[-1]["pull_policy"] == "always"
+    c.sandboxes.fork(ref, 2)
+    assert "pull_policy" not in bodies[-1]  # the daemon's default: if_not_present
+    with pytest.raises(forkd.InvalidArgument, match="pull_policy"):
+        c.sandboxes.fork(ref, 1, pull_policy="never")
+    assert len(bodies) == 2

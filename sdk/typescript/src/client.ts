@@ -147,6 +147,12 @@ export interface SetTimeoutOptions extends CallOptions {
   idleTimeoutS?: number;
 }
 
+/** When a fork by registry reference pulls (ForkOptions.pullPolicy). */
+export type PullPolicy = "if_not_present" | "always";
+
+/** The pull policies, the daemon's default first. */
+export const PULL_POLICIES: readonly PullPolicy[] = ["if_not_present", "always"];
+
 export interface ForkOptions extends CallOptions {
   /**
    * End each sandbox this many seconds after it was created. Default
@@ -159,6 +165,12 @@ export interface ForkOptions extends CallOptions {
   idleTimeoutS?: number;
   /** CPU limit of each sandbox (0.5: half a CPU), from 0.1 to the snapshot's vCPUs; unset: one CPU per vCPU plus half a CPU for its VMM. */
   cpus?: number;
+  /**
+   * Only when the tag is a registry reference: when the daemon pulls it.
+   * "if_not_present" (the daemon's default) forks the copy an earlier fork
+   * pulled; "always" pulls when the registry's digest for it moved.
+   */
+  pullPolicy?: PullPolicy;
   /** Labels for the sandboxes; list() filters on them. */
   metadata?: Record<string, string>;
   /**
@@ -465,9 +477,18 @@ export class Sandboxes {
     );
   }
 
-  /** Forks `count` sandboxes from a snapshot tag; resolves when every one answers (all or nothing). */
+  /**
+   * Forks `count` sandboxes from a snapshot; resolves when every one
+   * answers (all or nothing). `tag` is a local tag, or a registry reference
+   * (`host[:port]/repository:tag` or `...@sha256:...`) that `forkd push`
+   * wrote: the daemon pulls it for your tenant, anonymously, on first use,
+   * and later forks use its copy (see `pullPolicy`).
+   */
   async fork(tag: string, count: number, opts: ForkOptions = {}): Promise<ForkResult> {
     if (!Number.isInteger(count) || count < 1) throw new InvalidArgumentError(`fork count ${count}: want an integer >= 1`, { code: "invalid_argument" });
+    if (opts.pullPolicy !== undefined && !PULL_POLICIES.includes(opts.pullPolicy)) {
+      throw new InvalidArgumentError(`pullPolicy ${JSON.stringify(opts.pullPolicy)}: want ${PULL_POLICIES.join(" or ")}`, { code: "invalid_argument" });
+    }
     const req: Record<string, unknown> = { tag, count };
     const timeoutS = opts.timeoutS === undefined ? DEFAULT_SANDBOX_TIMEOUT_S : opts.timeoutS;
     if (timeoutS !== null) req.timeout_s = wholeSeconds(timeoutS, "timeoutS");
@@ -475,6 +496,7 @@ export class Sandboxes {
     if (opts.metadata && Object.keys(opts.metadata).length) req.metadata = opts.metadata;
     if (opts.network !== undefined) req.network = networkToWire(opts.network);
     if (opts.cpus !== undefined) req.cpus = opts.cpus;
+    if (opts.pullPolicy !== undefined) req.pull_policy = opts.pullPolicy;
     const out = await this.t.json<{ sandboxes: Record<string, unknown>[]; total_ms: number }>({
       method: "POST",
       path: "/v1/sandboxes",

@@ -6,7 +6,7 @@
  */
 export { Sandbox } from "./sandbox.js";
 export type { SandboxOptions, ConnectOptions, BranchOptions, BranchResult, BranchMode } from "./sandbox.js";
-export { Client, Snapshots, Sandboxes, Images, Operations, DEFAULT_SANDBOX_TIMEOUT_S } from "./client.js";
+export { Client, Snapshots, Sandboxes, Images, Operations, DEFAULT_SANDBOX_TIMEOUT_S, PULL_POLICIES } from "./client.js";
 export type {
   ClientOptions,
   CallOptions,
@@ -19,6 +19,7 @@ export type {
   UnpackOptions,
   ListSandboxesOptions,
   ForkOptions,
+  PullPolicy,
   ForkResult,
   SetTimeoutOptions,
   OperationInfo,

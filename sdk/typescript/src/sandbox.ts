@@ -81,6 +81,7 @@ function forkOptions(opts: SandboxOptions): ForkOptions {
   if (opts.metadata !== undefined) out.metadata = opts.metadata;
   if (opts.network !== undefined) out.network = opts.network;
   if (opts.cpus !== undefined) out.cpus = opts.cpus;
+  if (opts.pullPolicy !== undefined) out.pullPolicy = opts.pullPolicy;
   if (opts.signal !== undefined) out.signal = opts.signal;
   return out;
 }
@@ -139,7 +140,12 @@ export class Sandbox {
     return this.initialInfo?.tag;
   }
 
-  /** Forks one sandbox from a snapshot tag. */
+  /**
+   * Forks one sandbox from a snapshot: a local tag, or a registry reference
+   * (`host[:port]/repository:tag` or `...@sha256:...`) that `forkd push`
+   * wrote, which the daemon pulls for your tenant on first use (see
+   * `pullPolicy`).
+   */
   static async create(tag: string, opts: SandboxOptions = {}): Promise<Sandbox> {
     const [sb] = await Sandbox.fork(tag, 1, opts);
     return sb!;
