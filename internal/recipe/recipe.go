@@ -57,6 +57,25 @@ type Recipe struct {
 	Warm   []string `toml:"warm"`
 	Python Python   `toml:"python"`
 
+	// Build steps (they need From): Files copies files of the build
+	// context (the recipe file's directory) into the image, destination
+	// path -> source path; Env, Workdir and User set the environment,
+	// working directory and user of the Run commands and of every
+	// sandbox; Run are shell commands run in order in a build VM, each
+	// result kept as a cached layer (see Steps).
+	Run     []string          `toml:"run"`
+	Files   map[string]string `toml:"files"`
+	Env     map[string]string `toml:"env"`
+	Workdir string            `toml:"workdir"`
+	User    string            `toml:"user"`
+
+	// Steps are the build steps, from the fields above (Validate derives
+	// them) or from a Dockerfile; Context holds the files Copy steps name,
+	// by their path in the build context, which whoever reads the recipe
+	// (the CLI) supplies.
+	Steps   []Step                 `toml:"-"`
+	Context map[string]ContextFile `toml:"-"`
+
 	// Path is where the recipe was read from; Source its exact bytes, which
 	// feed the image digest.
 	Path   string `toml:"-"`
@@ -98,7 +117,7 @@ func Parse(path string, data []byte) (*Recipe, error) {
 		for i, k := range un {
 			keys[i] = k.String()
 		}
-		return nil, fmt.Errorf("recipe %s: unknown keys %s (known: name, description, base, from, insecure_registry, packages, omit, memory_mib, vcpus, cpus, warm, [python] enabled, warm, rehearse): %w",
+		return nil, fmt.Errorf("recipe %s: unknown keys %s (known: name, description, base, from, insecure_registry, packages, omit, memory_mib, vcpus, cpus, warm, run, files, env, workdir, user, [python] enabled, warm, rehearse): %w",
 			path, strings.Join(keys, ", "), errdefs.ErrInvalidArgument)
 	}
 	r.Path, r.Source = path, data
@@ -179,6 +198,17 @@ func (r *Recipe) Validate() error {
 			return bad("warm[%d]: want a shell command of 1 to %d bytes without NUL", i, MaxWarmCommandBytes)
 		}
 	}
+	if r.Steps == nil {
+		// Written only when there are steps (and then once), so that
+		// validating a shared recipe again, as concurrent builds do,
+		// writes nothing.
+		if s := r.buildSteps(); len(s) > 0 {
+			r.Steps = s
+		}
+	}
+	if err := r.validateSteps(); err != nil {
+		return err
+	}
 	if !r.Python.Enabled && strings.TrimSpace(r.Python.Warm) != "" {
 		return bad("[python] warm code is set but enabled is false")
 	}
@@ -196,7 +226,7 @@ func (r *Recipe) Digest() string {
 	if len(src) == 0 {
 		var buf bytes.Buffer
 		c := *r
-		c.Path, c.Source = "", nil
+		c.Path, c.Source, c.Steps, c.Context = "", nil, nil, nil
 		if err := toml.NewEncoder(&buf).Encode(c); err != nil {
 			// Only unsupported types fail to encode; Recipe has none.
 			panic("recipe: encode: " + err.Error())

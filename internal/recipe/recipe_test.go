@@ -127,3 +127,37 @@ func TestRecipeCPUs(t *testing.T) {
 		}
 	}
 }
+
+func TestRecipeBuildSteps(t *testing.T) {
+	r, err := Parse("r.toml", []byte(`name = "app"
+from = "registry.test/base:1"
+run = ["make", "make install"]
+files = { "/app/b" = "b", "/app/a" = "src/a" }
+env = { B = "2", A = "1" }
+workdir = "/app"
+user = "app"
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range r.Steps {
+		got = append(got, string(s.Kind)+" "+s.Origin)
+	}
+	want := `copy files["/app/a"],copy files["/app/b"],env env.A,env env.B,workdir workdir,user user,run run[0],run run[1]`
+	if strings.Join(got, ",") != want {
+		t.Fatalf("steps %q\nwant %q", strings.Join(got, ","), want)
+	}
+	for _, bad := range []string{
+		"name = \"x\"\nbase = \"busybox\"\nrun = [\"true\"]\n",                    // no from
+		"name = \"x\"\nfrom = \"r.test/a\"\nfiles = { \"/x\" = \"../secret\" }\n", // outside the context
+		"name = \"x\"\nfrom = \"r.test/a\"\nfiles = { \"rel\" = \"a\" }\n",        // relative destination
+		"name = \"x\"\nfrom = \"r.test/a\"\nenv = { \"1X\" = \"a\" }\n",           // bad name
+		"name = \"x\"\nfrom = \"r.test/a\"\nuser = \"a b\"\n",                     // bad user
+		"name = \"x\"\nfrom = \"r.test/a\"\nworkdir = \"app\"\n",                  // relative workdir
+	} {
+		if _, err := Parse("bad.toml", []byte(bad)); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+}
