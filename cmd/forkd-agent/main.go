@@ -64,11 +64,18 @@ func runInit() {
 	if err != nil {
 		log.Printf("image config ignored: %v", err)
 	}
+	user, _ := procenv.ImageUser(agentapi.ImageConfigPath)
+	changes := ""
+	if res.Upper != nil {
+		changes = fmt.Sprintf("/proc/self/fd/%d", res.Upper.Fd())
+	}
 	agent := handler.New(handler.Config{
 		Version:             version,
 		ApplySystemIdentity: true,
 		Env:                 env,
 		Cwd:                 cwd,
+		User:                user,
+		ChangesDir:          changes,
 		Shutdown:            shutdown,
 		Logf:                log.Printf,
 	})

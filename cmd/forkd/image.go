@@ -13,12 +13,22 @@ func imageCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "image", Short: "Build, list and remove guest images"}
 	var of opFlags
 	var req apiv1.BuildImageRequest
+	var dockerfilePath string
+	var buildArgs []string
 	build := &cobra.Command{
-		Use:   "build RECIPE | --from REF",
-		Short: "Build (or find cached) the image of a recipe or an OCI image: kernel, initramfs with forkd-agent, read-only root fs",
+		Use:   "build RECIPE | --from REF | -f Dockerfile [CONTEXT]",
+		Short: "Build (or find cached) the image of a recipe, an OCI image or a Dockerfile: kernel, initramfs with forkd-agent, read-only root fs",
+		Long: "Build (or find cached) a guest image. A recipe's run, files, env, workdir and user, and a\n" +
+			"Dockerfile's FROM, RUN, COPY/ADD of local files, ENV, WORKDIR, USER and ARG, run as build\n" +
+			"steps in microVMs; each step is cached by its inputs, so a rebuild runs only the steps\n" +
+			"from the first changed one. CONTEXT (default .) is the directory COPY sources are read\n" +
+			"from; a recipe's files are read relative to the recipe file.",
 		Args: func(cmd *cobra.Command, args []string) error {
 			if req.From != "" {
 				return cobra.NoArgs(cmd, args)
+			}
+			if dockerfilePath != "" {
+				return cobra.MaximumNArgs(1)(cmd, args)
 			}
 			return cobra.ExactArgs(1)(cmd, args)
 		},
@@ -27,8 +37,16 @@ func imageCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if req.From == "" {
+			switch {
+			case dockerfilePath != "":
+				if err := dockerfileRequest(&req, dockerfilePath, args, buildArgs); err != nil {
+					return err
+				}
+			case req.From == "":
 				if req.Recipe, req.RecipeTOML, err = recipeArg(args[0]); err != nil {
+					return err
+				}
+				if req.Context, err = recipeContext(args[0], req.RecipeTOML); err != nil {
 					return err
 				}
 			}
@@ -49,7 +67,10 @@ func imageCmd(g *globals) *cobra.Command {
 	}
 	of.bind(build)
 	build.Flags().StringVar(&req.From, "from", "", "build from an OCI or Docker image (REGISTRY/REPO[:TAG|@sha256:DIGEST]; credentials from ~/.docker/config.json) instead of a recipe")
-	build.Flags().BoolVar(&req.InsecureRegistry, "insecure-registry", false, "with --from: allow a plain-HTTP registry or an untrusted TLS certificate")
+	build.Flags().BoolVar(&req.InsecureRegistry, "insecure-registry", false, "allow a plain-HTTP registry or an untrusted TLS certificate for the image built from")
+	build.Flags().StringVarP(&dockerfilePath, "file", "f", "", "build a Dockerfile (FROM, RUN, COPY/ADD of local files, ENV, WORKDIR, USER, ARG) in microVMs")
+	build.Flags().StringVar(&req.Name, "name", "", "with -f: the image's recipe name (default \"dockerfile\")")
+	build.Flags().StringArrayVar(&buildArgs, "build-arg", nil, "with -f: KEY=VALUE overriding an ARG's default (repeatable)")
 	ls := imagesCmd(g)
 	ls.Use = "ls"
 	cmd.AddCommand(build, ls, imageRmCmd(g))

@@ -68,6 +68,10 @@ const (
 	PathQuiesce     = "/v1/quiesce"         // POST -> {} ; agent then ends the session and awaits a new HELLO
 	PathShutdown    = "/v1/shutdown"        // POST -> {} ; agent syncs and powers the VM off
 	PathProcesses   = "/v1/processes"       // GET -> []ProcessInfo (running execs); see ProcessStdinPath, ProcessSignalPath
+	// PathChanges streams what the guest changed in its root file system
+	// as an uncompressed OCI layer tar (GET; 412 without an overlay root).
+	// Image builds read it from build VMs (internal/guest/changes).
+	PathChanges = "/v1/changes"
 )
 
 // ProcessStdinPath is where raw bytes are appended to the stdin of the exec
@@ -185,6 +189,11 @@ type ExecRequest struct {
 	Shell string            `json:"shell,omitempty"`
 	Env   map[string]string `json:"env,omitempty"`
 	Cwd   string            `json:"cwd,omitempty"`
+	// User runs the process as NAME, UID, NAME:GROUP or UID:GID, looked
+	// up in the guest's /etc/passwd and /etc/group (HOME follows the
+	// user's unless Env sets it); "": the image's user (ImageConfig.User),
+	// else root.
+	User string `json:"user,omitempty"`
 	// TimeoutMillis > 0 kills the whole process group when it elapses.
 	TimeoutMillis int64 `json:"timeout_ms,omitempty"`
 	// Stdin true: the request body is streamed to the process's stdin (EOF
@@ -401,8 +410,9 @@ type RunCodeEvent struct {
 // ImageConfigPath is where an image built from an OCI image (recipe
 // from = "REF") keeps that image's configuration in the guest's root file
 // system. At boot the agent makes Env the base environment of the
-// processes it starts and WorkingDir their default working directory; the
-// rest is recorded for later use. Images of other recipes have no such file.
+// processes it starts, WorkingDir their default working directory and
+// User the user execs run as; the rest is recorded for later use. Images
+// of other recipes have no such file.
 const ImageConfigPath = "/etc/forkd/image-config.json"
 
 // ImageConfig is the JSON document at ImageConfigPath.

@@ -536,3 +536,25 @@ func (c *Client) Quiesce(ctx context.Context) error {
 func (c *Client) Shutdown(ctx context.Context) error {
 	return c.call(ctx, "shutdown", http.MethodPost, agentapi.PathShutdown, nil, 0, nil, nil)
 }
+
+// Changes streams what the guest changed in its root file system, as an
+// uncompressed OCI layer tar, to w, and returns its size. The guest
+// decides the size, so the stream is cut at limit bytes with a
+// ResourceExhausted error; a stream the agent aborted (it could not read
+// an entry) is an error, never a short archive.
+func (c *Client) Changes(ctx context.Context, w io.Writer, limit int64) (int64, error) {
+	const op = "export changes"
+	resp, err := c.do(ctx, op, http.MethodGet, agentapi.PathChanges, nil, nil, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	n, err := io.Copy(w, io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return n, c.transportError(ctx, op, err)
+	}
+	if n > limit {
+		return n, fmt.Errorf("%s: the guest's changes are larger than the limit of %d bytes: %w", op, limit, errdefs.ErrResourceExhausted)
+	}
+	return n, nil
+}

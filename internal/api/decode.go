@@ -72,6 +72,11 @@ var jsonBodyTimeout = time.Minute
 // value (else 400). Every error is errdefs.ErrInvalidArgument, whatever its
 // status.
 func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	return decodeUpTo(w, r, v, MaxJSONBody)
+}
+
+// decodeUpTo is decode with a body of at most limit bytes.
+func decodeUpTo(w http.ResponseWriter, r *http.Request, v any, limit int64) error {
 	ct := r.Header.Get("Content-Type")
 	if ct == "" {
 		return withStatus(http.StatusUnsupportedMediaType,
@@ -87,7 +92,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 	// run_code's stream). Writers that cannot (in-process ones) need none.
 	rc := http.NewResponseController(w)
 	rc.SetReadDeadline(time.Now().Add(jsonBodyTimeout))
-	err := decodeStrict(http.MaxBytesReader(w, r.Body, MaxJSONBody), v)
+	err := decodeStrict(http.MaxBytesReader(w, r.Body, limit), v)
 	rc.SetReadDeadline(time.Time{})
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		// The rest of the body is not coming: the server must not wait

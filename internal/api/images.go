@@ -3,9 +3,11 @@ package api
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"net/http"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
+	"github.com/forkd-dev/forkd/internal/dockerfile"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/recipe"
 )
@@ -13,7 +15,32 @@ import (
 // buildRecipe is the recipe a build request names: a known one, a recipe
 // file's contents, or an OCI image reference (from).
 func (s *Server) buildRecipe(req apiv1.BuildImageRequest) (*recipe.Recipe, error) {
+	bctx, err := buildContext(req.Context)
+	if err != nil {
+		return nil, err
+	}
+	if req.Dockerfile != "" {
+		if req.From != "" || req.Recipe != "" || req.RecipeTOML != "" {
+			return nil, fmt.Errorf("give a dockerfile, from, a recipe name or recipe_toml, not several: %w", errdefs.ErrInvalidArgument)
+		}
+		f, err := dockerfile.Parse("Dockerfile", []byte(req.Dockerfile), req.BuildArgs)
+		if err != nil {
+			return nil, err
+		}
+		return f.Recipe(req.Name, []byte(req.Dockerfile), req.InsecureRegistry, bctx)
+	}
+	if req.Name != "" || len(req.BuildArgs) > 0 {
+		return nil, fmt.Errorf("name and build_args go with dockerfile: %w", errdefs.ErrInvalidArgument)
+	}
 	if req.From == "" {
+		if req.RecipeTOML != "" || len(bctx) > 0 {
+			r, err := s.Engine.ResolveRecipe(req.Recipe, req.RecipeTOML)
+			if err != nil {
+				return nil, err
+			}
+			r.Context = bctx
+			return r, nil
+		}
 		if req.InsecureRegistry {
 			return nil, fmt.Errorf("insecure_registry is set without from; in a recipe, set insecure_registry next to from: %w", errdefs.ErrInvalidArgument)
 		}
@@ -22,7 +49,40 @@ func (s *Server) buildRecipe(req apiv1.BuildImageRequest) (*recipe.Recipe, error
 	if req.Recipe != "" || req.RecipeTOML != "" {
 		return nil, fmt.Errorf("give from, a recipe name or recipe_toml, not several (a recipe can say from = \"REF\" itself): %w", errdefs.ErrInvalidArgument)
 	}
+	if len(bctx) > 0 {
+		return nil, fmt.Errorf("context goes with a recipe's files or a Dockerfile's COPY, not with from: %w", errdefs.ErrInvalidArgument)
+	}
 	return recipe.FromRef(req.From, req.InsecureRegistry)
+}
+
+// buildContext checks a build context's files: paths inside it, each
+// once, within recipe.MaxContextFiles and MaxContextBytes.
+func buildContext(files []apiv1.ContextFile) (map[string]recipe.ContextFile, error) {
+	if len(files) == 0 {
+		return nil, nil
+	}
+	if len(files) > recipe.MaxContextFiles {
+		return nil, fmt.Errorf("build context has %d files, at most %d: %w", len(files), recipe.MaxContextFiles, errdefs.ErrInvalidArgument)
+	}
+	out := make(map[string]recipe.ContextFile, len(files))
+	var total int64
+	for _, f := range files {
+		p, err := recipe.ContextPath(f.Path)
+		if err != nil || p == "." {
+			return nil, fmt.Errorf("build context file %q: want a relative path inside the context: %w", f.Path, errdefs.ErrInvalidArgument)
+		}
+		if _, dup := out[p]; dup {
+			return nil, fmt.Errorf("build context file %q is sent twice: %w", p, errdefs.ErrInvalidArgument)
+		}
+		if f.Mode&^0o7777 != 0 {
+			return nil, fmt.Errorf("build context file %q: mode %o has bits beyond 07777: %w", p, f.Mode, errdefs.ErrInvalidArgument)
+		}
+		if total += int64(len(f.Data)); total > recipe.MaxContextBytes {
+			return nil, fmt.Errorf("build context is larger than %d bytes: %w", recipe.MaxContextBytes, errdefs.ErrResourceExhausted)
+		}
+		out[p] = recipe.ContextFile{Mode: fs.FileMode(f.Mode).Perm(), Data: f.Data}
+	}
+	return out, nil
 }
 
 // buildImage starts a build as an operation and answers 202 with it; the
@@ -30,7 +90,7 @@ func (s *Server) buildRecipe(req apiv1.BuildImageRequest) (*recipe.Recipe, error
 // Idempotency-Key makes a retry answer the same operation.
 func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 	var req apiv1.BuildImageRequest
-	if err := decode(w, r, &req); err != nil {
+	if err := decodeUpTo(w, r, &req, MaxBuildBody); err != nil {
 		writeProblem(w, r, err)
 		return
 	}

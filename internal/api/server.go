@@ -41,6 +41,10 @@ import (
 // bounded by it.
 const MaxJSONBody = 1 << 20
 
+// MaxBuildBody bounds an image build request, which carries its build
+// context's files (base64: 4/3 of recipe.MaxContextBytes, and a margin).
+const MaxBuildBody = 96 << 20
+
 // Server serves the API for one engine.
 type Server struct {
 	Engine  Engine

@@ -99,9 +99,27 @@ type BuildImageRequest struct {
 	Recipe     string `json:"recipe,omitempty"`
 	RecipeTOML string `json:"recipe_toml,omitempty"`
 	From       string `json:"from,omitempty"`
-	// InsecureRegistry, with From, allows a plain-HTTP registry or an
-	// untrusted TLS certificate.
+	// InsecureRegistry, with From (or a recipe's or Dockerfile's
+	// FROM), allows a plain-HTTP registry or an untrusted TLS certificate.
 	InsecureRegistry bool `json:"insecure_registry,omitempty"`
+	// Dockerfile is a Dockerfile's contents, instead of the above: its
+	// FROM, RUN, COPY and ADD of local files, ENV, WORKDIR, USER and ARG
+	// are built in microVMs (anything else is refused, naming the line).
+	// Name is the image's recipe name ("dockerfile" if empty); BuildArgs
+	// override its ARG defaults.
+	Dockerfile string            `json:"dockerfile,omitempty"`
+	Name       string            `json:"name,omitempty"`
+	BuildArgs  map[string]string `json:"build_args,omitempty"`
+	// Context holds the build context's files that a recipe's files or a
+	// Dockerfile's COPY and ADD name, by path relative to the context.
+	Context []ContextFile `json:"context,omitempty"`
+}
+
+// ContextFile is one file of a build context.
+type ContextFile struct {
+	Path string `json:"path"`
+	Mode uint32 `json:"mode"` // permission bits, 0o755 for an executable
+	Data []byte `json:"data"` // base64 in JSON
 }
 
 // CreateSnapshotRequest is POST /v1/snapshots.

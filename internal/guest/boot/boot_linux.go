@@ -44,6 +44,10 @@ type Result struct {
 	// Overlay is true when the root is the disk's overlay; false when the
 	// agent stayed in the initramfs (no disk).
 	Overlay bool
+	// Upper is the overlay's upper directory (what the guest changed),
+	// opened before the root switch hid it: reach it as
+	// /proc/self/fd/<Upper.Fd()>. Nil without Overlay.
+	Upper   *os.File
 	Cmdline Cmdline
 }
 
@@ -87,6 +91,10 @@ func Init(logf func(string, ...any)) (*Result, error) {
 		start = time.Now()
 		if err := mountOverlayRoot(); err != nil {
 			return nil, err
+		}
+		// Opened now: after the switch the upper tmpfs is outside the root.
+		if res.Upper, err = os.Open(filepath.Join(rwDir, "upper")); err != nil {
+			return nil, fmt.Errorf("open the overlay's upper directory: %w", err)
 		}
 		if err := switchRoot(newRootDir); err != nil {
 			return nil, err

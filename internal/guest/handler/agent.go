@@ -29,6 +29,12 @@ type Config struct {
 	// Cwd is where processes start when their request names no directory
 	// (an OCI image's WorkingDir); empty or missing: HOME, else /.
 	Cwd string
+	// User is whom processes run as when their request names nobody (an
+	// image's USER); empty: root.
+	User string
+	// ChangesDir is the overlay's upper directory, which PathChanges
+	// streams as a layer; empty: the root is not an overlay (412).
+	ChangesDir string
 	// RunDir holds the agent's runtime files (the Python runner); default
 	// /run/forkd.
 	RunDir string
@@ -100,6 +106,7 @@ func New(cfg Config) *Agent {
 	m.HandleFunc("POST "+agentapi.PathQuiesce, a.handleQuiesce)
 	m.HandleFunc("POST "+agentapi.PathShutdown, a.handleShutdown)
 	m.HandleFunc("GET "+agentapi.PathProcesses, a.handleListProcesses)
+	m.HandleFunc("GET "+agentapi.PathChanges, a.handleChanges)
 	m.HandleFunc("POST "+agentapi.PathProcesses+"/{pid}/stdin", a.handleProcessStdin)
 	m.HandleFunc("POST "+agentapi.PathProcesses+"/{pid}/signal", a.handleProcessSignal)
 	m.HandleFunc("POST "+agentapi.PathProcesses+"/{pid}/resize", a.handleProcessResize)

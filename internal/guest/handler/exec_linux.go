@@ -35,6 +35,8 @@ type execSpec struct {
 	argv []string
 	env  []string
 	cwd  string
+	// cred is the user to run as; nil: the agent's (root).
+	cred *syscall.Credential
 	req  agentapi.ExecRequest
 }
 
@@ -75,6 +77,10 @@ func (a *Agent) parseExec(r *http.Request) (execSpec, error) {
 		return execSpec{}, err
 	}
 	env := procenv.Merge(a.cfg.Env, reqEnv)
+	cred, env, err := a.execUser(req, env)
+	if err != nil {
+		return execSpec{}, err
+	}
 	path, err := procenv.LookPath(argv[0], env)
 	if err != nil {
 		return execSpec{}, err
@@ -90,7 +96,31 @@ func (a *Agent) parseExec(r *http.Request) (execSpec, error) {
 	} else if !fi.IsDir() {
 		return execSpec{}, fmt.Errorf("working directory %q is not a directory: %w", cwd, errdefs.ErrInvalidArgument)
 	}
-	return execSpec{path: path, argv: argv, env: env, cwd: cwd, req: req}, nil
+	return execSpec{path: path, argv: argv, env: env, cwd: cwd, cred: cred, req: req}, nil
+}
+
+// execUser resolves the request's user (else the image's): its
+// credential, and env with HOME set to its home unless the request sets
+// HOME. Root, or no user at all, runs as the agent does.
+func (a *Agent) execUser(req agentapi.ExecRequest, env []string) (*syscall.Credential, []string, error) {
+	spec := req.User
+	if spec == "" {
+		spec = a.cfg.User
+	}
+	if spec == "" {
+		return nil, env, nil
+	}
+	u, err := procenv.LookupUser(spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	if u.UID == 0 && u.GID == 0 {
+		return nil, env, nil
+	}
+	if _, set := req.Env["HOME"]; !set && u.Home != "" {
+		env = procenv.Merge(env, map[string]string{"HOME": u.Home})
+	}
+	return &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: []uint32{}}, env, nil
 }
 
 // handleExec runs a process and streams its output as NDJSON ExecEvents,
@@ -125,6 +155,7 @@ func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
 		// terminal as controlling tty (fd 0 in the child).
 		sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	}
+	sys.Credential = spec.cred
 	start := time.Now()
 	proc, err := reaper.Default().Start(spec.path, spec.argv, &syscall.ProcAttr{
 		Dir: spec.cwd, Env: spec.env, Files: xio.childFds(), Sys: sys,

@@ -111,16 +111,9 @@ func checkExecutable(p string) error {
 // of the image config at path (agentapi.ImageConfigPath) set, and its
 // WorkingDir. Without that file (other images): base and "".
 func FromImageConfig(path string, base []string) (env []string, cwd string, err error) {
-	data, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return base, "", nil
-	}
+	c, err := readImageConfig(path)
 	if err != nil {
 		return base, "", err
-	}
-	var c agentapi.ImageConfig
-	if err := json.Unmarshal(data, &c); err != nil {
-		return base, "", fmt.Errorf("%s: %v: %w", path, err, errdefs.ErrInvalidArgument)
 	}
 	extra := map[string]string{}
 	for _, kv := range c.Env {
@@ -132,4 +125,28 @@ func FromImageConfig(path string, base []string) (env []string, cwd string, err 
 		return base, "", fmt.Errorf("%s: %w", path, err)
 	}
 	return Merge(base, extra), c.WorkingDir, nil
+}
+
+// ImageUser is the User of the image config at path: the user execs run
+// as by default ("": root, also without that file).
+func ImageUser(path string) (string, error) {
+	c, err := readImageConfig(path)
+	return c.User, err
+}
+
+// readImageConfig reads the image config at path; a missing file is an
+// empty config.
+func readImageConfig(path string) (agentapi.ImageConfig, error) {
+	var c agentapi.ImageConfig
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return c, nil
+	}
+	if err != nil {
+		return c, err
+	}
+	if err := json.Unmarshal(data, &c); err != nil {
+		return c, fmt.Errorf("%s: %v: %w", path, err, errdefs.ErrInvalidArgument)
+	}
+	return c, nil
 }
