@@ -267,7 +267,7 @@ func plantRootfs(t *testing.T, dataDir string, r *recipe.Recipe) string {
 	if err != nil {
 		t.Skip(err)
 	}
-	key := rootfsKey(r, release, nil)
+	key := rootfsKey(r, release, nil, nil)
 	dir := filepath.Join(dataDir, "cache", "rootfs", key)
 	tree := filepath.Join(t.TempDir(), "tree")
 	if err := os.MkdirAll(filepath.Join(tree, "usr/bin"), 0o755); err != nil {
@@ -418,7 +418,7 @@ func rootfsKeyFor(t *testing.T, r *recipe.Recipe) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return rootfsKey(r, release, nil)
+	return rootfsKey(r, release, nil, nil)
 }
 
 // TestBuildDebianCancel: cancelling a Debian build mid-way stops mmdebstrap

@@ -32,6 +32,9 @@ type Builder struct {
 	// PullLimits bound what an OCI image (recipe from) may unpack to;
 	// zero fields: ociimage.DefaultLimits.
 	PullLimits ociimage.Limits
+	// Steps runs the Run steps of recipes that have them (steps.go); nil:
+	// such recipes fail with NotImplemented.
+	Steps StepRunner
 }
 
 // Build returns the image for r, building what is not cached. Building the
@@ -93,7 +96,20 @@ func (b *Builder) build(ctx context.Context, r *recipe.Recipe) (*Image, error) {
 		}
 		say("image: %s is %s", r.From, from.Digest)
 	}
-	rfs, err := b.rootfs(ctx, r, from, release, started)
+	var chain *stepChain
+	if len(r.Steps) > 0 {
+		// Held until the image lists the steps' layers: a prune must not
+		// take one in between.
+		unhold, err := (ociimage.Cache{Dir: LayerCacheDir(b.DataDir)}).Hold(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer unhold()
+		if chain, err = b.runSteps(ctx, r, from, kernel, release, started); err != nil {
+			return nil, err
+		}
+	}
+	rfs, err := b.rootfs(ctx, r, from, release, started, chain)
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +208,7 @@ func (b *Builder) assemble(dir, digest string, r *recipe.Recipe, k *Kernel, rfs 
 	m.FormatVersion = formatVersion
 	m.Digest = digest
 	m.Recipe.Name, m.Recipe.Digest, m.Recipe.Description = r.Name, r.Digest(), r.Description
-	m.Base, m.Packages, m.From = r.Base, r.Packages, rfs.Info.From
+	m.Base, m.Packages, m.From, m.Steps = r.Base, r.Packages, rfs.Info.From, rfs.Info.Steps
 	if m.Packages == nil {
 		m.Packages = []string{}
 	}

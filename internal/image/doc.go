@@ -26,14 +26,17 @@
 //	DataDir/cache/debs/<name>_<ver>.deb   downloaded packages (busybox-static)
 //	DataDir/cache/rootfs/<key>/           rootfs.ext4, rootfs.json
 //	DataDir/cache/layers/sha256/<hex>     OCI layer blobs (recipe from; internal/ociimage),
-//	                                      each image's in its manifest (from.layers); forkd
-//	                                      system prune removes those no image lists
+//	                                      and build steps' layers (uncompressed tars), each
+//	                                      image's in its manifest (from.layers, steps[].layer);
+//	                                      forkd system prune removes those no image lists
+//	DataDir/cache/steps/<key>.json        build step key -> the layer it made (steps.go)
 //	DataDir/images/<digest>/              vmlinuz, initrd.img, rootfs.ext4, image.json
 //
 // The rootfs key is recipe.RootfsKey (base, packages, omit, from) plus the
 // Debian release and architecture, and for a recipe with from the digest of
 // the image manifest its reference resolved to (resolved on every build, so
-// a tag that moved is a new root file system and a new image). Editing
+// a tag that moved is a new root file system and a new image), and for a
+// recipe with build steps the key of the last step (steps.go). Editing
 // warm-up code, memory size or the agent produces a new image in about a
 // second without rebuilding the root file system. Image files are hard links to the cached kernel and root file
 // system where possible: cached files are never modified in place.

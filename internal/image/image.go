@@ -40,7 +40,10 @@ type Image struct {
 	// From is the OCI image the root file system came from (recipe from);
 	// nil for a base.
 	From *Source
-	Dir  string
+	// Steps are the build steps applied on From (recipe run, files, env,
+	// workdir, user; a Dockerfile), with the layers they made.
+	Steps []StepRecord
+	Dir   string
 
 	// Paths of the boot files.
 	Kernel string
@@ -80,9 +83,10 @@ type manifest struct {
 		Digest      string `json:"digest"`
 		Description string `json:"description,omitempty"`
 	} `json:"recipe"`
-	Base     string   `json:"base"`
-	Packages []string `json:"packages"`
-	From     *Source  `json:"from,omitempty"`
+	Base     string       `json:"base"`
+	Packages []string     `json:"packages"`
+	From     *Source      `json:"from,omitempty"`
+	Steps    []StepRecord `json:"steps,omitempty"`
 	Kernel   struct {
 		Version        string `json:"version"`
 		Package        string `json:"package"`
@@ -132,6 +136,7 @@ func loadImage(dir string) (*Image, error) {
 		Base:                 m.Base,
 		Packages:             m.Packages,
 		From:                 m.From,
+		Steps:                m.Steps,
 		Dir:                  abs,
 		Kernel:               filepath.Join(abs, kernelName),
 		Initrd:               filepath.Join(abs, initrdName),

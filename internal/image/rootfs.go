@@ -39,11 +39,13 @@ type rootfsInfo struct {
 	// Installed maps every Debian package in the image to its version.
 	Installed map[string]string `json:"installed"`
 	// From is the OCI image the tree was unpacked from (recipe from).
-	From         *Source   `json:"from,omitempty"`
-	ContentBytes int64     `json:"content_bytes"`
-	File         FileInfo  `json:"file"`
-	BuildSeconds float64   `json:"build_seconds"`
-	Built        time.Time `json:"built"`
+	From *Source `json:"from,omitempty"`
+	// Steps are the build steps applied on From.
+	Steps        []StepRecord `json:"steps,omitempty"`
+	ContentBytes int64        `json:"content_bytes"`
+	File         FileInfo     `json:"file"`
+	BuildSeconds float64      `json:"build_seconds"`
+	Built        time.Time    `json:"built"`
 }
 
 // cachedRootfs is a published root file system.
@@ -55,11 +57,16 @@ type cachedRootfs struct {
 // rootfsKey identifies a root file system: what the recipe installs, and
 // the Debian release and architecture it comes from, or the digest of the
 // OCI image it is unpacked from (from: a tag that moves is a new key).
-func rootfsKey(r *recipe.Recipe, release string, from *ociimage.Image) string {
+// chain, after build steps, adds the key of the last (which covers the
+// steps before it and the from image).
+func rootfsKey(r *recipe.Recipe, release string, from *ociimage.Image, chain *stepChain) string {
 	in := fmt.Sprintf("forkd-rootfs\nformat=%d\nrecipe=%s\nrelease=%s\narch=%s\n",
 		rootfsFormatVersion, r.RootfsKey(), release, runtime.GOARCH)
 	if from != nil {
 		in += "from=" + from.Digest + "\n"
+	}
+	if chain != nil {
+		in += "steps=" + chain.key + "\n"
 	}
 	sum := sha256.Sum256([]byte(in))
 	return hex.EncodeToString(sum[:])
@@ -69,10 +76,12 @@ func rootfsKey(r *recipe.Recipe, release string, from *ociimage.Image) string {
 // it is missing (or when b.Refresh asks for a rebuild).
 // started is when the calling Build began: with Refresh, a rootfs another
 // build published after it is fresh enough.
-// from is the resolved image of a recipe with from, else nil.
-func (b *Builder) rootfs(ctx context.Context, r *recipe.Recipe, from *ociimage.Image, release string, started time.Time) (*cachedRootfs, error) {
+// from is the resolved image of a recipe with from, else nil; chain the
+// build steps applied on it (all of them, or those before a Run step's),
+// else nil.
+func (b *Builder) rootfs(ctx context.Context, r *recipe.Recipe, from *ociimage.Image, release string, started time.Time, chain *stepChain) (*cachedRootfs, error) {
 	say := progressFunc(b.Progress)
-	key := rootfsKey(r, release, from)
+	key := rootfsKey(r, release, from, chain)
 	cacheDir := filepath.Join(b.DataDir, "cache", "rootfs")
 	dir := filepath.Join(cacheDir, key)
 	if !b.Refresh {
@@ -113,7 +122,11 @@ func (b *Builder) rootfs(ctx context.Context, r *recipe.Recipe, from *ociimage.I
 	switch {
 	case from != nil:
 		what = "from " + from.Ref
-		info.From, err = b.ociTree(ctx, from, tree)
+		if info.From, err = b.ociTree(ctx, from, tree); err == nil && chain != nil {
+			what += fmt.Sprintf(" + %d steps", len(chain.records))
+			info.Steps = chain.records
+			err = b.applyChain(ctx, tree, chain)
+		}
 	case r.Base == recipe.BaseBusybox:
 		info.Installed, err = b.busyboxTree(ctx, stage, tree)
 	case r.Base == recipe.BaseDebian:
@@ -128,7 +141,11 @@ func (b *Builder) rootfs(ctx context.Context, r *recipe.Recipe, from *ociimage.I
 		return nil, err
 	}
 	if info.From != nil {
-		if err := writeImageConfig(tree, info.From.Config); err != nil {
+		config := info.From.Config
+		if chain != nil {
+			config = chain.config
+		}
+		if err := writeImageConfig(tree, config); err != nil {
 			return nil, err
 		}
 	}

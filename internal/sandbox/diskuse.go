@@ -140,6 +140,11 @@ func layersOf(imgs []*image.Image) map[string]bool {
 				set[d] = true
 			}
 		}
+		for _, s := range img.Steps {
+			if s.Layer != "" {
+				set[s.Layer] = true
+			}
+		}
 	}
 	return set
 }

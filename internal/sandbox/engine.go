@@ -223,6 +223,7 @@ func New(cfg Config) (*Engine, error) {
 		pending:   map[string]*PendingSnapshot{},
 		tainted:   map[string]string{},
 	}
+	e.builder.Steps = e
 	e.life, e.endLife = context.WithCancelCause(context.Background())
 	keep := e.adoptRecorded()
 	e.reapLeftovers(keep)

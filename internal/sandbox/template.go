@@ -14,7 +14,6 @@ import (
 	"github.com/forkd-dev/forkd/internal/cleanup"
 	"github.com/forkd-dev/forkd/internal/egress"
 	"github.com/forkd-dev/forkd/internal/errdefs"
-	"github.com/forkd-dev/forkd/internal/image"
 	"github.com/forkd-dev/forkd/internal/metrics"
 	"github.com/forkd-dev/forkd/internal/netns"
 	"github.com/forkd-dev/forkd/internal/recipe"
@@ -38,6 +37,9 @@ type CreateSnapshotOptions struct {
 	// contents. Exactly one is set.
 	Recipe     string
 	RecipeTOML string
+	// Parsed is a recipe already read (a Dockerfile's, with its build
+	// context), instead of Recipe and RecipeTOML.
+	Parsed *recipe.Recipe
 	// Warm replaces the recipe's Python warm-up code when non-empty.
 	Warm      string
 	MemoryMiB int // 0: the recipe's
@@ -81,9 +83,18 @@ func (e *Engine) planTemplate(opts CreateSnapshotOptions) (*templatePlan, error)
 			return nil, err
 		}
 	}
-	r, err := e.ResolveRecipe(opts.Recipe, opts.RecipeTOML)
-	if err != nil {
-		return nil, err
+	r := opts.Parsed
+	if r == nil {
+		var err error
+		if r, err = e.ResolveRecipe(opts.Recipe, opts.RecipeTOML); err != nil {
+			return nil, err
+		}
+	} else {
+		c := *r // the overrides below must not change the caller's
+		r = &c
+		if err := r.Validate(); err != nil {
+			return nil, err
+		}
 	}
 	if opts.MemoryMiB != 0 {
 		if opts.MemoryMiB < 64 || opts.MemoryMiB > 65536 {
@@ -156,7 +167,9 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 	defer st.Abort()
 
 	progress(fmt.Sprintf("building image for recipe %s", r.Name))
-	img, err := (&image.Builder{DataDir: e.cfg.DataDir, AgentBinary: e.cfg.AgentBinary, Progress: progress}).Build(ctx, r)
+	b := *e.builder
+	b.Progress = progress
+	img, err := b.Build(ctx, r)
 	if err != nil {
 		return nil, err
 	}
