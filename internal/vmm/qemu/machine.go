@@ -118,10 +118,13 @@ func (c child) kill() error {
 
 func newMachine(d *Driver, cfg vmm.MachineConfig, proc process, incoming bool) *Machine {
 	m := &Machine{
-		d: d, cfg: cfg, proc: proc, incoming: incoming, feat: d.feat, done: make(chan struct{}),
+		d: d, cfg: cfg, proc: proc, incoming: incoming, done: make(chan struct{}),
 		console:     newCappedLog(cfg.ConsoleLog, consoleLogBytes),
 		stderr:      newCappedLog(filepath.Join(cfg.RunDir, stderrFile), stderrLogBytes),
 		consoleDone: make(chan struct{}),
+	}
+	if d != nil { // nil in tests of the console alone
+		m.feat = d.feat
 	}
 	m.exitCtx, m.exited = context.WithCancel(context.Background())
 	return m
