@@ -1,4 +1,7 @@
-package main
+package bench
+
+// forkd bench first-answer: from a fork request to a child's first real
+// answer, per phase and in CPU, for each way of pooling (issue #20).
 
 import (
 	"context"
@@ -9,8 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/spf13/cobra"
-
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/procfs"
@@ -18,13 +19,20 @@ import (
 	"github.com/forkd-dev/forkd/internal/snapshot"
 )
 
-// forkd bench first-answer: from a fork request to a child's first real
-// answer, per phase and in CPU, for each way of pooling (issue #20).
-
-type firstOpts struct {
-	tag, recipe, code, modes string
-	sequential, concurrent   int
-	poolWait                 time.Duration
+// FirstAnswerOptions are bench first-answer's flags.
+type FirstAnswerOptions struct {
+	// Tag is the snapshot forked (it needs a Python session), created
+	// from Recipe if missing.
+	Tag, Recipe string
+	// Code is the first request.
+	Code string
+	// Modes are the pooling modes measured, in this order, comma-separated
+	// (off, started, restored).
+	Modes string
+	// Sequential children (K) and children forked at once (N).
+	Sequential, Concurrent int
+	// PoolWait is the longest wait for the pool to fill before each fork.
+	PoolWait time.Duration
 }
 
 // poolModes are the ways of pooling first-answer compares.
@@ -34,75 +42,49 @@ var poolModes = map[string]string{
 	"restored": "pooled VMMs restored ahead, first request rehearsed (the default)",
 }
 
-func benchFirstCmd(g *globals) *cobra.Command {
-	var o firstOpts
-	cmd := &cobra.Command{
-		Use:   "first-answer",
-		Short: "Fork → a child's first run_code answer, per phase and in CPU, with each way of pooling (runs its own engine; needs root)",
-		Long: "Runs an engine in-process for each pooling mode in turn (--modes: off, started, restored) and\n" +
-			"measures, one run: K sequential children, each forked (pool full) and asked --code twice: the\n" +
-			"fork call, the first and second answers, and the CPU its VMM used up to the fork's return (pool\n" +
-			"and hand-out included) and from there to the first answer; then N children forked at once, each\n" +
-			"asked --code: the wall clock until all answered, CPU-seconds per child (its VMM's, start to first\n" +
-			"answer), per-child PSS with the N running, and how many distinct random.random() values they draw.\n" +
-			"Also the CPU a pooled VMM burns while it waits. Needs a snapshot with a Python session.",
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runBenchFirst(cmd.Context(), g, o) },
-	}
-	f := cmd.Flags()
-	f.StringVar(&o.tag, "tag", "bench-py", "snapshot to fork (created from --recipe if missing)")
-	f.StringVar(&o.recipe, "recipe", "py-pandas", "recipe for a missing --tag")
-	f.StringVar(&o.code, "code", `pd.DataFrame({"a":[1,2]}).sum()`, "the first request")
-	f.StringVar(&o.modes, "modes", "off,started,restored", "pooling modes to measure, in this order")
-	f.IntVar(&o.sequential, "sequential", 10, "sequential children (K)")
-	f.IntVar(&o.concurrent, "concurrent", 10, "children forked at once (N)")
-	f.DurationVar(&o.poolWait, "pool-wait", 3*time.Minute, "longest wait for the pool to fill before each fork")
-	addPoolFlags(f, g, "pooled VMMs per snapshot in the started and restored modes")
-	addDriverFlags(f, g, "")
-	addVMMFlags(f, g)
-	addNetworkFlags(f, &g.network)
-	return cmd
-}
-
-func runBenchFirst(ctx context.Context, g *globals, o firstOpts) error {
+// FirstAnswer runs bench first-answer: for each pooling mode in turn, an
+// engine of its own with that pool (c.PoolSize VMMs in the started and
+// restored modes), K sequential children each asked o.Code twice, then N
+// children forked at once.
+func FirstAnswer(ctx context.Context, c Config, o FirstAnswerOptions) error {
 	var modes []string
-	for _, m := range strings.Split(o.modes, ",") {
+	for _, m := range strings.Split(o.Modes, ",") {
 		m = strings.TrimSpace(m)
 		if _, ok := poolModes[m]; !ok {
 			return fmt.Errorf("--modes: unknown mode %q (off, started, restored): %w", m, errdefs.ErrInvalidArgument)
 		}
 		modes = append(modes, m)
 	}
-	if o.sequential < 1 || o.concurrent < 1 {
+	if o.Sequential < 1 || o.Concurrent < 1 {
 		return fmt.Errorf("--sequential and --concurrent must be at least 1: %w", errdefs.ErrInvalidArgument)
 	}
-	poolSize := g.poolSize
-	var report *benchReport
+	var rep *report
 	p50s := map[string]float64{}
 	for _, mode := range modes {
-		g.poolSize, g.poolStartOnly = poolSize, mode == "started"
+		mc := c
+		mc.PoolStartOnly = mode == "started"
 		if mode == "off" {
-			g.poolSize = 0
+			mc.PoolSize = 0
 		}
-		env, err := newBenchEnv(g, "first", nil)
+		env, err := newEnv(mc, "first", nil)
 		if err != nil {
 			return err
 		}
-		snap, err := benchSnapshot(ctx, env.e, o.tag, o.recipe, benchSay)
+		snap, err := env.ensureSnapshot(ctx, o.Tag, o.Recipe)
 		if err == nil && !snap.Python.Enabled {
-			err = fmt.Errorf("snapshot %s has no Python session: give a --tag or --recipe with one: %w", o.tag, errdefs.ErrInvalidArgument)
+			err = fmt.Errorf("snapshot %s has no Python session: give a --tag or --recipe with one: %w", o.Tag, errdefs.ErrInvalidArgument)
 		}
 		if err != nil {
 			env.close()
 			return err
 		}
-		if report == nil {
-			report = newBenchReport(ctx, env.e, "first-answer", string(snap.VMM.Accel))
-			report.Setup = fmt.Sprintf("snapshot `%s` (recipe %s, %d MiB, %d vCPU); pool %d; first request `%s`; network %s",
-				snap.Tag, snap.Image.Recipe, snap.MemoryMiB, snap.VCPUs, poolSize, o.code, g.network.policy)
+		if rep == nil {
+			rep = newReport(ctx, env.e, "first-answer", string(snap.VMM.Accel))
+			rep.Setup = fmt.Sprintf("snapshot `%s` (recipe %s, %d MiB, %d vCPU); pool %d; first request `%s`; network %s",
+				snap.Tag, snap.Image.Recipe, snap.MemoryMiB, snap.VCPUs, c.PoolSize, o.Code, c.Network)
 		}
-		benchSay("mode %s: %s", mode, poolModes[mode])
-		p50, err := benchFirstMode(ctx, env.e, snap, mode, g.poolSize, o, report)
+		env.say("mode %s: %s", mode, poolModes[mode])
+		p50, err := firstMode(ctx, env, snap, mode, mc.PoolSize, o, rep)
 		env.close()
 		if err != nil {
 			return err
@@ -112,11 +94,11 @@ func runBenchFirst(ctx context.Context, g *globals, o firstOpts) error {
 	if off, ok := p50s["off"]; ok {
 		for _, m := range []string{"started", "restored"} {
 			if v, ok := p50s[m]; ok && off > 0 {
-				report.row(fmt.Sprintf("fork → first answer p50, %s / off", m), fmt.Sprintf("%.2f", v/off), vals{"ratio": v / off})
+				rep.row(fmt.Sprintf("fork → first answer p50, %s / off", m), fmt.Sprintf("%.2f", v/off), vals{"ratio": v / off})
 			}
 		}
 	}
-	return report.print(g.jsonOut)
+	return c.write(rep)
 }
 
 // selfCPU is the CPU this process (the engine, in-process) has used.
@@ -137,33 +119,18 @@ func vmmCPU(pid int) time.Duration {
 	return st.CPU()
 }
 
-// waitPoolFull waits, up to limit, until the snapshot's pool holds size
-// VMMs ready to hand out.
-func waitPoolFull(e *sandbox.Engine, snapID string, size int, limit time.Duration) {
-	deadline := time.Now().Add(limit)
-	for e.PoolSize(snapID) < size && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if n := e.PoolSize(snapID); n < size {
-		// Measured anyway, but not from a full pool: say so beside the rows.
-		benchSay("the pool held %d of %d VMMs after waiting %s: this measure starts from a partial pool", n, size, limit)
-	}
-}
-
-func benchFirstMode(ctx context.Context, e *sandbox.Engine, snap *snapshot.Snapshot, mode string, pool int, o firstOpts, report *benchReport) (firstP50 float64, err error) {
-	row := func(measure, value string, v vals) { report.row(mode+": "+measure, value, v) }
-	if pool > 0 {
-		if err := e.Warm(snap.Tag); err != nil {
-			return 0, err
-		}
-	}
+// firstMode measures one pooling mode with env's engine, pooling pool
+// VMMs, adding its rows to rep; it returns the fork → first answer p50.
+func firstMode(ctx context.Context, env *runEnv, snap *snapshot.Snapshot, mode string, pool int, o FirstAnswerOptions, rep *report) (firstP50 float64, err error) {
+	e := env.e
+	row := func(measure, value string, v vals) { rep.row(mode+": "+measure, value, v) }
 	ask := func(id string) (time.Duration, error) {
 		a, err := e.Agent(id)
 		if err != nil {
 			return 0, err
 		}
 		t := time.Now()
-		res, err := a.RunCode(ctx, agentapi.RunCodeRequest{Code: o.code})
+		res, err := a.RunCode(ctx, agentapi.RunCodeRequest{Code: o.Code})
 		if err == nil && res.Error != nil {
 			err = fmt.Errorf("%s: %s", res.Error.Name, res.Error.Value)
 		}
@@ -174,8 +141,8 @@ func benchFirstMode(ctx context.Context, e *sandbox.Engine, snap *snapshot.Snaps
 	var forks, readies, firsts, seconds, totals, cpuBefore, cpuFirst []float64
 	var prepares, restores, hellos, handOuts []float64
 	rehearsed := 0
-	for i := 0; i < o.sequential; i++ {
-		waitPoolFull(e, snap.ID, pool, o.poolWait)
+	for i := 0; i < o.Sequential; i++ {
+		env.waitPool(snap.ID, pool, o.PoolWait)
 		t0 := time.Now()
 		sbs, err := e.Fork(ctx, snap.Tag, 1)
 		if err != nil {
@@ -204,12 +171,12 @@ func benchFirstMode(ctx context.Context, e *sandbox.Engine, snap *snapshot.Snaps
 		forks, readies = append(forks, millis(fork)), append(readies, s.ReadyMillis)
 		firsts, seconds, totals = append(firsts, millis(first)), append(seconds, millis(second)), append(totals, millis(total))
 		cpuBefore, cpuFirst = append(cpuBefore, millis(c0)), append(cpuFirst, millis(c1-c0))
-		benchSay("%s %d: fork %.0f ms (ready %.0f), first %.0f ms, second %.0f ms; VMM CPU %.0f ms before the fork returned, %.0f ms to the first answer",
+		env.say("%s %d: fork %.0f ms (ready %.0f), first %.0f ms, second %.0f ms; VMM CPU %.0f ms before the fork returned, %.0f ms to the first answer",
 			mode, i+1, millis(fork), s.ReadyMillis, millis(first), millis(second), millis(c0), millis(c1-c0))
 	}
 	p := func(xs []float64) float64 { return percentile(xs, 0.5) }
 	firstP50 = p(totals)
-	row(fmt.Sprintf("fork → first answer, %d sequential, p50 / p90", o.sequential),
+	row(fmt.Sprintf("fork → first answer, %d sequential, p50 / p90", o.Sequential),
 		fmt.Sprintf("%.0f ms / %.0f ms", firstP50, percentile(totals, 0.9)), vals{"p50_ms": firstP50, "p90_ms": percentile(totals, 0.9)})
 	row("phases p50: fork call (agent ready) / first answer / second answer",
 		fmt.Sprintf("%.0f (%.0f) / %.0f / %.0f ms", p(forks), p(readies), p(firsts), p(seconds)),
@@ -220,12 +187,12 @@ func benchFirstMode(ctx context.Context, e *sandbox.Engine, snap *snapshot.Snaps
 	row("VMM CPU p50: up to the fork's return (pool, restore, hand-out) / from there to the first answer",
 		fmt.Sprintf("%.0f ms / %.0f ms", p(cpuBefore), p(cpuFirst)), vals{"before_ms": p(cpuBefore), "first_ms": p(cpuFirst)})
 	if mode == "restored" {
-		row("children rehearsed in the pool", fmt.Sprintf("%d of %d", rehearsed, o.sequential), vals{"n": float64(rehearsed)})
+		row("children rehearsed in the pool", fmt.Sprintf("%d of %d", rehearsed, o.Sequential), vals{"n": float64(rehearsed)})
 	}
 
 	// What a waiting pooled VMM burns.
 	if pool > 0 {
-		waitPoolFull(e, snap.ID, pool, o.poolWait)
+		env.waitPool(snap.ID, pool, o.PoolWait)
 		pids := e.PoolPIDs(snap.ID)
 		before := make([]time.Duration, len(pids))
 		for i, pid := range pids {
@@ -244,9 +211,9 @@ func benchFirstMode(ctx context.Context, e *sandbox.Engine, snap *snapshot.Snaps
 	}
 
 	// N at once.
-	waitPoolFull(e, snap.ID, pool, o.poolWait)
-	n := o.concurrent
-	fo, err := benchFanOut(ctx, e, snap.Tag, n, ask)
+	env.waitPool(snap.ID, pool, o.PoolWait)
+	n := o.Concurrent
+	fo, err := fanOutAsk(ctx, e, snap.Tag, n, ask)
 	if err != nil {
 		return 0, err
 	}
@@ -285,9 +252,9 @@ func benchFirstMode(ctx context.Context, e *sandbox.Engine, snap *snapshot.Snaps
 	// The same fan-out again: the first grew the pool toward N
 	// (--pool-max), so this one finds its children restored ahead.
 	if target := e.PoolTarget(snap.ID); pool > 0 && target > pool {
-		waitPoolFull(e, snap.ID, target, o.poolWait)
+		env.waitPool(snap.ID, target, o.PoolWait)
 		ready := e.PoolSize(snap.ID)
-		again, err := benchFanOut(ctx, e, snap.Tag, n, ask)
+		again, err := fanOutAsk(ctx, e, snap.Tag, n, ask)
 		if err != nil {
 			return 0, err
 		}
@@ -306,17 +273,11 @@ type fanOut struct {
 	engineCPU time.Duration // this process meanwhile
 }
 
-func (f *fanOut) ids() []string {
-	ids := make([]string, 0, len(f.sbs))
-	for _, s := range f.sbs {
-		ids = append(ids, s.ID)
-	}
-	return ids
-}
+func (f *fanOut) ids() []string { return sandboxIDs(f.sbs) }
 
-// benchFanOut forks n children of tag and asks each its first request at
+// fanOutAsk forks n children of tag and asks each its first request at
 // once. On an error the children are killed.
-func benchFanOut(ctx context.Context, e *sandbox.Engine, tag string, n int, ask func(id string) (time.Duration, error)) (*fanOut, error) {
+func fanOutAsk(ctx context.Context, e *sandbox.Engine, tag string, n int, ask func(id string) (time.Duration, error)) (*fanOut, error) {
 	self0 := selfCPU()
 	t0 := time.Now()
 	sbs, err := e.Fork(ctx, tag, n)

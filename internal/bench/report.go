@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -14,18 +14,18 @@ import (
 	"github.com/forkd-dev/forkd/internal/sandbox"
 )
 
-// benchReport is the result of one `forkd bench` run. It prints as a
-// Markdown section to append to docs/BENCHMARKS.md, or with --json as one
-// JSON object carrying the same rows with their numbers.
-type benchReport struct {
-	Bench   string       `json:"bench"`
-	Date    time.Time    `json:"date"`
-	Machine benchMachine `json:"machine"`
+// report is the result of one `forkd bench` run. It prints as a Markdown
+// section to append to docs/BENCHMARKS.md, or with --json as one JSON
+// object carrying the same rows with their numbers.
+type report struct {
+	Bench   string    `json:"bench"`
+	Date    time.Time `json:"date"`
+	Machine machine   `json:"machine"`
 	// Setup completes the Markdown "Machine:" line (snapshot, pool, ...).
 	Setup string `json:"setup,omitempty"`
 	// Intro is a paragraph between that line and the table.
-	Intro string     `json:"intro,omitempty"`
-	Rows  []benchRow `json:"rows"`
+	Intro string      `json:"intro,omitempty"`
+	Rows  []reportRow `json:"rows"`
 	// Failures are the first errors of requests that failed (bench api).
 	Failures []string `json:"failures,omitempty"`
 	// columns, when set, replace the "measure | value" table: each row
@@ -33,8 +33,8 @@ type benchReport struct {
 	columns []string
 }
 
-// benchMachine is the host and VMM a report was measured on.
-type benchMachine struct {
+// machine is the host and VMM a report was measured on.
+type machine struct {
 	Host       string `json:"host"`
 	CPUs       int    `json:"cpus"`
 	CPUModel   string `json:"cpu_model"`
@@ -44,10 +44,10 @@ type benchMachine struct {
 	Accel      string `json:"accel,omitempty"`
 }
 
-// benchRow is one measure. Value is the text of the Markdown table; Values
-// holds the numbers behind it, keyed by name and unit (p50_ms, wall_s,
-// pss_mb, bytes, ratio).
-type benchRow struct {
+// reportRow is one measure. Value is the text of the Markdown table;
+// Values holds the numbers behind it, keyed by name and unit (p50_ms,
+// wall_s, pss_mb, bytes, ratio).
+type reportRow struct {
 	Measure string             `json:"measure"`
 	Value   string             `json:"value"`
 	Values  map[string]float64 `json:"values,omitempty"`
@@ -59,27 +59,28 @@ type benchRow struct {
 // vals are a row's numbers.
 type vals map[string]float64
 
-func newBenchReport(ctx context.Context, e *sandbox.Engine, bench, accel string) *benchReport {
-	host, _ := os.Hostname()
+// newReport starts the report of bench on engine e's driver.
+func newReport(ctx context.Context, e *sandbox.Engine, bench, accel string) *report {
+	m := hostMachine()
 	v, _ := e.Driver().Version(ctx)
-	return &benchReport{
-		Bench: bench,
-		Date:  time.Now().UTC(),
-		Machine: benchMachine{Host: host, CPUs: runtime.NumCPU(), CPUModel: cpuModel(), Kernel: kernelRelease(),
-			VMM: e.Driver().Name(), VMMVersion: v, Accel: accel},
-	}
+	m.VMM, m.VMMVersion, m.Accel = e.Driver().Name(), v, accel
+	return &report{Bench: bench, Date: time.Now().UTC(), Machine: m}
+}
+
+// hostMachine describes this host for a report with no VMM.
+func hostMachine() machine {
+	host, _ := os.Hostname()
+	return machine{Host: host, CPUs: runtime.NumCPU(), CPUModel: cpuModel(), Kernel: kernelRelease(), VMM: "none", VMMVersion: "(no VM runs)"}
 }
 
 // row adds a measure: value is formatted as the Markdown shows it, v are
 // the numbers for --json.
-func (r *benchReport) row(measure, value string, v vals) {
-	r.Rows = append(r.Rows, benchRow{Measure: measure, Value: value, Values: v})
+func (r *report) row(measure, value string, v vals) {
+	r.Rows = append(r.Rows, reportRow{Measure: measure, Value: value, Values: v})
 }
 
-// print writes the report to stdout: Markdown, or JSON with --json.
-func (r *benchReport) print(asJSON bool) error { return r.write(os.Stdout, asJSON) }
-
-func (r *benchReport) write(w io.Writer, asJSON bool) error {
+// write writes the report to w: Markdown, or JSON when asJSON.
+func (r *report) write(w io.Writer, asJSON bool) error {
 	if !asJSON {
 		_, err := io.WriteString(w, r.markdown())
 		return err
@@ -100,7 +101,7 @@ func (r *benchReport) write(w io.Writer, asJSON bool) error {
 	return enc.Encode(r)
 }
 
-func (r *benchReport) markdown() string {
+func (r *report) markdown() string {
 	var b strings.Builder
 	m := r.Machine
 	fmt.Fprintf(&b, "### forkd bench %s — %s\n\n", r.Bench, r.Date.Format("2006-01-02 15:04 MST"))
@@ -136,5 +137,39 @@ func (r *benchReport) markdown() string {
 	return b.String()
 }
 
-// millis is a duration in milliseconds, as the reports give them.
-func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+// oneLine makes s fit a Markdown table cell of at most about n bytes.
+func oneLine(s string, n int) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	s = strings.ReplaceAll(s, "|", "/")
+	if len(s) > n {
+		s = s[:n] + "…"
+	}
+	return s
+}
+
+func cpuModel() string {
+	data, _ := os.ReadFile("/proc/cpuinfo")
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(l, "model name") {
+			if _, v, ok := strings.Cut(l, ":"); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+	}
+	return "unknown CPU"
+}
+
+func kernelRelease() string {
+	data, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	return strings.TrimSpace(string(data))
+}
+
+// loadAvg is /proc/loadavg's first three fields.
+func loadAvg() string {
+	data, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"archive/tar"
@@ -10,14 +10,14 @@ import (
 // and bytes asked for, for linux, and two runs make different images
 // (nothing of a new run is cached).
 func TestRandomImageIsWhatWasAsked(t *testing.T) {
-	o := imageFromOpts{sizeMB: 1, layers: 2, files: 4}
+	o := ImageFromOptions{SizeMB: 1, Layers: 2, Files: 4}
 	img, err := randomImage(t.TempDir(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	layers, err := img.Layers()
-	if err != nil || len(layers) != o.layers {
-		t.Fatalf("%d layers (%v), want %d", len(layers), err, o.layers)
+	if err != nil || len(layers) != o.Layers {
+		t.Fatalf("%d layers (%v), want %d", len(layers), err, o.Layers)
 	}
 	var files int
 	var bytes int64
@@ -42,8 +42,8 @@ func TestRandomImageIsWhatWasAsked(t *testing.T) {
 		}
 		rc.Close()
 	}
-	if files != o.layers*o.files || bytes != 1<<20 {
-		t.Errorf("%d files of %d bytes in all, want %d files of 1 MiB", files, bytes, o.layers*o.files)
+	if files != o.Layers*o.Files || bytes != 1<<20 {
+		t.Errorf("%d files of %d bytes in all, want %d files of 1 MiB", files, bytes, o.Layers*o.Files)
 	}
 	cf, err := img.ConfigFile()
 	if err != nil || cf.OS != "linux" {

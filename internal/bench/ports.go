@@ -1,4 +1,6 @@
-package main
+package bench
+
+// bench api's port-proxy measure.
 
 import (
 	"context"
@@ -13,12 +15,12 @@ import (
 	"github.com/forkd-dev/forkd/internal/sandbox"
 )
 
-// benchPortProxy measures the port proxy's overhead (bench api): a
+// portProxy measures the port proxy's overhead (bench api): a
 // busybox httpd in sandbox id serves a small file on port 8080, fetched
 // calls times over a kept-alive connection straight from the sandbox's
 // namespace (Engine.DialPort, what the proxy itself dials) and through the
 // API's proxy on the Unix socket, interleaved request by request.
-func benchPortProxy(ctx context.Context, e *sandbox.Engine, id, sock string, calls int, row func(string, string, vals)) error {
+func portProxy(ctx context.Context, e *sandbox.Engine, id, sock string, calls int, row func(string, string, vals), say sayFunc) error {
 	agent, err := e.Agent(id)
 	if err != nil {
 		return err
@@ -68,7 +70,7 @@ func benchPortProxy(ctx context.Context, e *sandbox.Engine, id, sock string, cal
 			}
 		}
 	}
-	benchSay("port proxy: %d sequential GETs per path, interleaved", calls)
+	say("port proxy: %d sequential GETs per path, interleaved", calls)
 	for i := range calls {
 		for k := range paths {
 			p := &paths[(i+k)%len(paths)]
@@ -76,7 +78,7 @@ func benchPortProxy(ctx context.Context, e *sandbox.Engine, id, sock string, cal
 			if err := p.call(); err != nil {
 				return fmt.Errorf("GET via %s (call %d): %w", p.name, i+1, err)
 			}
-			p.ms = append(p.ms, float64(time.Since(start).Microseconds())/1000)
+			p.ms = append(p.ms, millis(time.Since(start)))
 		}
 	}
 	d50, p50 := percentile(paths[0].ms, 0.5), percentile(paths[1].ms, 0.5)

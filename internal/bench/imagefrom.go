@@ -1,4 +1,4 @@
-package main
+package bench
 
 // forkd bench image-from: `image build --from` of a test-made image
 // against skopeo copy + extraction, and a rebuild (issue #18).
@@ -26,7 +26,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/klauspost/compress/gzip"
-	"github.com/spf13/cobra"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/image"
@@ -35,34 +34,21 @@ import (
 	"github.com/forkd-dev/forkd/internal/recipe"
 )
 
-type imageFromOpts struct {
-	sizeMB, layers, files int
+// ImageFromOptions are bench image-from's flags.
+type ImageFromOptions struct {
+	// SizeMB is the image's content, in Layers layers of Files files each.
+	SizeMB, Layers, Files int
+	// AgentBinary finds forkd-agent, which the image builder installs.
+	AgentBinary func() (string, error)
 }
 
-func benchImageFromCmd(g *globals) *cobra.Command {
-	var o imageFromOpts
-	cmd := &cobra.Command{
-		Use:   "image-from",
-		Short: "`image build --from` of a test-made image, cold and rebuilt, against skopeo copy + extraction (needs docker-registry, skopeo, umoci)",
-		Long: "Starts Debian's docker-registry on loopback (a unix socket behind a 127.0.0.1 proxy), pushes an image\n" +
-			"made here (--size-mb of random, incompressible files in --layers layers), and measures in one run:\n" +
-			"forkd's image build --from with an empty layer cache (in-process image builder, the data dir's\n" +
-			"kernel), the same build again (a rebuild with nothing changed), a build with the layers cached but\n" +
-			"no root file system; then `skopeo copy docker://... oci:DIR` followed by `umoci unpack` and by\n" +
-			"`tar -xzf` of each layer, in a directory on the data dir's file system. Everything it made is\n" +
-			"removed at the end. scripts/install-deps.sh --bench installs the tools.",
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runBenchImageFrom(cmd.Context(), g, o) },
-	}
-	f := cmd.Flags()
-	f.IntVar(&o.sizeMB, "size-mb", 100, "image content in MB")
-	f.IntVar(&o.layers, "layers", 4, "layers (the content split evenly)")
-	f.IntVar(&o.files, "files", 8, "files per layer")
-	return cmd
-}
-
-func runBenchImageFrom(ctx context.Context, g *globals, o imageFromOpts) error {
-	if o.sizeMB < 1 || o.layers < 1 || o.files < 1 {
+// ImageFrom runs bench image-from: it pushes an image made here to
+// Debian's docker-registry on loopback and measures forkd's `image build
+// --from` of it (cold, again, with the layers cached) against skopeo copy
+// followed by umoci unpack and by tar of each layer. Everything it made is
+// removed at the end.
+func ImageFrom(ctx context.Context, c Config, o ImageFromOptions) error {
+	if o.SizeMB < 1 || o.Layers < 1 || o.Files < 1 {
 		return fmt.Errorf("--size-mb, --layers and --files must be at least 1: %w", errdefs.ErrInvalidArgument)
 	}
 	for _, t := range []string{localregistry.Binary, "skopeo", "umoci", "tar"} {
@@ -70,15 +56,15 @@ func runBenchImageFrom(ctx context.Context, g *globals, o imageFromOpts) error {
 			return fmt.Errorf("%s is not in PATH; `scripts/install-deps.sh --bench` installs docker-registry, skopeo and umoci: %w", t, errdefs.ErrFailedPrecondition)
 		}
 	}
-	agent, err := agentBinary()
+	agent, err := o.AgentBinary()
 	if err != nil {
 		return err
 	}
-	say := func(f string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+f+"\n", a...) }
-	reapStaleBenchRuns(g.runDir, g.dataDir, say)
+	say := newSay(c.Progress)
+	reapStale(c.RunDir, c.DataDir, say)
 	// In the data dir: skopeo and umoci write to the same file system as
 	// forkd's builder.
-	work := filepath.Join(g.dataDir, fmt.Sprintf(".bench-image-from-%d", os.Getpid()))
+	work := dataDirOf(c.DataDir, "image-from", os.Getpid())
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return err
 	}
@@ -94,7 +80,7 @@ func runBenchImageFrom(ctx context.Context, g *globals, o imageFromOpts) error {
 	}
 	defer reg.Close()
 
-	say("making a %d MB image of %d layers and pushing it to %s", o.sizeMB, o.layers, reg.Host)
+	say("making a %d MB image of %d layers and pushing it to %s", o.SizeMB, o.Layers, reg.Host)
 	img, err := randomImage(work, o)
 	if err != nil {
 		return err
@@ -108,15 +94,15 @@ func runBenchImageFrom(ctx context.Context, g *globals, o imageFromOpts) error {
 		return fmt.Errorf("push %s: %w", ref, err)
 	}
 
-	rep := &benchReport{Bench: "image-from", Date: time.Now().UTC(), Machine: hostMachine()}
-	rep.Setup = fmt.Sprintf("%d MB of random files in %d gzip layers, registry on loopback; load %s", o.sizeMB, o.layers, loadAvg())
+	rep := &report{Bench: "image-from", Date: time.Now().UTC(), Machine: hostMachine()}
+	rep.Setup = fmt.Sprintf("%d MB of random files in %d gzip layers, registry on loopback; load %s", o.SizeMB, o.Layers, loadAvg())
 	rec, err := recipe.FromRef(ref, true)
 	if err != nil {
 		return err
 	}
-	b := &image.Builder{DataDir: g.dataDir, AgentBinary: agent}
+	b := &image.Builder{DataDir: c.DataDir, AgentBinary: agent}
 	var built *image.Image
-	defer func() { cleanBenchImage(g.dataDir, built, say) }()
+	defer func() { cleanBenchImage(c.DataDir, built, say) }()
 	build := func(measure string) error {
 		var ph phases
 		b.Progress = ph.note
@@ -137,7 +123,7 @@ func runBenchImageFrom(ctx context.Context, g *globals, o imageFromOpts) error {
 	if err := build("forkd image build --from again (rebuild, nothing changed; target ≤ 2 s)"); err != nil {
 		return err
 	}
-	dropBuiltKeepLayers(g.dataDir, built)
+	dropBuiltKeepLayers(c.DataDir, built)
 	if err := build("forkd image build --from, layers cached, no root file system"); err != nil {
 		return err
 	}
@@ -163,21 +149,21 @@ func runBenchImageFrom(ctx context.Context, g *globals, o imageFromOpts) error {
 	tarD := time.Since(start)
 	rep.row("tar -xzf of each layer", fmt.Sprintf("%.2f s; with the copy %.2f s", tarD.Seconds(), (copyD+tarD).Seconds()),
 		vals{"wall_s": tarD.Seconds(), "with_copy_s": (copyD + tarD).Seconds()})
-	return rep.print(g.jsonOut)
+	return c.write(rep)
 }
 
-// randomImage writes o.layers layers of random files into dir and stacks
+// randomImage writes o.Layers layers of random files into dir and stacks
 // them into a linux image (gzip at the fastest level: the content does not
 // compress anyway).
-func randomImage(dir string, o imageFromOpts) (v1.Image, error) {
-	per := int64(o.sizeMB) << 20 / int64(o.layers*o.files)
+func randomImage(dir string, o ImageFromOptions) (v1.Image, error) {
+	per := int64(o.SizeMB) << 20 / int64(o.Layers*o.Files)
 	var seed [32]byte
 	crand.Read(seed[:]) // a new image every run: nothing of it is cached
 	rng := rand.NewChaCha8(seed)
 	var layers []v1.Layer
-	for i := range o.layers {
+	for i := range o.Layers {
 		p := filepath.Join(dir, fmt.Sprintf("layer-%d.tar", i))
-		if err := writeRandomTar(p, i, o.files, per, rng); err != nil {
+		if err := writeRandomTar(p, i, o.Files, per, rng); err != nil {
 			return nil, err
 		}
 		l, err := tarball.LayerFromFile(p, tarball.WithCompressionLevel(gzip.BestSpeed))
@@ -287,7 +273,7 @@ func dropBuiltKeepLayers(dataDir string, img *image.Image) {
 // cleanBenchImage removes what the bench's builds left: the image, its
 // root file system and its layers (no other image has them: their content
 // is this run's).
-func cleanBenchImage(dataDir string, img *image.Image, say func(string, ...any)) {
+func cleanBenchImage(dataDir string, img *image.Image, say sayFunc) {
 	if img == nil {
 		return
 	}
@@ -342,20 +328,4 @@ func runTool(ctx context.Context, name string, args ...string) error {
 		return fmt.Errorf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 	}
 	return nil
-}
-
-// loadAvg is /proc/loadavg's first three fields.
-func loadAvg() string {
-	data, _ := os.ReadFile("/proc/loadavg")
-	f := strings.Fields(string(data))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
-}
-
-// hostMachine describes this host for a report with no VMM.
-func hostMachine() benchMachine {
-	host, _ := os.Hostname()
-	return benchMachine{Host: host, CPUs: runtime.NumCPU(), CPUModel: cpuModel(), Kernel: kernelRelease(), VMM: "none", VMMVersion: "(no VM runs)"}
 }
