@@ -7,7 +7,8 @@
 #            and npm (the TypeScript SDK needs Node >= 20: a Node already on
 #            PATH is kept), and Debian's docker-registry (distribution 2.8:
 #            the registry tests start their own on a unix socket; the
-#            package's own service is disabled when this script installs it).
+#            package's own service is disabled when this script installs it),
+#            and util-linux's unshare and flock (make test-k8s).
 #   --bench  also what `forkd bench image-from` compares with: docker-registry,
 #            skopeo and umoci (not needed by `make test`).
 set -euo pipefail
@@ -41,6 +42,9 @@ if $for_tests; then
   have node || need+=(nodejs)
   have npm || need+=(npm)
   have docker-registry || need+=(docker-registry)
+  # make test-k8s: unshare gives the control plane a private network
+  # namespace, flock guards the cache of its binaries.
+  { have unshare && have flock; } || need+=(util-linux)
 fi
 if $for_bench; then
   have docker-registry || need+=(docker-registry)
