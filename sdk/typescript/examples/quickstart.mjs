@@ -1,6 +1,8 @@
 import { Sandbox } from "forkd";
 
 const sb = await Sandbox.create("sdk-py"); // fork a sandbox from a snapshot tag
+// or from a registry reference that `forkd push` wrote, pulled on first use:
+// await Sandbox.create("localhost:5000/team/py:3.12", { pullPolicy: "always" });
 try {
   const r = await sb.commands.run("echo hello from $(hostname)");
   console.log(r.stdout.trim()); // hello from sb-...
