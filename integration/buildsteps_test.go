@@ -7,7 +7,9 @@ import (
 	"log"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +26,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/recipe"
 	"github.com/forkd-dev/forkd/internal/sandbox"
 	"github.com/forkd-dev/forkd/internal/snapshot"
+	"github.com/forkd-dev/forkd/internal/testutil/testnet"
 )
 
 // pushBusyboxBase pushes a one-layer image with a static busybox, a user
@@ -208,4 +211,57 @@ func TestBuildStepsInMicroVMs(t *testing.T) {
 	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "Dockerfile:3 HEALTHCHECK") {
 		t.Fatalf("HEALTHCHECK: %v", err)
 	}
+}
+
+// TestBuildStepsNetwork: RUN steps run under the build's egress policy.
+// Allowed a name of the test's world, a step fetches from its server
+// through forkd's resolver, the layer keeps what it fetched, and the
+// step's output comes back as progress lines. Under none the same kind of
+// step fails, and the error says its build VM had no network.
+func TestBuildStepsNetwork(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	ref := pushBusyboxBase(t, ctx)
+	w := testnet.New(t)
+	e := netEngine(t, w, "10.231.70.0/24", 0)
+	id := snapshot.NewID()
+
+	r := dockerfileRecipe(t, "FROM "+ref+"\n"+
+		"RUN busybox echo output-of-"+id+" && busybox wget -q -O /fetched.txt http://allowed.example.com/\n", nil)
+	var mu sync.Mutex
+	var lines []string
+	say := func(m string) {
+		mu.Lock()
+		defer mu.Unlock()
+		lines = append(lines, m)
+		t.Log(m)
+	}
+	tag := "it-stepnet-" + id
+	snap, err := e.CreateSnapshot(ctx, sandbox.CreateSnapshotOptions{
+		Tag: tag, Parsed: r, Progress: say, BuildNetwork: policy(t, "allow:allowed.example.com"),
+	})
+	if err != nil {
+		t.Fatalf("build with a RUN that downloads, allowed its host: %v", err)
+	}
+	t.Cleanup(func() { e.RemoveSnapshot(context.Background(), tag) })
+	mu.Lock()
+	streamed := slices.Contains(lines, "  | output-of-"+id)
+	mu.Unlock()
+	if !streamed {
+		t.Errorf("the step's output %q is not among the progress lines", "output-of-"+id)
+	}
+	sbs, err := e.Fork(ctx, snap.Tag, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := run(t, agentOf(t, e, sbs[0].ID), "busybox", "cat", "/fetched.txt"); got != "hello from "+testnet.WebA {
+		t.Fatalf("/fetched.txt in a fork = %q, want what the world's server answered", got)
+	}
+
+	r2 := dockerfileRecipe(t, "FROM "+ref+"\nRUN busybox wget -q -T 5 -O /f http://allowed.example.com/ # "+id+"\n", nil)
+	_, err = e.BuildImageWith(ctx, nil, r2, sandbox.BuildOptions{Progress: say, Network: policy(t, "none")})
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "had no network") {
+		t.Fatalf("the same download under none: %v; want a failed step saying the build VM had no network", err)
+	}
+	t.Logf("under none: %v", err)
 }

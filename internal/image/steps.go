@@ -55,6 +55,9 @@ type StepSpec struct {
 	User    string
 	// MaxLayerBytes bounds the changes read back.
 	MaxLayerBytes int64
+	// Output, if set, receives the command's output a line at a time
+	// (the build's progress).
+	Output func(string)
 }
 
 // StepRecord is one step of an image, in its manifest.
@@ -275,7 +278,7 @@ func (b *Builder) runInVM(ctx context.Context, r *recipe.Recipe, s recipe.Step, 
 		Image:     vmm.Image{Kernel: (*boot).kernel, Initrd: (*boot).initrd, Rootfs: rfs.Path},
 		MemoryMiB: max(r.MemoryMiB, buildVMMinMemoryMiB), VCPUs: r.VCPUs,
 		Step: s, Env: env, Workdir: chain.config.WorkingDir, User: chain.config.User,
-		MaxLayerBytes: b.maxLayerBytes(),
+		MaxLayerBytes: b.maxLayerBytes(), Output: b.Progress,
 	}, w)
 }
 

@@ -22,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/forkd-dev/forkd/internal/egress"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/image"
 	"github.com/forkd-dev/forkd/internal/metrics"
@@ -223,7 +224,7 @@ func New(cfg Config) (*Engine, error) {
 		pending:   map[string]*PendingSnapshot{},
 		tainted:   map[string]string{},
 	}
-	e.builder.Steps = e
+	e.builder.Steps = stepRunner{e: e}
 	e.life, e.endLife = context.WithCancelCause(context.Background())
 	keep := e.adoptRecorded()
 	e.reapLeftovers(keep)
@@ -332,14 +333,28 @@ func (e *Engine) ResolveRecipe(name, toml string) (*recipe.Recipe, error) {
 
 // BuildImage builds (or finds cached) the image of a recipe.
 func (e *Engine) BuildImage(ctx context.Context, r *recipe.Recipe, progress func(string)) (*image.Image, error) {
-	return e.BuildImageWith(ctx, nil, r, progress)
+	return e.BuildImageWith(ctx, nil, r, BuildOptions{Progress: progress})
 }
+
+// BuildOptions are one image build's.
+type BuildOptions struct {
+	// Progress, if set, receives the build's messages and the output of
+	// its Run steps.
+	Progress func(string)
+	// Network is the egress policy of its build VMs; nil: the daemon's
+	// default.
+	Network *egress.Policy
+}
+
+// CheckBuildNetwork checks a build's network policy before the build
+// starts, so a bad one is a plain 4xx.
+func (e *Engine) CheckBuildNetwork(p *egress.Policy) error { return e.checkBuildNetwork(p) }
 
 // BuildImageWith is BuildImage in a slot the caller took with
 // TryAcquireBuild (for a tenant, with its quota); it releases the slot
 // when it returns. A nil slot: it takes one itself for the operator,
 // bound by MaxConcurrentBuilds only (or fails with ResourceExhausted).
-func (e *Engine) BuildImageWith(ctx context.Context, slot *BuildSlot, r *recipe.Recipe, progress func(string)) (*image.Image, error) {
+func (e *Engine) BuildImageWith(ctx context.Context, slot *BuildSlot, r *recipe.Recipe, opts BuildOptions) (*image.Image, error) {
 	if slot == nil {
 		var err error
 		if slot, err = e.TryAcquireBuild("build image "+r.Name, "", TenantQuota{}); err != nil {
@@ -347,9 +362,10 @@ func (e *Engine) BuildImageWith(ctx context.Context, slot *BuildSlot, r *recipe.
 		}
 	}
 	defer slot.Release()
-	b := *e.builder
-	b.Progress = progress
-	return b.Build(ctx, r)
+	if err := e.checkBuildNetwork(opts.Network); err != nil {
+		return nil, err
+	}
+	return e.builderFor(opts.Progress, opts.Network).Build(ctx, r)
 }
 
 // Images lists built images, newest first.

@@ -56,6 +56,9 @@ type CreateSnapshotOptions struct {
 	// Network is the egress policy the snapshot's children inherit; nil:
 	// the daemon's default at each fork.
 	Network *egress.Policy
+	// BuildNetwork is the egress policy of the build VMs of its image's
+	// Run steps; nil: the daemon's default.
+	BuildNetwork *egress.Policy
 }
 
 // templatePlan is what a valid CreateSnapshotOptions resolves to.
@@ -82,6 +85,9 @@ func (e *Engine) planTemplate(opts CreateSnapshotOptions) (*templatePlan, error)
 		if _, _, err := e.net.resolve(opts.Network, nil); err != nil {
 			return nil, err
 		}
+	}
+	if err := e.checkBuildNetwork(opts.BuildNetwork); err != nil {
+		return nil, err
 	}
 	r := opts.Parsed
 	if r == nil {
@@ -167,9 +173,7 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 	defer st.Abort()
 
 	progress(fmt.Sprintf("building image for recipe %s", r.Name))
-	b := *e.builder
-	b.Progress = progress
-	img, err := b.Build(ctx, r)
+	img, err := e.builderFor(progress, opts.BuildNetwork).Build(ctx, r)
 	if err != nil {
 		return nil, err
 	}
