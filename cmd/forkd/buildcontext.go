@@ -7,16 +7,71 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/spf13/pflag"
+
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/dockerfile"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/recipe"
 )
 
+// buildFlags say what an image is built from: a recipe, --from REF or
+// -f Dockerfile [CONTEXT], with --build-arg and --build-network. Shared
+// by image build and snapshot create (which builds its image first).
+type buildFlags struct {
+	dockerfile string
+	buildArgs  []string
+	network    string
+}
+
+func (b *buildFlags) bind(f *pflag.FlagSet, src *apiv1.BuildSource) {
+	f.StringVar(&src.From, "from", "", "build from an OCI or Docker image (REGISTRY/REPO[:TAG|@sha256:DIGEST]; credentials from ~/.docker/config.json) instead of a recipe")
+	f.BoolVar(&src.InsecureRegistry, "insecure-registry", false, "allow a plain-HTTP registry or an untrusted TLS certificate for the image built from")
+	f.StringVarP(&b.dockerfile, "file", "f", "", "build a Dockerfile (FROM, RUN, COPY/ADD of local files, ENV, WORKDIR, USER, ARG) in microVMs; CONTEXT (default .) is where COPY reads from")
+	f.StringVar(&src.Name, "name", "", "with -f: the image's recipe name (default \"dockerfile\")")
+	f.StringArrayVar(&b.buildArgs, "build-arg", nil, "with -f: KEY=VALUE overriding an ARG's default (repeatable)")
+	f.StringVar(&b.network, "build-network", "", "egress policy of the build VMs that run RUN steps (default: the daemon's --network): "+policyHelp)
+}
+
+// fill completes src from the flags, the recipe (a name or a .toml file;
+// "" when none was given) and the positional arguments left (CONTEXT).
+func (b *buildFlags) fill(src *apiv1.BuildSource, recipeArg string, args []string) error {
+	var err error
+	if src.BuildNetwork, err = policyFlag(b.network); err != nil {
+		return fmt.Errorf("--build-network: %w", err)
+	}
+	if b.dockerfile == "" && (len(b.buildArgs) > 0 || src.Name != "") {
+		return fmt.Errorf("--build-arg and --name go with -f Dockerfile: %w", errdefs.ErrInvalidArgument)
+	}
+	sources := 0
+	for _, set := range []bool{b.dockerfile != "", src.From != "", recipeArg != ""} {
+		if set {
+			sources++
+		}
+	}
+	if sources != 1 {
+		return fmt.Errorf("give one of a recipe, --from REF and -f Dockerfile: %w", errdefs.ErrInvalidArgument)
+	}
+	if len(args) > 0 && b.dockerfile == "" {
+		return fmt.Errorf("a CONTEXT directory (%s) goes with -f Dockerfile; a recipe's files are read next to the recipe file: %w", args[0], errdefs.ErrInvalidArgument)
+	}
+	switch {
+	case b.dockerfile != "":
+		return dockerfileRequest(src, b.dockerfile, args, b.buildArgs)
+	case recipeArg != "":
+		if src.Recipe, src.RecipeTOML, err = recipeFile(recipeArg); err != nil {
+			return err
+		}
+		src.Context, err = recipeContext(recipeArg, src.RecipeTOML)
+		return err
+	}
+	return nil
+}
+
 // dockerfileRequest fills req from a Dockerfile and its context directory
 // (args[0], default "."): the daemon never reads the client's files, so
 // the ones COPY names travel in the request.
-func dockerfileRequest(req *apiv1.BuildImageRequest, path string, args, buildArgs []string) error {
+func dockerfileRequest(req *apiv1.BuildSource, path string, args, buildArgs []string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("dockerfile: %w: %w", err, errdefs.ErrInvalidArgument)

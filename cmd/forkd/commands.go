@@ -29,10 +29,10 @@ func tableTo(w io.Writer, header string) *tabwriter.Writer {
 // human writes a byte count for people: "512 B", "1.5 GiB".
 func human(n int64) string { return progress.HumanBytes(n) }
 
-// recipeArg turns a --recipe argument into what the API takes: a name as
+// recipeFile turns a recipe argument into what the API takes: a name as
 // is, or, for a path to a .toml file, its contents (the daemon may be
 // remote, and never reads files it is pointed at).
-func recipeArg(arg string) (name, toml string, err error) {
+func recipeFile(arg string) (name, toml string, err error) {
 	if !strings.ContainsRune(arg, '/') && !strings.HasSuffix(arg, ".toml") {
 		return arg, "", nil
 	}
@@ -66,13 +66,17 @@ func parseMemory(s string) (int, error) {
 func snapshotCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "snapshot", Short: "Create, list, inspect and remove snapshots"}
 	var req apiv1.CreateSnapshotRequest
-	var memory, network, idemKey string
+	var memory, network, idemKey, recipeArg string
 	var of opFlags
+	var bf buildFlags
 	create := &cobra.Command{
-		Use:   "create --tag TAG --recipe RECIPE",
-		Short: "Boot a recipe's image, warm it, and save it as a snapshot tag to fork from",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		Use:   "create --tag TAG (--recipe RECIPE | --from REF | -f Dockerfile [CONTEXT])",
+		Short: "Build (or find cached) an image, boot it, warm it, and save it as a snapshot tag to fork from",
+		Long: "Build (or find cached) the image of a recipe (a name the daemon knows or a local .toml\n" +
+			"file, whose files are sent), an OCI image (--from) or a Dockerfile (-f, with CONTEXT),\n" +
+			"as forkd image build does; boot it, run its warm-up, and save it as TAG.",
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := snapshot.ValidateNewTag(req.Tag); err != nil {
 				return err
 			}
@@ -84,7 +88,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 			if req.Network, err = policyFlag(network); err != nil {
 				return err
 			}
-			if req.Recipe, req.RecipeTOML, err = recipeArg(req.Recipe); err != nil {
+			if err := bf.fill(&req.BuildSource, recipeArg, args); err != nil {
 				return err
 			}
 			c, err := g.client(cmd.Context())
@@ -107,15 +111,15 @@ func snapshotCmd(g *globals) *cobra.Command {
 	}
 	f := create.Flags()
 	f.StringVar(&req.Tag, "tag", "", "tag to create ("+snapshot.TagRule+")")
-	f.StringVar(&req.Recipe, "recipe", "", "recipe name (recipes/NAME.toml on the daemon) or a local .toml file")
+	f.StringVar(&recipeArg, "recipe", "", "recipe name (recipes/NAME.toml on the daemon) or a local .toml file (its files are sent)")
 	f.StringVar(&req.Warm, "warm", "", "Python code run in the session before the snapshot (replaces the recipe's)")
 	f.StringVar(&memory, "memory", "", "guest memory, e.g. 512M (default: the recipe's)")
 	f.IntVar(&req.VCPUs, "vcpus", 0, "vCPUs (default: the recipe's)")
 	f.StringVar(&network, "network", "", "egress policy its children inherit unless their fork names one (default: the daemon's --network): "+policyHelp)
 	f.StringVar(&idemKey, "idempotency-key", "", "a retry with the same key (and flags) follows the first create instead of starting another")
 	of.bind(create)
+	bf.bind(f, &req.BuildSource)
 	create.MarkFlagRequired("tag")
-	create.MarkFlagRequired("recipe")
 
 	info := &cobra.Command{
 		Use: "info TAG", Short: "Show a snapshot's manifest: files, sizes, digests", Args: cobra.ExactArgs(1),

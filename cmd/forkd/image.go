@@ -13,42 +13,28 @@ func imageCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "image", Short: "Build, list and remove guest images"}
 	var of opFlags
 	var req apiv1.BuildImageRequest
-	var dockerfilePath string
-	var buildArgs []string
+	var bf buildFlags
 	build := &cobra.Command{
 		Use:   "build RECIPE | --from REF | -f Dockerfile [CONTEXT]",
 		Short: "Build (or find cached) the image of a recipe, an OCI image or a Dockerfile: kernel, initramfs with forkd-agent, read-only root fs",
 		Long: "Build (or find cached) a guest image. A recipe's run, files, env, workdir and user, and a\n" +
 			"Dockerfile's FROM, RUN, COPY/ADD of local files, ENV, WORKDIR, USER and ARG, run as build\n" +
-			"steps in microVMs; each step is cached by its inputs, so a rebuild runs only the steps\n" +
-			"from the first changed one. CONTEXT (default .) is the directory COPY sources are read\n" +
-			"from; a recipe's files are read relative to the recipe file.",
-		Args: func(cmd *cobra.Command, args []string) error {
-			if req.From != "" {
-				return cobra.NoArgs(cmd, args)
-			}
-			if dockerfilePath != "" {
-				return cobra.MaximumNArgs(1)(cmd, args)
-			}
-			return cobra.ExactArgs(1)(cmd, args)
-		},
+			"steps in microVMs (with --build-network's egress, default the daemon's); each step is\n" +
+			"cached by its inputs, so a rebuild runs only the steps from the first changed one. CONTEXT\n" +
+			"(default .) is the directory COPY sources are read from; a recipe's files are read\n" +
+			"relative to the recipe file.",
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			recipeArg := ""
+			if req.From == "" && bf.dockerfile == "" && len(args) > 0 {
+				recipeArg, args = args[0], args[1:]
+			}
+			if err := bf.fill(&req.BuildSource, recipeArg, args); err != nil {
+				return err
+			}
 			c, err := g.client(cmd.Context())
 			if err != nil {
 				return err
-			}
-			switch {
-			case dockerfilePath != "":
-				if err := dockerfileRequest(&req, dockerfilePath, args, buildArgs); err != nil {
-					return err
-				}
-			case req.From == "":
-				if req.Recipe, req.RecipeTOML, err = recipeArg(args[0]); err != nil {
-					return err
-				}
-				if req.Context, err = recipeContext(args[0], req.RecipeTOML); err != nil {
-					return err
-				}
 			}
 			op, err := c.StartBuildImage(cmd.Context(), req, "")
 			if err != nil {
@@ -66,11 +52,7 @@ func imageCmd(g *globals) *cobra.Command {
 		},
 	}
 	of.bind(build)
-	build.Flags().StringVar(&req.From, "from", "", "build from an OCI or Docker image (REGISTRY/REPO[:TAG|@sha256:DIGEST]; credentials from ~/.docker/config.json) instead of a recipe")
-	build.Flags().BoolVar(&req.InsecureRegistry, "insecure-registry", false, "allow a plain-HTTP registry or an untrusted TLS certificate for the image built from")
-	build.Flags().StringVarP(&dockerfilePath, "file", "f", "", "build a Dockerfile (FROM, RUN, COPY/ADD of local files, ENV, WORKDIR, USER, ARG) in microVMs")
-	build.Flags().StringVar(&req.Name, "name", "", "with -f: the image's recipe name (default \"dockerfile\")")
-	build.Flags().StringArrayVar(&buildArgs, "build-arg", nil, "with -f: KEY=VALUE overriding an ARG's default (repeatable)")
+	bf.bind(build.Flags(), &req.BuildSource)
 	ls := imagesCmd(g)
 	ls.Use = "ls"
 	cmd.AddCommand(build, ls, imageRmCmd(g))

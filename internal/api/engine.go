@@ -20,7 +20,8 @@ type Engine interface {
 	AgentFor(ctx context.Context, id string) (*agentclient.Client, error)
 	Branch(ctx context.Context, id string, opts sandbox.BranchOptions) (*sandbox.BranchResult, error)
 	BranchAsync(ctx context.Context, id string, opts sandbox.BranchOptions, done func(*sandbox.BranchResult, error)) (sandbox.PendingSnapshot, error)
-	BuildImageWith(ctx context.Context, slot *sandbox.BuildSlot, r *recipe.Recipe, progress func(string)) (*image.Image, error)
+	BuildImageWith(ctx context.Context, slot *sandbox.BuildSlot, r *recipe.Recipe, opts sandbox.BuildOptions) (*image.Image, error)
+	CheckBuildNetwork(p *egress.Policy) error
 	CanRestoreManifest(m *snapshot.Manifest) error
 	CheckCreateSnapshot(opts sandbox.CreateSnapshotOptions) error
 	CompactFor(ctx context.Context, from, to, tenant string) (*snapshot.Snapshot, error)

@@ -10,11 +10,12 @@ import (
 	"github.com/forkd-dev/forkd/internal/dockerfile"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/recipe"
+	"github.com/forkd-dev/forkd/internal/sandbox"
 )
 
 // buildRecipe is the recipe a build request names: a known one, a recipe
 // file's contents, or an OCI image reference (from).
-func (s *Server) buildRecipe(req apiv1.BuildImageRequest) (*recipe.Recipe, error) {
+func (s *Server) buildRecipe(req apiv1.BuildSource) (*recipe.Recipe, error) {
 	bctx, err := buildContext(req.Context)
 	if err != nil {
 		return nil, err
@@ -103,8 +104,13 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer claim.release()
-	rcp, err := s.buildRecipe(req)
+	rcp, err := s.buildRecipe(req.BuildSource)
 	if err != nil {
+		writeProblem(w, r, err)
+		return
+	}
+	network := policyOf(req.BuildNetwork)
+	if err := s.Engine.CheckBuildNetwork(network); err != nil {
 		writeProblem(w, r, err)
 		return
 	}
@@ -119,7 +125,7 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	op, err := s.startOperation(r, apiv1.OpImageBuild, rcp.Name, func(ctx context.Context, pr opProgress) (any, error) {
-		img, err := s.Engine.BuildImageWith(ctx, slot, rcp, pr.Message)
+		img, err := s.Engine.BuildImageWith(ctx, slot, rcp, sandbox.BuildOptions{Progress: pr.Message, Network: network})
 		if err != nil {
 			return nil, err
 		}

@@ -497,6 +497,21 @@ func jsonType(t reflect.Type) string {
 	return "?"
 }
 
+// wireFields are t's fields as encoding/json sees them: an embedded
+// struct's fields in its place.
+func wireFields(t reflect.Type) []reflect.StructField {
+	var out []reflect.StructField
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Anonymous && f.Type.Kind() == reflect.Struct && f.Tag.Get("json") == "" {
+			out = append(out, wireFields(f.Type)...)
+			continue
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
 func TestOpenAPISchemasMatchWireTypes(t *testing.T) {
 	doc := loadDoc(t)
 	schemas := obj(obj(doc["components"])["schemas"])
@@ -517,8 +532,7 @@ func TestOpenAPISchemasMatchWireTypes(t *testing.T) {
 			}
 		}
 		fields := map[string]bool{}
-		for i := range wt.typ.NumField() {
-			f := wt.typ.Field(i)
+		for _, f := range wireFields(wt.typ) {
 			tag := f.Tag.Get("json")
 			jname, opts, _ := strings.Cut(tag, ",")
 			if !f.IsExported() || jname == "-" {

@@ -189,6 +189,16 @@ func TestTenantRecipeFromIsRefused(t *testing.T) {
 	if a.status != http.StatusForbidden || a.p.Code != "permission_denied" || !strings.Contains(a.p.Detail, "forkd image build --from") {
 		t.Fatalf("a tenant's recipe with from: %d %s, want 403 naming the way out", a.status, a.body)
 	}
+	// The other ways to name a registry image: from, a Dockerfile.
+	for body, way := range map[string]string{
+		`{"tag":"t-from2","from":"10.0.0.5:5000/app:v1"}`:                     "forkd image build --from 10.0.0.5:5000/app:v1",
+		`{"tag":"t-df","dockerfile":"FROM 10.0.0.5:5000/app:v1\nRUN true\n"}`: "forkd image build -f Dockerfile",
+	} {
+		a := tk.call("alice", "POST", "/v1/snapshots", body, map[string]string{"Prefer": "respond-async"})
+		if a.status != http.StatusForbidden || a.p.Code != "permission_denied" || !strings.Contains(a.p.Detail, way) {
+			t.Errorf("%s from a tenant: %d %s, want 403 naming %q", body, a.status, a.body, way)
+		}
+	}
 	if ops := listAs[apiv1.Operation](tk, "ops", "/v1/operations"); len(ops) != 0 {
 		t.Errorf("the refused create started operations: %+v", ops)
 	}

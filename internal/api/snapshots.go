@@ -101,7 +101,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 // the daemon's: a client that goes away does not stop it.
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	var req apiv1.CreateSnapshotRequest
-	if err := decode(w, r, &req); err != nil {
+	if err := decodeUpTo(w, r, &req, MaxBuildBody); err != nil {
 		writeProblem(w, r, err)
 		return
 	}
@@ -117,18 +117,30 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	defer claim.release()
 	opts := sandbox.CreateSnapshotOptions{
 		Tag: req.Tag, Recipe: req.Recipe, RecipeTOML: req.RecipeTOML, Warm: req.Warm, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs,
-		Network: policyOf(req.Network),
+		Network: policyOf(req.Network), BuildNetwork: policyOf(req.BuildNetwork),
 	}
-	// Validate everything that can be checked before starting the work
-	// (tag, recipe, memory, vCPUs, warm-up code, disk space), and take
-	// the build slot, so bad input is a plain 4xx and a full daemon (or a
-	// tenant at its bound of builds) a 429 with Retry-After, not an
-	// operation that fails at once.
-	if err := s.Engine.CheckCreateSnapshot(opts); err != nil {
+	// A non-admin may not build from a registry (the daemon's
+	// credentials and network): checked before anything is parsed.
+	if err := s.checkRecipeSource(r, req.BuildSource); err != nil {
 		writeProblem(w, r, err)
 		return
 	}
-	if err := s.checkRecipeSource(r, req.RecipeTOML); err != nil {
+	if needsParse(req.BuildSource) {
+		// A Dockerfile, an image reference or a build context: read as
+		// an image build reads them.
+		rcp, err := s.buildRecipe(req.BuildSource)
+		if err != nil {
+			writeProblem(w, r, err)
+			return
+		}
+		opts.Parsed, opts.Recipe, opts.RecipeTOML = rcp, "", ""
+	}
+	// Validate everything that can be checked before starting the work
+	// (tag, recipe, memory, vCPUs, warm-up code, networks, disk space),
+	// and take the build slot, so bad input is a plain 4xx and a full
+	// daemon (or a tenant at its bound of builds) a 429 with Retry-After,
+	// not an operation that fails at once.
+	if err := s.Engine.CheckCreateSnapshot(opts); err != nil {
 		writeProblem(w, r, err)
 		return
 	}
@@ -163,22 +175,39 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	answer(op.ID)
 }
 
-// checkRecipeSource refuses a recipe a non-admin sent (not one of the
-// daemon's) that pulls an image from a registry: the build would fetch
-// it with the daemon's registry credentials and from its network, where
-// a tenant could reach the host's or the LAN's services. An admin builds
-// such an image (forkd image build --from) or installs a recipe for it.
-func (s *Server) checkRecipeSource(r *http.Request, recipeTOML string) error {
+// checkRecipeSource refuses a build source a non-admin sent that pulls
+// from a registry (from, a Dockerfile's FROM, a recipe_toml's from): the
+// daemon would pull it with its registry credentials and from its
+// network, where only an admin decides. Recipes the daemon has installed
+// are the admin's choice and pass.
+func (s *Server) checkRecipeSource(r *http.Request, src apiv1.BuildSource) error {
 	p := s.principalOf(r)
-	if recipeTOML == "" || p.Admin() {
+	if p.Admin() {
 		return nil
 	}
-	rcp, err := s.Engine.ResolveRecipe("", recipeTOML)
-	if err != nil || rcp.From == "" {
-		return nil // CheckCreateSnapshot judged it already
+	var what, how string
+	switch {
+	case src.From != "":
+		what, how = fmt.Sprintf("from = %q", src.From), "forkd image build --from "+src.From
+	case src.Dockerfile != "":
+		what, how = "a Dockerfile (its FROM)", "forkd image build -f Dockerfile"
+	case src.RecipeTOML != "":
+		rcp, err := s.Engine.ResolveRecipe("", src.RecipeTOML)
+		if err != nil || rcp.From == "" {
+			return nil // CheckCreateSnapshot judges it
+		}
+		what, how = fmt.Sprintf("a recipe with from = %q", rcp.From), "forkd image build --from "+rcp.From
+	default:
+		return nil
 	}
-	return fmt.Errorf("%s may not send a recipe with from = %q: images from registries are pulled with the daemon's credentials and network, so an admin builds them (forkd image build --from %s) or installs a recipe that names it: %w",
-		p, rcp.From, rcp.From, errdefs.ErrPermissionDenied)
+	return fmt.Errorf("%s may not build from %s: images from registries are pulled with the daemon's credentials and network, so an admin builds them (%s) or installs a recipe that names them: %w",
+		p, what, how, errdefs.ErrPermissionDenied)
+}
+
+// needsParse reports whether a snapshot's build source is more than a
+// recipe name or TOML (which the engine resolves itself).
+func needsParse(src apiv1.BuildSource) bool {
+	return src.From != "" || src.Dockerfile != "" || src.Name != "" || len(src.BuildArgs) > 0 || len(src.Context) > 0 || src.InsecureRegistry
 }
 
 // followAsProgress answers with an operation that writes a snapshot as

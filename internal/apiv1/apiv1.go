@@ -93,6 +93,12 @@ type Image struct {
 
 // BuildImageRequest is POST /v1/images.
 type BuildImageRequest struct {
+	BuildSource
+}
+
+// BuildSource is what an image is built from, in a build request and in
+// a snapshot create (which builds its image first).
+type BuildSource struct {
 	// Recipe names a recipe the daemon knows (recipes/NAME.toml);
 	// RecipeTOML is a recipe file's contents; From is an OCI image
 	// reference to build from with forkd's defaults. Exactly one is set.
@@ -113,6 +119,9 @@ type BuildImageRequest struct {
 	// Context holds the build context's files that a recipe's files or a
 	// Dockerfile's COPY and ADD name, by path relative to the context.
 	Context []ContextFile `json:"context,omitempty"`
+	// BuildNetwork is the egress policy of the build VMs that run RUN
+	// steps; absent: the daemon's default (its --network).
+	BuildNetwork *NetworkPolicy `json:"build_network,omitempty"`
 }
 
 // ContextFile is one file of a build context.
@@ -125,10 +134,9 @@ type ContextFile struct {
 // CreateSnapshotRequest is POST /v1/snapshots.
 type CreateSnapshotRequest struct {
 	Tag string `json:"tag"`
-	// Recipe names a recipe the daemon knows; RecipeTOML is a recipe
-	// file's contents. Exactly one is set.
-	Recipe     string `json:"recipe,omitempty"`
-	RecipeTOML string `json:"recipe_toml,omitempty"`
+	// BuildSource is what the snapshot's image is built from (or found
+	// cached): a recipe, an OCI image or a Dockerfile.
+	BuildSource
 	// Warm overrides the recipe's Python warm-up code when non-empty.
 	Warm      string `json:"warm,omitempty"`
 	MemoryMiB int    `json:"memory_mib,omitempty"` // 0: the recipe's
