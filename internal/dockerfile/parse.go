@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
+	"regexp"
 	"strings"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
@@ -167,18 +168,64 @@ func unsupported(msg string) error {
 	return fmt.Errorf("%s: %w", msg, errdefs.ErrInvalidArgument)
 }
 
-// heredoc reports a <<WORD or <<-WORD heredoc marker outside quotes.
+// heredoc reports a heredoc marker as BuildKit finds one: a shell word,
+// not in quotes, that is <<WORD or <<-WORD (optionally after a file
+// descriptor number, the word optionally quoted). A shift in arithmetic
+// ($((1<<x))), a here-string (<<<) or "<<EOF" in quotes is none.
 func heredoc(s string) bool {
-	for i := 0; i+2 < len(s); i++ {
-		if s[i] == '<' && s[i+1] == '<' {
-			rest := strings.TrimPrefix(s[i+2:], "-")
-			rest = strings.TrimLeft(rest, `"'`)
-			if rest != "" && (rest[0] == '_' || rest[0] >= 'A' && rest[0] <= 'Z' || rest[0] >= 'a' && rest[0] <= 'z') {
-				return true
-			}
+	for _, w := range shellWords(s) {
+		if m := heredocWord.FindStringSubmatch(w); m != nil && strings.Trim(m[1], `"'`) != "" {
+			return true
 		}
 	}
 	return false
+}
+
+var heredocWord = regexp.MustCompile(`^[0-9]*<<-?([^<]*)$`)
+
+// shellWords splits s at unquoted white space; a word that starts inside
+// quotes is left out (it is text, not an operator).
+func shellWords(s string) []string {
+	var words []string
+	var cur strings.Builder
+	var quote byte
+	quotedStart, inWord := false, false
+	end := func() {
+		if inWord && !quotedStart {
+			words = append(words, cur.String())
+		}
+		cur.Reset()
+		inWord, quotedStart = false, false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case quote != 0:
+			if c == quote {
+				quote = 0
+			} else if c == '\\' && quote == '"' && i+1 < len(s) {
+				cur.WriteByte(c)
+				i++
+				c = s[i]
+			}
+		case c == ' ' || c == '\t' || c == '\n':
+			end()
+			continue
+		case c == '\'' || c == '"':
+			if !inWord {
+				quotedStart = true
+			}
+			quote = c
+		case c == '\\' && i+1 < len(s):
+			cur.WriteByte(c)
+			i++
+			c = s[i]
+		}
+		inWord = true
+		cur.WriteByte(c)
+	}
+	end()
+	return words
 }
 
 func (p *parser) from(in instruction) error {

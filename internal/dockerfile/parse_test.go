@@ -103,6 +103,31 @@ func TestParseRefusesWhatItDoesNotBuild(t *testing.T) {
 	}
 }
 
+// TestHeredocMarkers: what BuildKit reads as a heredoc is refused; shifts,
+// here-strings and quoted text are not heredocs.
+func TestHeredocMarkers(t *testing.T) {
+	for in, want := range map[string]bool{
+		"<<EOF":                          true,
+		"cat <<-EOF":                     true,
+		`python3 <<"PY"`:                 true,
+		"cat 0<<'X' > f":                 true,
+		"echo $((1<<x))":                 false,
+		"echo $(( 1 << 2 ))":             false,
+		"cat <<<word":                    false,
+		`echo "<<EOF"`:                   false,
+		`echo '<<EOF' and "a <<b"`:       false,
+		`python3 -c "print(1<<x)" <<EOF`: true,
+		`printf '%s\n' 'it''s' && ls`:    false,
+	} {
+		if got := heredoc(in); got != want {
+			t.Errorf("heredoc(%q) = %v, want %v", in, got, want)
+		}
+	}
+	if _, err := Parse("Dockerfile", []byte("FROM a\nRUN echo $((1<<x)) > /n\n"), nil); err != nil {
+		t.Errorf("a shift in arithmetic: %v", err)
+	}
+}
+
 func TestExpand(t *testing.T) {
 	p := &parser{env: map[string]string{"A": "1", "EMPTY": ""}, args: map[string]string{"B": "2"}}
 	for in, want := range map[string]string{
