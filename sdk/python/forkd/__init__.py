@@ -19,7 +19,7 @@ Standard library only; Python >= 3.9. See README.md for the full guide.
 """
 
 from ._http import DEFAULT_REQUEST_TIMEOUT
-from .async_client import AsyncBranch, AsyncClient, AsyncSandboxes, AsyncSnapshots
+from .async_client import AsyncBranch, AsyncClient, AsyncOperations, AsyncSandboxes, AsyncSnapshots
 from .async_commands import AsyncCommandHandle, AsyncCommands, AsyncPty
 from .async_files import AsyncFiles, AsyncFileStream
 from .async_sandbox import AsyncSandbox
@@ -84,6 +84,7 @@ __all__ = [
     "AsyncClient",
     "AsyncSandboxes",
     "AsyncSnapshots",
+    "AsyncOperations",
     "AsyncBranch",
     "AsyncSandbox",
     "AsyncCommands",

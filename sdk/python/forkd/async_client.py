@@ -6,8 +6,10 @@ built and answers parsed by the code the sync client uses.
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
 import time
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from ._api import (
     DEFAULT_SANDBOX_TIMEOUT,
@@ -22,16 +24,18 @@ from ._api import (
     snapshot_delete_query,
 )
 from ._async_http import AsyncTransport
+from ._async_io import call
+from ._context import ContextLike
 from ._http import DEFAULT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRIES, Endpoint
-from .client import BranchBase, snapshot_settled
-from .errors import NotFound
-from .models import NetworkPolicyLike, SandboxInfo, SnapshotInfo, VersionInfo
-from .operations import _idempotency_headers
+from .client import BranchBase, Snapshots, snapshot_settled
+from .errors import ForkdError, NotFound
+from .models import NetworkPolicyLike, OperationInfo, SandboxInfo, SnapshotInfo, VersionInfo
+from .operations import Operations, _Follow, _idempotency_headers, _op_path
 
 if TYPE_CHECKING:  # pragma: no cover
     from .async_sandbox import AsyncSandbox
 
-__all__ = ["AsyncClient", "AsyncSandboxes", "AsyncSnapshots", "AsyncBranch"]
+__all__ = ["AsyncClient", "AsyncSandboxes", "AsyncSnapshots", "AsyncOperations", "AsyncBranch"]
 
 
 class AsyncClient:
@@ -59,7 +63,9 @@ class AsyncClient:
         self.sandboxes = AsyncSandboxes(self)
         """Sandbox operations (:class:`AsyncSandboxes`)."""
         self.snapshots = AsyncSnapshots(self)
-        """Snapshot lookups (:class:`AsyncSnapshots`)."""
+        """Snapshot creates and lookups (:class:`AsyncSnapshots`)."""
+        self.operations = AsyncOperations(self)
+        """Long operations the daemon owns (:class:`AsyncOperations`)."""
 
     _shared: Dict[Tuple[Any, ...], "AsyncClient"] = {}
 
@@ -165,11 +171,76 @@ class AsyncBranch(BranchBase):
 
 
 class AsyncSnapshots:
-    """Snapshot lookups: ``client.snapshots``. Build, pack and import
-    snapshots with the sync :class:`forkd.Client`."""
+    """Snapshot creates and lookups: ``client.snapshots``. Compact, pack
+    and import snapshots with the sync :class:`forkd.Client`."""
 
     def __init__(self, client: AsyncClient) -> None:
         self._c = client
+
+    async def create(
+        self,
+        tag: str,
+        *,
+        recipe: Optional[str] = None,
+        recipe_toml: Optional[str] = None,
+        from_image: Optional[str] = None,
+        insecure_registry: bool = False,
+        dockerfile: Optional[str] = None,
+        name: Optional[str] = None,
+        build_args: Optional[Mapping[str, str]] = None,
+        context: Optional[ContextLike] = None,
+        build_network: Optional[NetworkPolicyLike] = None,
+        warm: Optional[str] = None,
+        memory_mib: Optional[int] = None,
+        vcpus: Optional[int] = None,
+        network: Optional[NetworkPolicyLike] = None,
+        on_progress: Optional[Callable[[str], Any]] = None,
+        timeout: Optional[float] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> SnapshotInfo:
+        """Build an image, boot it, warm it and save it as a snapshot: the
+        arguments of :meth:`forkd.Snapshots.create` (a recipe, an OCI image
+        or a Dockerfile and its context). ``on_progress`` may be a
+        coroutine function. The daemon owns the work: a cancelled call does
+        not stop it; ``await client.operations.cancel(id)`` does."""
+        op = await self._start(
+            tag, timeout, idempotency_key,
+            recipe=recipe, recipe_toml=recipe_toml, from_image=from_image, insecure_registry=insecure_registry,
+            dockerfile=dockerfile, name=name, build_args=build_args, context=context, build_network=build_network,
+            warm=warm, memory_mib=memory_mib, vcpus=vcpus, network=network,
+        )
+        return SnapshotInfo.from_json(
+            Operations._result(await self._c.operations.wait(op.id, on_progress=on_progress, timeout=timeout))
+        )
+
+    async def start_create(
+        self,
+        tag: str,
+        *,
+        recipe: Optional[str] = None,
+        recipe_toml: Optional[str] = None,
+        from_image: Optional[str] = None,
+        insecure_registry: bool = False,
+        dockerfile: Optional[str] = None,
+        name: Optional[str] = None,
+        build_args: Optional[Mapping[str, str]] = None,
+        context: Optional[ContextLike] = None,
+        build_network: Optional[NetworkPolicyLike] = None,
+        warm: Optional[str] = None,
+        memory_mib: Optional[int] = None,
+        vcpus: Optional[int] = None,
+        network: Optional[NetworkPolicyLike] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> OperationInfo:
+        """Start a snapshot create and return its operation at once (the
+        arguments are :meth:`create`'s). Follow it with
+        ``await client.operations.wait(op.id)``; its result is the snapshot."""
+        return await self._start(
+            tag, DEFAULT, idempotency_key,
+            recipe=recipe, recipe_toml=recipe_toml, from_image=from_image, insecure_registry=insecure_registry,
+            dockerfile=dockerfile, name=name, build_args=build_args, context=context, build_network=build_network,
+            warm=warm, memory_mib=memory_mib, vcpus=vcpus, network=network,
+        )
 
     async def list(self) -> List[SnapshotInfo]:
         """Every snapshot tag."""
@@ -203,6 +274,75 @@ class AsyncSnapshots:
             what="delete snapshot %s" % tag,
         )
         return removed_tags(await resp.read(), tag)
+
+    async def _start(self, tag: str, timeout: Any, idempotency_key: Optional[str], **kw: Any) -> OperationInfo:
+        build = functools.partial(Snapshots._create_body, tag, **kw)
+        if isinstance(kw.get("context"), (str, os.PathLike)):
+            body = await asyncio.get_running_loop().run_in_executor(None, build)  # reads a directory
+        else:
+            body = build()
+        hdrs = _idempotency_headers(idempotency_key)
+        hdrs["Prefer"] = "respond-async"
+        resp = await self._c._transport.request(
+            "POST", "/v1/snapshots", json_body=body, headers=hdrs, timeout=timeout, what="create snapshot %s" % tag
+        )
+        if resp.status != 202:
+            resp.close()
+            raise ForkdError("create snapshot %s: this daemon does not run creates as operations; upgrade it" % tag)
+        return OperationInfo.from_json(await resp.json())
+
+
+class AsyncOperations:
+    """Long operations the daemon owns (image builds, snapshot creates and
+    compacts, background branches): ``client.operations``, as
+    :class:`forkd.Operations`, awaited."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def list(self) -> List[OperationInfo]:
+        """Your tenant's operations (all for an admin), oldest first."""
+        return [OperationInfo.from_json(d) for d in await self._c._list("/v1/operations")]
+
+    async def get(self, op_id: str) -> OperationInfo:
+        """One operation as it is now."""
+        return OperationInfo.from_json(await self._c._json("GET", _op_path(op_id)))
+
+    async def cancel(self, op_id: str) -> OperationInfo:
+        """Cancel a running operation (see :meth:`forkd.Operations.cancel`)."""
+        return OperationInfo.from_json(
+            await self._c._json("POST", _op_path(op_id) + "/cancel", what="cancel operation %s" % op_id)
+        )
+
+    async def wait(
+        self,
+        op_id: str,
+        *,
+        on_progress: Optional[Callable[[str], Any]] = None,
+        timeout: Optional[float] = None,
+    ) -> OperationInfo:
+        """Follow an operation's events until it ends and return it,
+        re-attaching a cut stream (see :meth:`forkd.Operations.wait`).
+        ``on_progress`` may be a coroutine function."""
+        path = _op_path(op_id) + "/events"
+        f = _Follow(op_id)
+        while True:
+            resp = await self._c._transport.request(
+                "GET", path, headers={"Accept": "application/x-ndjson"}, timeout=timeout, what="operation %s" % op_id
+            )
+            try:
+                async for line in resp.lines():
+                    msgs, done = f.event(line)
+                    for msg in msgs:
+                        await call(on_progress, msg)
+                    if done is not None:
+                        return done
+            except (ValueError, ForkdError) as e:
+                f.cut(e, None)
+                continue
+            finally:
+                resp.close()
+            f.cut(None, resp.request_id)
 
 
 class AsyncSandboxes:

@@ -39,6 +39,7 @@ from ._api import (
     set_timeout_body,
     snapshot_delete_query,
 )
+from ._context import ContextLike, context_body
 from ._http import DEFAULT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRIES, Endpoint, Transport, _BLOCK
 from .errors import ForkdError, InvalidArgument, NotFound, StreamInterrupted, Timeout, error_from_problem
 from .models import NetworkPolicyLike, OperationInfo, SandboxInfo, SnapshotInfo, VersionInfo, _network_body
@@ -283,6 +284,13 @@ class Snapshots:
         *,
         recipe: Optional[str] = None,
         recipe_toml: Optional[str] = None,
+        from_image: Optional[str] = None,
+        insecure_registry: bool = False,
+        dockerfile: Optional[str] = None,
+        name: Optional[str] = None,
+        build_args: Optional[Mapping[str, str]] = None,
+        context: Optional[ContextLike] = None,
+        build_network: Optional[NetworkPolicyLike] = None,
         warm: Optional[str] = None,
         memory_mib: Optional[int] = None,
         vcpus: Optional[int] = None,
@@ -291,7 +299,8 @@ class Snapshots:
         timeout: Optional[float] = None,
         idempotency_key: Optional[str] = None,
     ) -> SnapshotInfo:
-        """Boot a recipe, warm it and save it as a snapshot to fork from.
+        """Build an image (from a recipe, an OCI image or a Dockerfile), boot
+        it, warm it and save it as a snapshot to fork from.
 
         The daemon owns the work (an operation, see :meth:`start_create`):
         this follows it to the end, re-attaching if the connection drops.
@@ -300,8 +309,29 @@ class Snapshots:
 
         Args:
             tag: The new snapshot's tag (``[a-z0-9][a-z0-9._-]{0,63}``).
-            recipe: A recipe the daemon knows (``recipes/NAME.toml``).
-            recipe_toml: A recipe file's contents (instead of ``recipe``).
+            recipe: A recipe the daemon knows (``recipes/NAME.toml``). Give
+                exactly one of ``recipe``, ``recipe_toml``, ``from_image`` and
+                ``dockerfile``.
+            recipe_toml: A recipe file's contents.
+            from_image: An OCI image reference to build from with forkd's
+                defaults (``registry.example.com/python:3.12-slim``); sent
+                as ``from``.
+            insecure_registry: Allow a plain-HTTP registry or an untrusted
+                TLS certificate for the image built from.
+            dockerfile: A Dockerfile's contents (a string, not a path): its
+                FROM, RUN, COPY/ADD of context files, ENV, WORKDIR, USER and
+                ARG are built in microVMs.
+            name: With ``dockerfile``: the image's recipe name (default
+                ``dockerfile``).
+            build_args: With ``dockerfile``: values overriding its ARG defaults.
+            context: The build context, the files a Dockerfile's COPY/ADD or
+                a recipe's ``files`` name: a mapping of relative path to
+                bytes or str (mode 0o644), or a local directory, read
+                recursively (regular files, with their permission bits).
+                At most 64 MiB and 100000 files; the daemon never reads
+                the client's paths.
+            build_network: The egress policy of the build VMs that run RUN
+                steps (the forms of ``network``; None: the daemon's default).
             warm: Python warm-up code replacing the recipe's.
             memory_mib, vcpus: Override the recipe's.
             network: The network policy the snapshot's sandboxes get unless
@@ -315,10 +345,15 @@ class Snapshots:
                 the first create instead of starting another (24 hours).
 
         Raises:
-            Conflict: the tag exists. InvalidArgument, NotFound: a bad tag or
-            an unknown recipe. ForkdError: the build or boot failed.
+            Conflict: the tag exists. InvalidArgument, NotFound: a bad tag,
+            an unknown recipe, not exactly one build source, a bad or too big
+            context. ForkdError: the build or boot failed.
         """
-        body = self._create_body(tag, recipe, recipe_toml, warm, memory_mib, vcpus, network)
+        body = self._create_body(
+            tag, recipe=recipe, recipe_toml=recipe_toml, from_image=from_image, insecure_registry=insecure_registry,
+            dockerfile=dockerfile, name=name, build_args=build_args, context=context, build_network=build_network,
+            warm=warm, memory_mib=memory_mib, vcpus=vcpus, network=network,
+        )
         what = "create snapshot %s" % tag
         hdrs = _idempotency_headers(idempotency_key)
         hdrs["Prefer"] = "respond-async"
@@ -334,6 +369,13 @@ class Snapshots:
         *,
         recipe: Optional[str] = None,
         recipe_toml: Optional[str] = None,
+        from_image: Optional[str] = None,
+        insecure_registry: bool = False,
+        dockerfile: Optional[str] = None,
+        name: Optional[str] = None,
+        build_args: Optional[Mapping[str, str]] = None,
+        context: Optional[ContextLike] = None,
+        build_network: Optional[NetworkPolicyLike] = None,
         warm: Optional[str] = None,
         memory_mib: Optional[int] = None,
         vcpus: Optional[int] = None,
@@ -343,7 +385,11 @@ class Snapshots:
         """Start a snapshot create and return its operation at once (the
         arguments are :meth:`create`'s). Follow it with
         ``client.operations.wait(op.id)``; its result is the snapshot."""
-        body = self._create_body(tag, recipe, recipe_toml, warm, memory_mib, vcpus, network)
+        body = self._create_body(
+            tag, recipe=recipe, recipe_toml=recipe_toml, from_image=from_image, insecure_registry=insecure_registry,
+            dockerfile=dockerfile, name=name, build_args=build_args, context=context, build_network=build_network,
+            warm=warm, memory_mib=memory_mib, vcpus=vcpus, network=network,
+        )
         hdrs = _idempotency_headers(idempotency_key)
         hdrs["Prefer"] = "respond-async"
         resp = self._c._transport.request("POST", "/v1/snapshots", json_body=body, headers=hdrs, what="create snapshot %s" % tag)
@@ -355,21 +401,47 @@ class Snapshots:
     @staticmethod
     def _create_body(
         tag: str,
-        recipe: Optional[str],
-        recipe_toml: Optional[str],
-        warm: Optional[str],
-        memory_mib: Optional[int],
-        vcpus: Optional[int],
-        network: Optional[NetworkPolicyLike],
+        *,
+        recipe: Optional[str] = None,
+        recipe_toml: Optional[str] = None,
+        from_image: Optional[str] = None,
+        insecure_registry: bool = False,
+        dockerfile: Optional[str] = None,
+        name: Optional[str] = None,
+        build_args: Optional[Mapping[str, str]] = None,
+        context: Optional[ContextLike] = None,
+        build_network: Optional[NetworkPolicyLike] = None,
+        warm: Optional[str] = None,
+        memory_mib: Optional[int] = None,
+        vcpus: Optional[int] = None,
+        network: Optional[NetworkPolicyLike] = None,
     ) -> Dict[str, Any]:
-        if (recipe is None) == (recipe_toml is None):
-            raise InvalidArgument("give exactly one of recipe and recipe_toml")
+        """The POST /v1/snapshots body; reads a context directory."""
+        sources = {"recipe": recipe, "recipe_toml": recipe_toml, "from": from_image, "dockerfile": dockerfile}
+        given = [k for k, v in sources.items() if v is not None]
+        if len(given) != 1:
+            raise InvalidArgument("give exactly one of recipe, recipe_toml, from_image and dockerfile")
+        src = sources[given[0]]
+        if not isinstance(src, str) or not src:
+            raise InvalidArgument("%s must be a non-empty string, not %r" % ("from_image" if given[0] == "from" else given[0], src))
+        if dockerfile is None and (name is not None or build_args is not None):
+            raise InvalidArgument("name and build_args go with dockerfile")
+        if from_image is not None and context is not None:
+            raise InvalidArgument("context goes with a recipe's files or a Dockerfile's COPY, not with from_image")
+        args: Dict[str, str] = {}
+        for k, v in (build_args or {}).items():
+            if not isinstance(k, str) or not k or not isinstance(v, str):
+                raise InvalidArgument("build_args: want a mapping of name to str, not %r: %r" % (k, v))
+            args[k] = v
         net = _network_body(network)
-        body: Dict[str, Any] = {"tag": tag}
-        if recipe is not None:
-            body["recipe"] = recipe
-        if recipe_toml is not None:
-            body["recipe_toml"] = recipe_toml
+        bnet = _network_body(build_network)
+        body: Dict[str, Any] = {"tag": tag, given[0]: src}
+        if insecure_registry:
+            body["insecure_registry"] = True
+        if name:
+            body["name"] = name
+        if args:
+            body["build_args"] = args
         if warm:
             body["warm"] = warm
         if memory_mib:
@@ -378,6 +450,12 @@ class Snapshots:
             body["vcpus"] = int(vcpus)
         if net is not None:
             body["network"] = net
+        if bnet is not None:
+            body["build_network"] = bnet
+        if context is not None:
+            files = context_body(context)
+            if files:
+                body["context"] = files
         return body
 
     @staticmethod

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from .errors import ForkdError, InvalidArgument, StreamInterrupted, error_from_problem
 from .models import OperationInfo
@@ -80,41 +80,24 @@ class Operations:
             StreamInterrupted: the stream was cut three times in a row.
         """
         path = _op_path(op_id) + "/events"
-        seen = 0  # progress lines already passed to on_progress
-        cuts = 0
+        f = _Follow(op_id)
         while True:
-            last: Optional[OperationInfo] = None
             resp = self._c._transport.request(
                 "GET", path, headers={"Accept": "application/x-ndjson"}, timeout=timeout, what="operation %s" % op_id
             )
             try:
                 for line in resp.lines():
-                    ev = json.loads(line)
-                    cuts = 0  # an event: the stream works; cuts count in a row
-                    if ev.get("operation") is not None:
-                        last = OperationInfo.from_json(ev["operation"])
-                        if on_progress is not None and len(last.progress) > seen and not last.done:
-                            for msg in last.progress[seen:]:
-                                on_progress(msg)
-                        seen = max(seen, len(last.progress))
-                        if last.done:
-                            return last
-                    elif ev.get("message"):
-                        seen += 1
-                        if on_progress is not None:
-                            on_progress(ev["message"])
+                    msgs, done = f.event(line)
+                    if on_progress is not None:
+                        for msg in msgs:
+                            on_progress(msg)
+                    if done is not None:
+                        return done
             except (ValueError, ForkdError) as e:
                 resp.close()
-                cuts += 1
-                if cuts >= 3:
-                    raise StreamInterrupted("operation %s: its event stream broke: %s" % (op_id, e))
+                f.cut(e, None)
                 continue
-            cuts += 1
-            if cuts >= 3:
-                raise StreamInterrupted(
-                    "operation %s: its event stream ended before it did (did the daemon restart?)" % op_id,
-                    request_id=resp.request_id,
-                )
+            f.cut(None, resp.request_id)
 
     @staticmethod
     def _result(op: OperationInfo) -> Dict[str, Any]:
@@ -124,3 +107,41 @@ class Operations:
         if op.error:
             raise error_from_problem(op.error)
         raise ForkdError("operation %s ended %s" % (op.id, op.state))
+
+
+class _Follow:
+    """Following one operation's event stream, across re-attaches: what
+    the sync and asyncio waits share. A cut stream re-attaches (the daemon
+    sends the current state first); three cuts in a row raise."""
+
+    def __init__(self, op_id: str) -> None:
+        self.op_id = op_id
+        self.seen = 0  # progress lines already reported
+        self.cuts = 0
+
+    def event(self, line: bytes) -> Tuple[List[str], Optional[OperationInfo]]:
+        """One event line: the progress messages it brings, and the
+        operation once it has ended. Raises ValueError for a bad line."""
+        ev = json.loads(line)
+        self.cuts = 0  # an event: the stream works; cuts count in a row
+        if ev.get("operation") is not None:
+            op = OperationInfo.from_json(ev["operation"])
+            msgs = op.progress[self.seen:] if not op.done else []
+            self.seen = max(self.seen, len(op.progress))
+            return list(msgs), op if op.done else None
+        if ev.get("message"):
+            self.seen += 1
+            return [ev["message"]], None
+        return [], None
+
+    def cut(self, err: Optional[BaseException], request_id: Optional[str]) -> None:
+        """The stream broke (err) or ended before the operation did."""
+        self.cuts += 1
+        if self.cuts < 3:
+            return
+        if err is not None:
+            raise StreamInterrupted("operation %s: its event stream broke: %s" % (self.op_id, err))
+        raise StreamInterrupted(
+            "operation %s: its event stream ended before it did (did the daemon restart?)" % self.op_id,
+            request_id=request_id,
+        )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import threading
 from typing import Any, AsyncIterator, List
 
@@ -12,7 +13,7 @@ import pytest
 
 import forkd
 from forkd import AsyncClient, AsyncSandbox, PtySize, Sandbox, SandboxInfo
-from test_offline import _ev, _Handler, _Server, fake  # noqa: F401 - fixture
+from test_offline import DOCKERFILE, _b64, _build_routes, _context_dir, _ev, _Handler, _Server, fake  # noqa: F401 - fixture
 
 EXEC = ("POST", "/v1/sandboxes/sb-1/exec")
 WAIT = 30  # generous: the machine may be loaded
@@ -306,3 +307,64 @@ def test_pty_wire_shapes_async(fake: _Server) -> None:
 
     run(main())
     _check_pty_wire(fake, got, data)
+
+
+def test_async_snapshot_create_from_dockerfile(fake: _Server) -> None:
+    """AsyncSnapshots.create sends the build source (a context directory
+    read off the loop) and follows the operation through a cut stream,
+    awaiting a coroutine on_progress; start_create and the validation are
+    the sync client's."""
+    bodies: List[Any] = []
+    _build_routes(fake, bodies)
+    events = fake.routes[("GET", "/v1/operations/op-b/events")]
+    attaches: List[int] = []
+
+    def cut_once(h: _Handler) -> None:
+        attaches.append(1)
+        if len(attaches) == 1:
+            h.start_chunked()
+            h.end_chunks()  # ended before the operation: re-attach
+            return
+        events(h)
+
+    fake.routes[("GET", "/v1/operations/op-b/events")] = cut_once
+    msgs: List[str] = []
+
+    async def progress(m: str) -> None:
+        msgs.append(m)
+
+    d = _context_dir()
+
+    async def main() -> None:
+        async with _aclient(fake) as c:
+            s = await c.snapshots.create(
+                "t", dockerfile=DOCKERFILE, build_args={"V": "2"}, context=d, build_network="public",
+                on_progress=progress, idempotency_key="k-b",
+            )
+            assert s.id == "s-b"
+            op = await c.snapshots.start_create("t", dockerfile=DOCKERFILE, context={"app/req.txt": "requests\n"})
+            assert op.id == "op-b"
+            with pytest.raises(forkd.InvalidArgument, match="recipe, recipe_toml, from_image and dockerfile"):
+                await c.snapshots.create("t", recipe="minimal", from_image="python:3.12")
+            with pytest.raises(forkd.InvalidArgument, match="go with dockerfile"):
+                await c.snapshots.start_create("t", recipe="minimal", name="x")
+
+    try:
+        run(main())
+    finally:
+        shutil.rmtree(d)
+    assert msgs == ["building"] and len(attaches) == 2
+    assert bodies[0] == {
+        "tag": "t",
+        "dockerfile": DOCKERFILE,
+        "build_args": {"V": "2"},
+        "context": [
+            {"path": "app/req.txt", "mode": 0o640, "data": _b64(b"requests\n")},
+            {"path": "app/sub/run.sh", "mode": 0o755, "data": _b64(b"#!/bin/sh\n")},
+        ],
+        "build_network": {"mode": "public"},
+    }
+    assert bodies[1] == {"tag": "t", "dockerfile": DOCKERFILE, "context": [{"path": "app/req.txt", "mode": 420, "data": _b64(b"requests\n")}]}
+    assert len(bodies) == 2
+    hdrs = fake.requests[0][2]
+    assert hdrs.get("Prefer") == "respond-async" and hdrs.get("Idempotency-Key") == "k-b"

@@ -11,6 +11,7 @@ import base64
 import http.server
 import json
 import os
+import shutil
 import socketserver
 import tempfile
 import threading
@@ -479,6 +480,142 @@ def test_snapshot_create_follows_its_operation(fake: _Server) -> None:
     assert len(attaches) == 2
     _, _, hdrs = fake.requests[0]
     assert hdrs.get("Prefer") == "respond-async" and hdrs.get("Idempotency-Key") == "k-1"
+
+
+DOCKERFILE = "FROM python:3.12-slim\nARG V=1\nCOPY app /app\nRUN pip install -r /app/req.txt\n"
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _build_routes(fake: _Server, bodies: List[Dict[str, Any]]) -> None:
+    """A daemon that starts a create (202) and whose operation succeeds at
+    once with the snapshot."""
+    op = {"id": "op-b", "kind": "snapshot.create", "target": "t", "state": "running", "progress": []}
+
+    def start(h: _Handler) -> None:
+        bodies.append(json.loads(h.body))
+        h.send_json(202, op, {"Location": "/v1/operations/op-b"})
+
+    def events(h: _Handler) -> None:
+        h.start_chunked()
+        h.chunk(json.dumps({"type": "progress", "message": "building"}).encode() + b"\n")
+        done = dict(op, state="succeeded", progress=["building"], result={"tag": "t", "id": "s-b", "state": "ready"})
+        h.chunk(json.dumps({"type": "state", "operation": done}).encode() + b"\n")
+        h.end_chunks()
+
+    fake.routes[("POST", "/v1/snapshots")] = start
+    fake.routes[("GET", "/v1/operations/op-b/events")] = events
+
+
+def _context_dir() -> str:
+    d = tempfile.mkdtemp(prefix="forkd-ctx-")
+    os.makedirs(os.path.join(d, "app", "sub"))
+    with open(os.path.join(d, "app", "req.txt"), "wb") as f:
+        f.write(b"requests\n")
+    with open(os.path.join(d, "app", "sub", "run.sh"), "wb") as f:
+        f.write(b"#!/bin/sh\n")
+    os.chmod(os.path.join(d, "app", "req.txt"), 0o640)
+    os.chmod(os.path.join(d, "app", "sub", "run.sh"), 0o755)
+    os.symlink("/etc/passwd", os.path.join(d, "app", "link"))  # left out
+    return d
+
+
+def test_snapshot_create_from_dockerfile_wire_format(fake: _Server) -> None:
+    """A Dockerfile, its context (a mapping, then a directory), build args
+    and the build VMs' network go in the create body; from_image as from."""
+    bodies: List[Dict[str, Any]] = []
+    _build_routes(fake, bodies)
+    msgs: List[str] = []
+    c = _client(fake)
+    s = c.snapshots.create(
+        "t", dockerfile=DOCKERFILE, name="app", build_args={"V": "2"},
+        context={"app/req.txt": b"requests\n", "./app/main.py": "print('hi')\n"},
+        build_network="public", network="none", memory_mib=512, on_progress=msgs.append,
+    )
+    assert s.id == "s-b" and msgs == ["building"]
+    assert bodies[-1] == {
+        "tag": "t",
+        "dockerfile": DOCKERFILE,
+        "name": "app",
+        "build_args": {"V": "2"},
+        "context": [
+            {"path": "app/main.py", "mode": 0o644, "data": _b64(b"print('hi')\n")},
+            {"path": "app/req.txt", "mode": 420, "data": _b64(b"requests\n")},
+        ],
+        "build_network": {"mode": "public"},
+        "network": {"mode": "none"},
+        "memory_mib": 512,
+    }
+
+    d = _context_dir()
+    try:
+        op = c.snapshots.start_create("t", dockerfile=DOCKERFILE, context=d, build_network={"mode": "allow", "allow": ["pypi.org"]})
+        assert op.id == "op-b"
+    finally:
+        shutil.rmtree(d)
+    assert bodies[-1] == {
+        "tag": "t",
+        "dockerfile": DOCKERFILE,
+        "context": [
+            {"path": "app/req.txt", "mode": 0o640, "data": _b64(b"requests\n")},
+            {"path": "app/sub/run.sh", "mode": 0o755, "data": _b64(b"#!/bin/sh\n")},
+        ],
+        "build_network": {"mode": "allow", "allow": ["pypi.org"]},
+    }
+
+    c.snapshots.start_create("t", from_image="registry.example.com/python:3.12-slim", insecure_registry=True)
+    assert bodies[-1] == {"tag": "t", "from": "registry.example.com/python:3.12-slim", "insecure_registry": True}
+    c.snapshots.start_create("t", recipe_toml="name = 'x'\n", context={"f.txt": b""})
+    assert bodies[-1] == {"tag": "t", "recipe_toml": "name = 'x'\n", "context": [{"path": "f.txt", "mode": 420, "data": ""}]}
+
+
+def test_snapshot_create_build_source_refused_before_sending(fake: _Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    import forkd._context as ctx
+
+    c = _client(fake)
+    four = "recipe, recipe_toml, from_image and dockerfile"
+    bad: List[Any] = [
+        ({}, four),
+        ({"recipe": "minimal", "dockerfile": DOCKERFILE}, four),
+        ({"from_image": "python:3.12", "recipe_toml": "x"}, four),
+        ({"dockerfile": ""}, "dockerfile must be a non-empty string"),
+        ({"recipe": "minimal", "build_args": {"V": "2"}}, "go with dockerfile"),
+        ({"from_image": "python:3.12", "name": "x"}, "go with dockerfile"),
+        ({"dockerfile": DOCKERFILE, "build_args": {"V": 2}}, "build_args"),
+        ({"from_image": "python:3.12", "context": {"a": b""}}, "not with from_image"),
+        ({"dockerfile": DOCKERFILE, "context": {"/etc/passwd": b""}}, "relative"),
+        ({"dockerfile": DOCKERFILE, "context": {"../x": b""}}, r"without \.\."),
+        ({"dockerfile": DOCKERFILE, "context": {"a/../../x": b""}}, r"without \.\."),
+        ({"dockerfile": DOCKERFILE, "context": {"": b""}}, "non-empty"),
+        ({"dockerfile": DOCKERFILE, "context": {".": b""}}, "the context itself"),
+        ({"dockerfile": DOCKERFILE, "context": {"a": b"", "./a": b""}}, "given twice"),
+        ({"dockerfile": DOCKERFILE, "context": {"a": 1}}, "bytes or str"),
+        ({"dockerfile": DOCKERFILE, "context": 7}, "directory path"),
+        ({"dockerfile": DOCKERFILE, "context": "/nonexistent/forkd-ctx"}, "not a directory"),
+        ({"dockerfile": DOCKERFILE, "build_network": "internet"}, "network policy .internet."),
+    ]
+    for kw, msg in bad:
+        with pytest.raises(forkd.InvalidArgument, match=msg):
+            c.snapshots.create("t", **kw)
+        with pytest.raises(forkd.InvalidArgument, match=msg):
+            c.snapshots.start_create("t", **kw)
+
+    monkeypatch.setattr(ctx, "MAX_CONTEXT_BYTES", 10)
+    with pytest.raises(forkd.InvalidArgument, match="over the daemon's limit of 10 bytes"):
+        c.snapshots.start_create("t", dockerfile=DOCKERFILE, context={"a": b"123456", "b": b"123456"})
+    d = _context_dir()
+    try:
+        with pytest.raises(forkd.InvalidArgument, match="over the daemon's limit of 10 bytes"):
+            c.snapshots.start_create("t", dockerfile=DOCKERFILE, context=d)
+        monkeypatch.setattr(ctx, "MAX_CONTEXT_BYTES", 64 << 20)
+        monkeypatch.setattr(ctx, "MAX_CONTEXT_FILES", 1)
+        with pytest.raises(forkd.InvalidArgument, match="1 files"):
+            c.snapshots.start_create("t", dockerfile=DOCKERFILE, context=d)
+    finally:
+        shutil.rmtree(d)
+    assert fake.requests == []
 
 
 def test_operation_cancel_and_failed_result(fake: _Server) -> None:

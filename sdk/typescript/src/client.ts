@@ -10,6 +10,7 @@ import {
   type BodySource,
   type ConnectionOptions,
 } from "./connection.js";
+import { contextToWire, type BuildContextInput } from "./context.js";
 import { ForkdError, InvalidArgumentError, NotFoundError, SnapshotFailedError, StreamCutError, TimeoutError, errorFromProblem, type Problem } from "./errors.js";
 import {
   imageFromWire,
@@ -34,10 +35,42 @@ export interface CallOptions {
 export interface CreateSnapshotOptions extends CallOptions {
   /** The new tag: lowercase letters, digits, ".", "_", "-"; up to 64 characters. */
   tag: string;
-  /** A recipe the daemon knows (recipes/NAME.toml). Exactly one of recipe and recipeToml. */
+  /**
+   * A recipe the daemon knows (recipes/NAME.toml). Give exactly one of
+   * recipe, recipeToml, from and dockerfile.
+   */
   recipe?: string;
   /** A recipe file's contents. */
   recipeToml?: string;
+  /**
+   * An OCI image reference to build from with forkd's defaults
+   * ("registry.example.com/python:3.12-slim").
+   */
+  from?: string;
+  /** Allow a plain-HTTP registry or an untrusted TLS certificate for the image built from. */
+  insecureRegistry?: boolean;
+  /**
+   * A Dockerfile's contents (a string, not a path): its FROM, RUN, COPY/ADD
+   * of context files, ENV, WORKDIR, USER and ARG are built in microVMs.
+   */
+  dockerfile?: string;
+  /** With dockerfile: the image's recipe name (default "dockerfile"). */
+  name?: string;
+  /** With dockerfile: values overriding its ARG defaults. */
+  buildArgs?: Readonly<Record<string, string>>;
+  /**
+   * The build context: the files a Dockerfile's COPY/ADD or a recipe's
+   * `files` name, since the daemon never reads the client's paths. A local
+   * directory (read recursively: regular files with their permission bits)
+   * or a record of relative path to contents (mode 0644). At most 64 MiB and
+   * 100000 files, checked before sending.
+   */
+  context?: BuildContextInput;
+  /**
+   * The egress policy of the build VMs that run RUN steps (the forms of
+   * {@link network}; default: the daemon's).
+   */
+  buildNetwork?: NetworkPolicyInput;
   /** Python warm-up code, replacing the recipe's. */
   warm?: string;
   /** Memory in MiB (default: the recipe's). */
@@ -214,13 +247,57 @@ const sleep = (ms: number, signal?: AbortSignal) =>
     signal?.addEventListener("abort", onAbort, { once: true });
   });
 
+function invalidArgument(msg: string): InvalidArgumentError {
+  return new InvalidArgumentError(msg, { code: "invalid_argument" });
+}
+
+/** The POST /v1/snapshots body; reads a context directory. */
+async function createBody(opts: CreateSnapshotOptions): Promise<Record<string, unknown>> {
+  const sources: [string, string | undefined][] = [
+    ["recipe", opts.recipe],
+    ["recipe_toml", opts.recipeToml],
+    ["from", opts.from],
+    ["dockerfile", opts.dockerfile],
+  ];
+  const given = sources.filter(([, v]) => v !== undefined);
+  if (given.length !== 1) throw invalidArgument("give exactly one of recipe, recipeToml, from and dockerfile");
+  const [key, src] = given[0]!;
+  if (typeof src !== "string" || src === "") throw invalidArgument(`${key === "recipe_toml" ? "recipeToml" : key} must be a non-empty string`);
+  if (opts.dockerfile === undefined && (opts.name !== undefined || opts.buildArgs !== undefined)) {
+    throw invalidArgument("name and buildArgs go with dockerfile");
+  }
+  if (opts.from !== undefined && opts.context !== undefined) {
+    throw invalidArgument("context goes with a recipe's files or a Dockerfile's COPY, not with from");
+  }
+  const args: Record<string, string> = {};
+  for (const [k, v] of Object.entries(opts.buildArgs ?? {})) {
+    if (k === "" || typeof v !== "string") throw invalidArgument(`buildArgs: want a record of name to string, not ${JSON.stringify(k)}: ${JSON.stringify(v)}`);
+    args[k] = v;
+  }
+  const req: Record<string, unknown> = { tag: opts.tag, [key]: src };
+  if (opts.insecureRegistry) req.insecure_registry = true;
+  if (opts.name) req.name = opts.name;
+  if (Object.keys(args).length > 0) req.build_args = args;
+  if (opts.network !== undefined) req.network = networkToWire(opts.network);
+  if (opts.buildNetwork !== undefined) req.build_network = networkToWire(opts.buildNetwork);
+  if (opts.warm !== undefined) req.warm = opts.warm;
+  if (opts.memoryMib !== undefined) req.memory_mib = opts.memoryMib;
+  if (opts.vcpus !== undefined) req.vcpus = opts.vcpus;
+  if (opts.context !== undefined) {
+    const files = await contextToWire(opts.context);
+    if (files.length > 0) req.context = files;
+  }
+  return req;
+}
+
 /** Snapshot tags: `client.snapshots`. */
 export class Snapshots {
   /** @internal */
   constructor(private readonly t: Transport) {}
 
   /**
-   * Boots a recipe, warms it and saves it as a snapshot to fork from,
+   * Builds an image (from a recipe, an OCI image or a Dockerfile and its
+   * context), boots it, warms it and saves it as a snapshot to fork from,
    * reporting progress. Resolves with the ready snapshot. The daemon owns
    * the work (an operation, see {@link startCreate}): aborting this call
    * does not stop it; `client.operations.cancel(id)` does.
@@ -250,13 +327,7 @@ export class Snapshots {
   }
 
   private async postCreate(opts: CreateSnapshotOptions) {
-    const req: Record<string, unknown> = { tag: opts.tag };
-    if (opts.network !== undefined) req.network = networkToWire(opts.network);
-    if (opts.recipe !== undefined) req.recipe = opts.recipe;
-    if (opts.recipeToml !== undefined) req.recipe_toml = opts.recipeToml;
-    if (opts.warm !== undefined) req.warm = opts.warm;
-    if (opts.memoryMib !== undefined) req.memory_mib = opts.memoryMib;
-    if (opts.vcpus !== undefined) req.vcpus = opts.vcpus;
+    const req = await createBody(opts);
     const headers = { ...idempotencyHeaders(opts.idempotencyKey), prefer: "respond-async" };
     return this.t.request({ method: "POST", path: "/v1/snapshots", json: req, headers, signal: opts.signal, what: `create snapshot ${opts.tag}` });
   }

@@ -34,6 +34,7 @@ export type { WriteData, WriteOptions, WriteEntry, ReadOptions, RemoveOptions, M
 export { Execution, Result, ExecutionError } from "./code.js";
 export type { RunCodeOptions } from "./code.js";
 export type { ConnectionOptions } from "./connection.js";
+export type { BuildContextInput } from "./context.js";
 export type {
   SandboxInfo,
   SandboxState,

@@ -15,6 +15,7 @@ import {
   TimeoutError,
   UnavailableError,
   type BranchResult,
+  type BuildContextInput,
   type CommandEvent,
   type CommandResult,
   type EntryInfo,
@@ -84,6 +85,9 @@ export async function typesOfTheApi(): Promise<void> {
   const c = new Client();
   const snaps: SnapshotInfo[] = await c.snapshots.list();
   const snap: SnapshotInfo = await c.snapshots.create({ tag: "x", recipe: "minimal", onProgress: (m: string) => void m });
+  const ctx: BuildContextInput = { "app/req.txt": "requests\n", "app/bin": new Uint8Array([1]) };
+  const built: SnapshotInfo = await c.snapshots.create({ tag: "y", dockerfile: "FROM x\n", name: "app", buildArgs: { V: "2" }, context: ctx, buildNetwork: "public" });
+  await c.snapshots.startCreate({ tag: "z", from: "registry.example.com/python:3.12-slim", insecureRegistry: true, context: "./app" });
   await c.snapshots.delete("x", { cascade: true });
   const packed: { bytes: number } = await c.snapshots.pack("x", "/tmp/x.tar.zst", { image: false });
   const unpacked: SnapshotInfo = await c.snapshots.unpack("/tmp/x.tar.zst", { tag: "y", force: true });
@@ -112,5 +116,5 @@ export async function typesOfTheApi(): Promise<void> {
   }
 
   void [many, again, state, expires, code, argv, killed, waited, text, bytes, stream, written, several, list, exists, created];
-  void [main, formats, err, ready, pause, snaps, snap, packed, unpacked, sbs, v, ok];
+  void [main, formats, err, ready, pause, snaps, snap, built, packed, unpacked, sbs, v, ok];
 }
