@@ -17,7 +17,8 @@ import (
 // `snapshot create` builds from a Dockerfile with its CONTEXT (the COPY
 // source travels in the request; the RUN's output streams as progress)
 // and from a local recipe whose files table names a file next to it; a
-// fork of each sees the files.
+// fork of each sees the files. `forkd run` without a command runs the
+// Dockerfile's ENTRYPOINT and CMD, and refuses where there are none.
 func TestCLISnapshotFromBuildSources(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -32,7 +33,8 @@ func TestCLISnapshotFromBuildSources(t *testing.T) {
 	}
 	write("hello.txt", "hello "+id+"\n")
 	write("Dockerfile", "FROM "+ref+"\nCOPY hello.txt /hello.txt\n"+
-		"RUN busybox echo streamed-"+id+" && busybox cp /hello.txt /copied.txt\n")
+		"RUN busybox echo streamed-"+id+" && busybox cp /hello.txt /copied.txt\n"+
+		"ENTRYPOINT [\"busybox\", \"cat\"]\nCMD [\"/copied.txt\"]\n")
 	write("app.toml", "name = \"cli-files\"\nfrom = \""+ref+"\"\ninsecure_registry = true\n"+
 		"files = { \"/from-recipe.txt\" = \"hello.txt\" }\n")
 
@@ -57,6 +59,10 @@ func TestCLISnapshotFromBuildSources(t *testing.T) {
 	if got := forkCat(tag, "/copied.txt"); got != "hello "+id+"\n" {
 		t.Fatalf("/copied.txt in a fork = %q", got)
 	}
+	// forkd run without a command runs ENTRYPOINT + CMD.
+	if got := c.ok("run", "--tag", tag); got != "hello "+id+"\n" {
+		t.Fatalf("forkd run with the image's default command printed %q", got)
+	}
 
 	tag2 := "it-clirc-" + id
 	out, errs, code = c.run("snapshot", "create", "--tag", tag2, "--recipe", filepath.Join(dir, "app.toml"))
@@ -66,6 +72,10 @@ func TestCLISnapshotFromBuildSources(t *testing.T) {
 	defer c.run("rmi", tag2)
 	if got := forkCat(tag2, "/from-recipe.txt"); got != "hello "+id+"\n" {
 		t.Fatalf("/from-recipe.txt in a fork = %q", got)
+	}
+	// An image without Entrypoint or Cmd: run needs a command, and says so.
+	if _, errs, code := c.run("run", "--tag", tag2); code == 0 || !strings.Contains(errs, "neither Entrypoint nor Cmd") {
+		t.Errorf("run without a command on an image without one: exit %d, %s", code, errs)
 	}
 
 	// Two sources at once are refused before anything is sent.

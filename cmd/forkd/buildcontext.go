@@ -27,7 +27,7 @@ type buildFlags struct {
 func (b *buildFlags) bind(f *pflag.FlagSet, src *apiv1.BuildSource) {
 	f.StringVar(&src.From, "from", "", "build from an OCI or Docker image (REGISTRY/REPO[:TAG|@sha256:DIGEST]; credentials from ~/.docker/config.json) instead of a recipe")
 	f.BoolVar(&src.InsecureRegistry, "insecure-registry", false, "allow a plain-HTTP registry or an untrusted TLS certificate for the image built from")
-	f.StringVarP(&b.dockerfile, "file", "f", "", "build a Dockerfile (FROM, RUN, COPY/ADD of local files, ENV, WORKDIR, USER, ARG) in microVMs; CONTEXT (default .) is where COPY reads from")
+	f.StringVarP(&b.dockerfile, "file", "f", "", "build a Dockerfile (FROM, RUN, COPY/ADD of local files, ENV, WORKDIR, USER, ARG, CMD, ENTRYPOINT) in microVMs; CONTEXT (default .) is where COPY reads from")
 	f.StringVar(&src.Name, "name", "", "with -f: the image's recipe name (default \"dockerfile\")")
 	f.StringArrayVar(&b.buildArgs, "build-arg", nil, "with -f: KEY=VALUE overriding an ARG's default (repeatable)")
 	f.StringVar(&b.network, "build-network", "", "egress policy of the build VMs that run RUN steps (default: the daemon's --network): "+policyHelp)

@@ -18,7 +18,7 @@ func imageCmd(g *globals) *cobra.Command {
 		Use:   "build RECIPE | --from REF | -f Dockerfile [CONTEXT]",
 		Short: "Build (or find cached) the image of a recipe, an OCI image or a Dockerfile: kernel, initramfs with forkd-agent, read-only root fs",
 		Long: "Build (or find cached) a guest image. A recipe's run, files, env, workdir and user, and a\n" +
-			"Dockerfile's FROM, RUN, COPY/ADD of local files, ENV, WORKDIR, USER and ARG, run as build\n" +
+			"Dockerfile's FROM, RUN, COPY/ADD of local files, ENV, WORKDIR, USER, ARG, CMD and ENTRYPOINT, run as build\n" +
 			"steps in microVMs (with --build-network's egress, default the daemon's); each step is\n" +
 			"cached by its inputs, so a rebuild runs only the steps from the first changed one. CONTEXT\n" +
 			"(default .) is the directory COPY sources are read from; a recipe's files are read\n" +

@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/client"
 	"github.com/forkd-dev/forkd/internal/errdefs"
@@ -66,15 +67,15 @@ type runFlags struct {
 func dockerRunCmd(g *globals) *cobra.Command {
 	var f runFlags
 	cmd := &cobra.Command{
-		Use:   "run --tag TAG|REF [flags] -- CMD [ARG...]",
+		Use:   "run --tag TAG|REF [flags] [-- CMD [ARG...]]",
 		Short: "Fork a sandbox, run a command in it streaming its output, then kill it; exits with the command's code",
 		Long: "Fork one sandbox from TAG, run CMD in it with stdout and stderr streamed (stdin too when\n" +
 			"it is not a terminal), and kill the sandbox afterwards (--rm, the default) unless --keep.\n" +
+			"Without CMD it runs the image's default command (an OCI image's Entrypoint and Cmd).\n" +
 			"forkd exits with the command's exit code: 128+N when a signal N ended it, 124 when\n" +
 			"--timeout did, 130 on Ctrl-C (the sandbox is killed then too, unless --keep).\n" +
 			"A sandbox to be removed is forked with an idle timeout of " + runIdleTimeout.String() + " and, with --timeout,\n" +
 			"a lifetime of the timeout plus " + runTimeoutMargin.String() + ", so a CLI that dies leaves nothing running for long.",
-		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runInSandbox(cmd, g, f, args)
 		},
@@ -106,6 +107,9 @@ func runInSandbox(cmd *cobra.Command, g *globals, f runFlags, args []string) err
 	}
 	remove := f.remove && !f.keep
 	exec := apiv1.ExecRequest{Cwd: f.cwd, TimeoutMillis: f.timeout.Milliseconds(), Env: map[string]string{}}
+	if f.shell && len(args) == 0 {
+		return fmt.Errorf("--shell needs the command to run: %w", errdefs.ErrInvalidArgument)
+	}
 	if f.shell {
 		exec.Shell = strings.Join(args, " ")
 	} else {
@@ -186,7 +190,14 @@ func runInSandbox(cmd *cobra.Command, g *globals, f runFlags, args []string) err
 		return fmt.Errorf("run: fork from %q: %w", f.tag, err)
 	}
 	id := resp.Sandboxes[0].ID
-	ev, execErr := runExec(ctx, g, c, id, exec)
+	var ev apiv1.ExecEvent
+	var execErr error
+	if len(args) == 0 {
+		exec.Argv, execErr = defaultCommand(ctx, c, id)
+	}
+	if execErr == nil {
+		ev, execErr = runExec(ctx, g, c, id, exec)
+	}
 	code, stopped := interrupted()
 	if remove {
 		cctx, ccancel := cleanup()
@@ -245,4 +256,44 @@ func runNonce() string {
 	var b [8]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// maxImageConfigBytes bounds the image configuration read from a guest.
+const maxImageConfigBytes = 256 << 10
+
+// defaultCommand is the default command of sandbox id's image: its OCI
+// image's Entrypoint followed by its Cmd, as docker run takes them.
+func defaultCommand(ctx context.Context, c *client.Client, id string) ([]string, error) {
+	var buf limitedBuffer
+	buf.max = maxImageConfigBytes
+	if _, err := c.ReadFile(ctx, id, agentapi.ImageConfigPath, &buf); err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("run: the image of %s has no default command (it was not built from an OCI image); give one after --: %w", id, errdefs.ErrInvalidArgument)
+		}
+		return nil, fmt.Errorf("run: reading the image's default command: %w", err)
+	}
+	var cfg agentapi.ImageConfig
+	if err := json.Unmarshal(buf.b, &cfg); err != nil {
+		return nil, fmt.Errorf("run: %s in the sandbox is not an image configuration: %v: %w", agentapi.ImageConfigPath, err, errdefs.ErrInvalidArgument)
+	}
+	argv := append(append([]string(nil), cfg.Entrypoint...), cfg.Cmd...)
+	if len(argv) == 0 {
+		return nil, fmt.Errorf("run: the image of %s has neither Entrypoint nor Cmd; give a command after --: %w", id, errdefs.ErrInvalidArgument)
+	}
+	return argv, nil
+}
+
+// limitedBuffer keeps what is written to it up to max bytes, and fails
+// past that (a guest's file is untrusted input).
+type limitedBuffer struct {
+	b   []byte
+	max int
+}
+
+func (l *limitedBuffer) Write(p []byte) (int, error) {
+	if len(l.b)+len(p) > l.max {
+		return 0, fmt.Errorf("more than %d bytes: %w", l.max, errdefs.ErrResourceExhausted)
+	}
+	l.b = append(l.b, p...)
+	return len(p), nil
 }

@@ -109,8 +109,9 @@ type BuildSource struct {
 	// FROM), allows a plain-HTTP registry or an untrusted TLS certificate.
 	InsecureRegistry bool `json:"insecure_registry,omitempty"`
 	// Dockerfile is a Dockerfile's contents, instead of the above: its
-	// FROM, RUN, COPY and ADD of local files, ENV, WORKDIR, USER and ARG
-	// are built in microVMs (anything else is refused, naming the line).
+	// FROM, RUN, COPY and ADD of local files, ENV, WORKDIR, USER, ARG, CMD
+	// and ENTRYPOINT are built in microVMs (anything else is refused,
+	// naming the line).
 	// Name is the image's recipe name ("dockerfile" if empty); BuildArgs
 	// override its ARG defaults.
 	Dockerfile string            `json:"dockerfile,omitempty"`

@@ -1,6 +1,7 @@
 // Package dockerfile reads the subset of the Dockerfile format that forkd
 // builds inside microVMs (internal/image): one FROM, then RUN, COPY and ADD
-// of local files, ENV, WORKDIR, USER and ARG. Everything else (other
+// of local files, ENV, WORKDIR, USER, ARG, CMD and ENTRYPOINT. Everything
+// else (other
 // instructions, heredocs, ADD of URLs or archives, multi-stage builds,
 // flags such as --chown or --mount) is an error that names the line and the
 // instruction, never silently ignored: an image that differs from what
@@ -136,6 +137,7 @@ type parser struct {
 	env     map[string]string
 	workdir string
 	stage   bool // FROM seen
+	sawCmd  bool // a CMD came before (an ENTRYPOINT then keeps it)
 }
 
 func (p *parser) instruction(in instruction) error {
@@ -160,8 +162,10 @@ func (p *parser) instruction(in instruction) error {
 		return p.workdirInstr(in)
 	case "USER":
 		return p.user(in)
+	case "CMD", "ENTRYPOINT":
+		return p.command(in)
 	}
-	return unsupported(fmt.Sprintf("instruction %s is not supported (forkd builds FROM, RUN, COPY, ADD of local files, ENV, WORKDIR, USER and ARG); remove it", in.cmd))
+	return unsupported(fmt.Sprintf("instruction %s is not supported (forkd builds FROM, RUN, COPY, ADD of local files, ENV, WORKDIR, USER, ARG, CMD and ENTRYPOINT); remove it", in.cmd))
 }
 
 func unsupported(msg string) error {
@@ -426,6 +430,31 @@ func (p *parser) user(in instruction) error {
 		return unsupported("want USER NAME[:GROUP] or UID[:GID]")
 	}
 	p.out.Steps = append(p.out.Steps, recipe.Step{Kind: recipe.StepUser, Origin: p.origin(in), Value: words[0]})
+	return nil
+}
+
+// command reads CMD or ENTRYPOINT: the image's default command, which
+// `forkd run` without a command runs. The exec form is kept as is; the
+// shell form becomes /bin/sh -c (variables are the shell's to expand, at
+// run time, as Docker leaves them).
+func (p *parser) command(in instruction) error {
+	s := recipe.Step{Kind: recipe.StepCmd, Origin: p.origin(in)}
+	if in.cmd == "ENTRYPOINT" {
+		s.Kind = recipe.StepEntrypoint
+		if !p.sawCmd {
+			s.Value = recipe.ResetCmd
+		}
+	} else {
+		p.sawCmd = true
+	}
+	if argv, ok, err := execForm(in.args); err != nil {
+		return err
+	} else if ok {
+		s.Argv = argv
+	} else if in.args != "" {
+		s.Argv = []string{"/bin/sh", "-c", in.args}
+	}
+	p.out.Steps = append(p.out.Steps, s)
 	return nil
 }
 

@@ -75,7 +75,7 @@ RUN ["/bin/sh", "-c", "echo exec form"]
 
 func TestParseRefusesWhatItDoesNotBuild(t *testing.T) {
 	for _, c := range []struct{ src, want string }{
-		{"FROM a\nRUN x\nCMD [\"sh\"]\n", "Dockerfile:3 CMD: instruction CMD is not supported"},
+		{"FROM a\nRUN x\nHEALTHCHECK NONE\n", "Dockerfile:3 HEALTHCHECK: instruction HEALTHCHECK is not supported"},
 		{"FROM a\nEXPOSE 80\n", "Dockerfile:2 EXPOSE"},
 		{"FROM a\nFROM b\n", "Dockerfile:2 FROM: a second FROM: multi-stage"},
 		{"FROM a\nCOPY --from=b /x /y\n", "Dockerfile:2 COPY: COPY --from"},
@@ -100,6 +100,34 @@ func TestParseRefusesWhatItDoesNotBuild(t *testing.T) {
 	}
 	if _, err := Parse("Dockerfile", []byte("FROM a\n"), map[string]string{"NOPE": "1"}); err == nil || !strings.Contains(err.Error(), `"NOPE" is not declared`) {
 		t.Errorf("an undeclared --build-arg: %v", err)
+	}
+}
+
+// TestDefaultCommand: CMD and ENTRYPOINT, exec and shell forms, become
+// steps; an ENTRYPOINT with no CMD before it clears the base's Cmd.
+func TestDefaultCommand(t *testing.T) {
+	f, err := Parse("Dockerfile", []byte("FROM a\nENTRYPOINT [\"python3\", \"-m\", \"app\"]\nCMD --port 80\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []recipe.Step{
+		{Kind: recipe.StepEntrypoint, Origin: "Dockerfile:2 ENTRYPOINT", Argv: []string{"python3", "-m", "app"}, Value: recipe.ResetCmd},
+		{Kind: recipe.StepCmd, Origin: "Dockerfile:3 CMD", Argv: []string{"/bin/sh", "-c", "--port 80"}},
+	}
+	if !reflect.DeepEqual(f.Steps, want) {
+		t.Fatalf("steps %+v, want %+v", f.Steps, want)
+	}
+	f, err = Parse("Dockerfile", []byte("FROM a\nCMD [\"serve\"]\nENTRYPOINT [\"/init\"]\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := f.Steps[1]; e.Kind != recipe.StepEntrypoint || e.Value != "" {
+		t.Fatalf("an ENTRYPOINT after a CMD: %+v, want it to keep the CMD", e)
+	}
+	for _, s := range f.Steps {
+		if err := s.Validate(); err != nil {
+			t.Errorf("%+v: %v", s, err)
+		}
 	}
 }
 

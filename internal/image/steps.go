@@ -133,7 +133,7 @@ func (b *Builder) runSteps(ctx context.Context, r *recipe.Recipe, from *ociimage
 	for i, s := range r.Steps {
 		what := fmt.Sprintf("step %d/%d %s", i+1, len(r.Steps), s.Origin)
 		switch s.Kind {
-		case recipe.StepEnv, recipe.StepWorkdir, recipe.StepUser:
+		case recipe.StepEnv, recipe.StepWorkdir, recipe.StepUser, recipe.StepCmd, recipe.StepEntrypoint:
 			chain = chain.next(s, "", "")
 			applyConfig(&chain.config, s)
 			chain.records = append(chain.records, StepRecord{Origin: s.Origin, Key: chain.key})
@@ -199,6 +199,13 @@ func applyConfig(c *ociimage.Config, s recipe.Step) {
 		c.WorkingDir = s.Value
 	case recipe.StepUser:
 		c.User = s.Value
+	case recipe.StepCmd:
+		c.Cmd = append([]string(nil), s.Argv...)
+	case recipe.StepEntrypoint:
+		c.Entrypoint = append([]string(nil), s.Argv...)
+		if s.Value == recipe.ResetCmd {
+			c.Cmd = nil
+		}
 	}
 }
 

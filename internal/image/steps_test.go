@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"io"
+	"slices"
 	"testing"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
@@ -82,5 +83,20 @@ func TestStepChainKeys(t *testing.T) {
 	}
 	if a.next(run, "", "sha256:l2").key == c.next(run, "", "sha256:l2").key {
 		t.Fatal("an ENV before a step did not change its key")
+	}
+}
+
+// TestApplyDefaultCommand: CMD sets Cmd; an ENTRYPOINT that resets clears
+// the base's Cmd, one after a CMD keeps it.
+func TestApplyDefaultCommand(t *testing.T) {
+	c := ociimage.Config{Cmd: []string{"base-cmd"}}
+	applyConfig(&c, recipe.Step{Kind: recipe.StepEntrypoint, Argv: []string{"/init"}, Value: recipe.ResetCmd})
+	if len(c.Cmd) != 0 || !slices.Equal(c.Entrypoint, []string{"/init"}) {
+		t.Fatalf("after a resetting ENTRYPOINT: %+v", c)
+	}
+	applyConfig(&c, recipe.Step{Kind: recipe.StepCmd, Argv: []string{"serve"}})
+	applyConfig(&c, recipe.Step{Kind: recipe.StepEntrypoint, Argv: []string{"/init2"}})
+	if !slices.Equal(c.Cmd, []string{"serve"}) || !slices.Equal(c.Entrypoint, []string{"/init2"}) {
+		t.Fatalf("an ENTRYPOINT after a CMD: %+v", c)
 	}
 }

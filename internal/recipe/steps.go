@@ -22,6 +22,12 @@ const (
 	StepEnv     StepKind = "env"     // one environment variable (ENV, env)
 	StepWorkdir StepKind = "workdir" // the working directory (WORKDIR, workdir)
 	StepUser    StepKind = "user"    // the user processes run as (USER, user)
+	// The image's default command (CMD, ENTRYPOINT): Argv, which a shell
+	// form makes ["/bin/sh", "-c", ...]. An ENTRYPOINT with Value
+	// ResetCmd also clears the Cmd the base image set, as Docker does
+	// when a Dockerfile sets ENTRYPOINT without a CMD before it.
+	StepCmd        StepKind = "cmd"
+	StepEntrypoint StepKind = "entrypoint"
 )
 
 // Step is one build step of a recipe (run, files, env, workdir, user) or
@@ -118,6 +124,10 @@ func (r *Recipe) validateSteps() error {
 	return nil
 }
 
+// ResetCmd is the Value of an entrypoint step that clears the base
+// image's Cmd.
+const ResetCmd = "reset-cmd"
+
 // Validate checks one step.
 func (s Step) Validate() error {
 	bad := func(format string, a ...any) error {
@@ -162,6 +172,15 @@ func (s Step) Validate() error {
 	case StepUser:
 		if !userRule.MatchString(s.Value) {
 			return bad("user %q: want NAME, UID, NAME:GROUP or UID:GID", s.Value)
+		}
+	case StepCmd, StepEntrypoint:
+		if s.Value != "" && (s.Kind != StepEntrypoint || s.Value != ResetCmd) {
+			return bad("%s value %q: want none (or %q for an entrypoint)", s.Kind, s.Value, ResetCmd)
+		}
+		for _, a := range s.Argv {
+			if !noNUL(a) || len(a) > MaxWarmCommandBytes {
+				return bad("argument %q: want at most %d bytes without NUL", a, MaxWarmCommandBytes)
+			}
 		}
 	default:
 		return bad("unknown step kind %q", s.Kind)
