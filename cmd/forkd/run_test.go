@@ -107,7 +107,9 @@ func TestRunForkFailure(t *testing.T) {
 	if _, err := runCLI(t, d.fakeDaemon, "run", "--tag", "py", "--keep", "--rm", "--", "true"); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("--keep --rm: %v", err)
 	}
-	if _, err := runCLI(t, d.fakeDaemon, "run", "--tag", "py"); !errdefs.IsInvalidArgument(err) {
-		t.Errorf("no command: %v", err)
+	// Without a command run runs the image's default one (integration
+	// tests it); --shell has nothing to run then.
+	if _, err := runCLI(t, d.fakeDaemon, "run", "--tag", "py", "--shell"); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "--shell needs") {
+		t.Errorf("--shell without a command: %v", err)
 	}
 }
