@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/dockerfile"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/oci"
 	"github.com/forkd-dev/forkd/internal/recipe"
 )
 
@@ -35,7 +37,7 @@ func (b *buildFlags) bind(f *pflag.FlagSet, src *apiv1.BuildSource) {
 
 // fill completes src from the flags, the recipe (a name or a .toml file;
 // "" when none was given) and the positional arguments left (CONTEXT).
-func (b *buildFlags) fill(src *apiv1.BuildSource, recipeArg string, args []string) error {
+func (b *buildFlags) fill(ctx context.Context, src *apiv1.BuildSource, recipeArg string, args []string) error {
 	var err error
 	if src.BuildNetwork, err = policyFlag(b.network); err != nil {
 		return fmt.Errorf("--build-network: %w", err)
@@ -55,26 +57,43 @@ func (b *buildFlags) fill(src *apiv1.BuildSource, recipeArg string, args []strin
 	if len(args) > 0 && b.dockerfile == "" {
 		return fmt.Errorf("a CONTEXT directory (%s) goes with -f Dockerfile; a recipe's files are read next to the recipe file: %w", args[0], errdefs.ErrInvalidArgument)
 	}
+	from := src.From
 	switch {
 	case b.dockerfile != "":
-		return dockerfileRequest(src, b.dockerfile, args, b.buildArgs)
+		if from, err = dockerfileRequest(src, b.dockerfile, args, b.buildArgs); err != nil {
+			return err
+		}
 	case recipeArg != "":
 		if src.Recipe, src.RecipeTOML, err = recipeFile(recipeArg); err != nil {
 			return err
 		}
-		src.Context, err = recipeContext(recipeArg, src.RecipeTOML)
-		return err
+		if src.Context, from, err = recipeContext(recipeArg, src.RecipeTOML); err != nil {
+			return err
+		}
 	}
-	return nil
+	return sendCredentials(ctx, src, from)
+}
+
+// sendCredentials adds the credentials this user's docker config holds
+// for from's registry, as `forkd pull` sends them: a tenant's build uses
+// only what it sends. A reference without a registry host (a Docker Hub
+// short name) sends none.
+func sendCredentials(ctx context.Context, src *apiv1.BuildSource, from string) error {
+	if _, err := oci.ParseReference(from); err != nil {
+		return nil // the daemon judges the reference
+	}
+	var err error
+	src.RegistryUsername, src.RegistryPassword, err = oci.DockerCredential(ctx, from)
+	return err
 }
 
 // dockerfileRequest fills req from a Dockerfile and its context directory
 // (args[0], default "."): the daemon never reads the client's files, so
 // the ones COPY names travel in the request.
-func dockerfileRequest(req *apiv1.BuildSource, path string, args, buildArgs []string) error {
+func dockerfileRequest(req *apiv1.BuildSource, path string, args, buildArgs []string) (from string, err error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return fmt.Errorf("dockerfile: %w: %w", err, errdefs.ErrInvalidArgument)
+		return "", fmt.Errorf("dockerfile: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	req.Dockerfile = string(data)
 	if len(buildArgs) > 0 {
@@ -82,7 +101,7 @@ func dockerfileRequest(req *apiv1.BuildSource, path string, args, buildArgs []st
 		for _, kv := range buildArgs {
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok {
-				return fmt.Errorf("--build-arg %q: want KEY=VALUE: %w", kv, errdefs.ErrInvalidArgument)
+				return "", fmt.Errorf("--build-arg %q: want KEY=VALUE: %w", kv, errdefs.ErrInvalidArgument)
 			}
 			req.BuildArgs[k] = v
 		}
@@ -90,28 +109,30 @@ func dockerfileRequest(req *apiv1.BuildSource, path string, args, buildArgs []st
 	// Parsed here too, for the COPY sources (and early, clear errors).
 	f, err := dockerfile.Parse(filepath.Base(path), data, req.BuildArgs)
 	if err != nil {
-		return err
+		return "", err
 	}
 	dir := "."
 	if len(args) > 0 {
 		dir = args[0]
 	}
 	req.Context, err = contextFiles(dir, f.Steps)
-	return err
+	return f.From, err
 }
 
 // recipeContext reads the files a recipe file's files table names,
 // relative to the recipe's directory; a recipe named, not a path, has
 // none to send.
-func recipeContext(arg, toml string) ([]apiv1.ContextFile, error) {
+// It also returns the recipe's from.
+func recipeContext(arg, toml string) ([]apiv1.ContextFile, string, error) {
 	if toml == "" {
-		return nil, nil
+		return nil, "", nil
 	}
 	r, err := recipe.Parse(arg, []byte(toml))
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return contextFiles(filepath.Dir(arg), r.Steps)
+	files, err := contextFiles(filepath.Dir(arg), r.Steps)
+	return files, r.From, err
 }
 
 func contextFiles(dir string, steps []recipe.Step) ([]apiv1.ContextFile, error) {

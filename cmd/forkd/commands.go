@@ -88,7 +88,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 			if req.Network, err = policyFlag(network); err != nil {
 				return err
 			}
-			if err := bf.fill(&req.BuildSource, recipeArg, args); err != nil {
+			if err := bf.fill(cmd.Context(), &req.BuildSource, recipeArg, args); err != nil {
 				return err
 			}
 			c, err := g.client(cmd.Context())

@@ -29,7 +29,7 @@ func imageCmd(g *globals) *cobra.Command {
 			if req.From == "" && bf.dockerfile == "" && len(args) > 0 {
 				recipeArg, args = args[0], args[1:]
 			}
-			if err := bf.fill(&req.BuildSource, recipeArg, args); err != nil {
+			if err := bf.fill(cmd.Context(), &req.BuildSource, recipeArg, args); err != nil {
 				return err
 			}
 			c, err := g.client(cmd.Context())

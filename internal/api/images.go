@@ -109,7 +109,7 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, err)
 		return
 	}
-	network := policyOf(req.BuildNetwork)
+	network, registry := policyOf(req.BuildNetwork), s.registryAccess(r, req.BuildSource, rcp.From)
 	if err := s.Engine.CheckBuildNetwork(network); err != nil {
 		writeProblem(w, r, err)
 		return
@@ -125,7 +125,7 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	op, err := s.startOperation(r, apiv1.OpImageBuild, rcp.Name, func(ctx context.Context, pr opProgress) (any, error) {
-		img, err := s.Engine.BuildImageWith(ctx, slot, rcp, sandbox.BuildOptions{Progress: pr.Message, Network: network})
+		img, err := s.Engine.BuildImageWith(ctx, slot, rcp, sandbox.BuildOptions{Progress: pr.Message, Network: network, Registry: registry})
 		if err != nil {
 			return nil, err
 		}

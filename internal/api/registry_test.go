@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -19,6 +21,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/oci"
 	"github.com/forkd-dev/forkd/internal/pack"
 	"github.com/forkd-dev/forkd/internal/sandbox"
+	"github.com/forkd-dev/forkd/internal/snapshot"
 )
 
 // pushedArtifact pushes a small snapshot, tagged tag, to a registry the
@@ -179,27 +182,48 @@ func TestPullIsAnOperation(t *testing.T) {
 	}
 }
 
-// A tenant's own recipe may not pull an image from a registry (it would
-// use the daemon's credentials and network); an admin's may, and so may a
-// recipe of the daemon's that a tenant names.
-func TestTenantRecipeFromIsRefused(t *testing.T) {
-	tk := newTenancy(t, nil)
-	body := `{"tag":"t-from","recipe_toml":"name = 'img'\nfrom = '10.0.0.5:5000/app:v1'\n"}`
-	a := tk.call("alice", "POST", "/v1/snapshots", body, map[string]string{"Prefer": "respond-async"})
-	if a.status != http.StatusForbidden || a.p.Code != "permission_denied" || !strings.Contains(a.p.Detail, "forkd image build --from") {
-		t.Fatalf("a tenant's recipe with from: %d %s, want 403 naming the way out", a.status, a.body)
+// A tenant may build from a registry image (from, a Dockerfile, its own
+// recipe's from), but pulled only with the credentials it sent, never the
+// daemon's docker logins, and from public addresses only unless the
+// operator allowed the registry; its step cache is its own. An admin's
+// build, and a recipe the daemon installed, keep the daemon's logins.
+func TestTenantBuildsPullAsTheTenant(t *testing.T) {
+	recipes := t.TempDir()
+	if err := os.WriteFile(filepath.Join(recipes, "inst.toml"), []byte("name = 'inst'\nfrom = '10.0.0.5:5000/app:v1'\n"), 0o644); err != nil {
+		t.Fatal(err)
 	}
-	// The other ways to name a registry image: from, a Dockerfile.
-	for body, way := range map[string]string{
-		`{"tag":"t-from2","from":"10.0.0.5:5000/app:v1"}`:                     "forkd image build --from 10.0.0.5:5000/app:v1",
-		`{"tag":"t-df","dockerfile":"FROM 10.0.0.5:5000/app:v1\nRUN true\n"}`: "forkd image build -f Dockerfile",
-	} {
-		a := tk.call("alice", "POST", "/v1/snapshots", body, map[string]string{"Prefer": "respond-async"})
-		if a.status != http.StatusForbidden || a.p.Code != "permission_denied" || !strings.Contains(a.p.Detail, way) {
-			t.Errorf("%s from a tenant: %d %s, want 403 naming %q", body, a.status, a.body, way)
+	tk := newTenancy(t, func(c *sandbox.Config) { c.RecipeDirs = []string{recipes} })
+	tk.s.PrivateRegistries = []string{"10.0.0.9:5000"}
+	got := make(chan sandbox.CreateSnapshotOptions, 1)
+	tk.s.createSnapshotFn = func(ctx context.Context, opts sandbox.CreateSnapshotOptions) (*snapshot.Snapshot, error) {
+		opts.Slot.Release()
+		got <- opts
+		return nil, context.Canceled
+	}
+	create := func(who, body string) sandbox.CreateSnapshotOptions {
+		t.Helper()
+		a := tk.call(who, "POST", "/v1/snapshots", body, map[string]string{"Prefer": "respond-async"})
+		if a.status != http.StatusAccepted {
+			t.Fatalf("%s: %s: %d %s", who, body, a.status, a.body)
 		}
+		return <-got
 	}
-	if ops := listAs[apiv1.Operation](tk, "ops", "/v1/operations"); len(ops) != 0 {
-		t.Errorf("the refused create started operations: %+v", ops)
+	for _, c := range []struct {
+		who, body  string
+		publicOnly bool
+		ownCreds   bool // a keychain of the request's credentials (or anonymous)
+		tenant     string
+	}{
+		{"alice", `{"tag":"t1","recipe_toml":"name = 'img'\nfrom = '10.0.0.5:5000/app:v1'\n"}`, true, true, "acme"},
+		{"alice", `{"tag":"t2","from":"10.0.0.5:5000/app:v1","registry_username":"u","registry_password":"p"}`, true, true, "acme"},
+		{"alice", `{"tag":"t3","dockerfile":"FROM 10.0.0.9:5000/app:v1\nRUN true\n"}`, false, true, "acme"},
+		{"ops", `{"tag":"t4","from":"10.0.0.5:5000/app:v1"}`, false, false, ""},
+		{"alice", `{"tag":"t5","recipe":"inst"}`, false, false, "acme"},
+	} {
+		o := create(c.who, c.body)
+		if o.Registry.PublicOnly != c.publicOnly || (o.Registry.Keychain != nil) != c.ownCreds || o.Tenant != c.tenant {
+			t.Errorf("%s %s: registry %+v, tenant %q; want public only %v, own credentials %v, tenant %q",
+				c.who, c.body, o.Registry, o.Tenant, c.publicOnly, c.ownCreds, c.tenant)
+		}
 	}
 }

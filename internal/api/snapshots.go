@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"syscall"
 
 	"github.com/forkd-dev/forkd/internal/apiv1"
 	"github.com/forkd-dev/forkd/internal/auth"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/httpquery"
+	"github.com/forkd-dev/forkd/internal/image"
+	"github.com/forkd-dev/forkd/internal/oci"
 	"github.com/forkd-dev/forkd/internal/sandbox"
 	"github.com/forkd-dev/forkd/internal/snapshot"
 )
@@ -119,21 +122,20 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		Tag: req.Tag, Recipe: req.Recipe, RecipeTOML: req.RecipeTOML, Warm: req.Warm, MemoryMiB: req.MemoryMiB, VCPUs: req.VCPUs,
 		Network: policyOf(req.Network), BuildNetwork: policyOf(req.BuildNetwork),
 	}
-	// A non-admin may not build from a registry (the daemon's
-	// credentials and network): checked before anything is parsed.
-	if err := s.checkRecipeSource(r, req.BuildSource); err != nil {
-		writeProblem(w, r, err)
-		return
-	}
-	if needsParse(req.BuildSource) {
-		// A Dockerfile, an image reference or a build context: read as
-		// an image build reads them.
+	admin := s.principalOf(r).Admin()
+	if needsParse(req.BuildSource) || (!admin && req.RecipeTOML != "") {
+		// A Dockerfile, an image reference or a build context, or a
+		// tenant's recipe (whose from decides how it is pulled): read
+		// as an image build reads them.
 		rcp, err := s.buildRecipe(req.BuildSource)
 		if err != nil {
 			writeProblem(w, r, err)
 			return
 		}
 		opts.Parsed, opts.Recipe, opts.RecipeTOML = rcp, "", ""
+		opts.Registry = s.registryAccess(r, req.BuildSource, rcp.From)
+	} else {
+		opts.Registry = s.registryAccess(r, req.BuildSource, "")
 	}
 	// Validate everything that can be checked before starting the work
 	// (tag, recipe, memory, vCPUs, warm-up code, networks, disk space),
@@ -175,33 +177,27 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	answer(op.ID)
 }
 
-// checkRecipeSource refuses a build source a non-admin sent that pulls
-// from a registry (from, a Dockerfile's FROM, a recipe_toml's from): the
-// daemon would pull it with its registry credentials and from its
-// network, where only an admin decides. Recipes the daemon has installed
-// are the admin's choice and pass.
-func (s *Server) checkRecipeSource(r *http.Request, src apiv1.BuildSource) error {
-	p := s.principalOf(r)
-	if p.Admin() {
-		return nil
+// registryAccess is how a build for r's principal pulls its from image
+// (from: the reference, "" when unknown or none). An admin's build uses
+// the credentials it sent, else the daemon's docker config, at any
+// address; so does a recipe the daemon has installed, which is the
+// operator's choice. Anyone else's build uses only the credentials it
+// sent (never the daemon's logins) and reaches public registries only,
+// unless the operator allowed this one (--registry-private).
+func (s *Server) registryAccess(r *http.Request, src apiv1.BuildSource, from string) image.RegistryAccess {
+	var a image.RegistryAccess
+	if src.RegistryUsername != "" || src.RegistryPassword != "" {
+		a.Keychain = image.StaticCredentials(src.RegistryUsername, src.RegistryPassword)
 	}
-	var what, how string
-	switch {
-	case src.From != "":
-		what, how = fmt.Sprintf("from = %q", src.From), "forkd image build --from "+src.From
-	case src.Dockerfile != "":
-		what, how = "a Dockerfile (its FROM)", "forkd image build -f Dockerfile"
-	case src.RecipeTOML != "":
-		rcp, err := s.Engine.ResolveRecipe("", src.RecipeTOML)
-		if err != nil || rcp.From == "" {
-			return nil // CheckCreateSnapshot judges it
-		}
-		what, how = fmt.Sprintf("a recipe with from = %q", rcp.From), "forkd image build --from "+rcp.From
-	default:
-		return nil
+	installed := src.Recipe != "" && src.RecipeTOML == ""
+	if s.principalOf(r).Admin() || installed || from == "" {
+		return a
 	}
-	return fmt.Errorf("%s may not build from %s: images from registries are pulled with the daemon's credentials and network, so an admin builds them (%s) or installs a recipe that names them: %w",
-		p, what, how, errdefs.ErrPermissionDenied)
+	if a.Keychain == nil {
+		a.Keychain = image.StaticCredentials("", "")
+	}
+	a.PublicOnly = !slices.Contains(s.PrivateRegistries, oci.RegistryHost(from))
+	return a
 }
 
 // needsParse reports whether a snapshot's build source is more than a

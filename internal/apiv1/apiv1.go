@@ -123,6 +123,12 @@ type BuildSource struct {
 	// BuildNetwork is the egress policy of the build VMs that run RUN
 	// steps; absent: the daemon's default (its --network).
 	BuildNetwork *NetworkPolicy `json:"build_network,omitempty"`
+	// RegistryUsername and RegistryPassword authenticate the pull of the
+	// image built from (from, a Dockerfile's or recipe's FROM). A
+	// tenant's build uses only these, never the daemon's docker logins;
+	// an admin's without them uses the daemon's.
+	RegistryUsername string `json:"registry_username,omitempty"`
+	RegistryPassword string `json:"registry_password,omitempty"`
 }
 
 // ContextFile is one file of a build context.

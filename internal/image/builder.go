@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/ociimage"
 	"github.com/forkd-dev/forkd/internal/recipe"
@@ -35,7 +37,37 @@ type Builder struct {
 	// Steps runs the Run steps of recipes that have them (steps.go); nil:
 	// such recipes fail with NotImplemented.
 	Steps StepRunner
+	// Registry is how a build reaches the registry of its from image.
+	Registry RegistryAccess
+	// Tenant, for a tenant's build, scopes its build steps' cache: a
+	// step's layer is reused only by builds of the same tenant ("" the
+	// operator's).
+	Tenant string
 }
+
+// RegistryAccess is how a build pulls its from image.
+type RegistryAccess struct {
+	// Keychain supplies credentials; nil: the daemon user's docker
+	// config (an operator's build). StaticCredentials makes one from what
+	// a request sent.
+	Keychain authn.Keychain
+	// PublicOnly refuses registries at addresses that are not public (a
+	// tenant's build, unless the operator allowed the registry).
+	PublicOnly bool
+}
+
+// StaticCredentials is a keychain that answers user and password (none:
+// anonymous) for every registry, and never reads a docker config.
+func StaticCredentials(user, password string) authn.Keychain {
+	if user == "" && password == "" {
+		return staticKeychain{authn.Anonymous}
+	}
+	return staticKeychain{authn.FromConfig(authn.AuthConfig{Username: user, Password: password})}
+}
+
+type staticKeychain struct{ a authn.Authenticator }
+
+func (k staticKeychain) Resolve(authn.Resource) (authn.Authenticator, error) { return k.a, nil }
 
 // Build returns the image for r, building what is not cached. Building the
 // same recipe with the same kernel, root file system and agent again returns

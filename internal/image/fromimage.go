@@ -38,10 +38,12 @@ func LayerCacheDir(dataDir string) string {
 // LayerCacheDir.
 func (b *Builder) puller(r *recipe.Recipe) *ociimage.Puller {
 	return &ociimage.Puller{
-		CacheDir: LayerCacheDir(b.DataDir),
-		Insecure: r.InsecureRegistry,
-		Limits:   b.PullLimits,
-		Progress: b.Progress,
+		CacheDir:   LayerCacheDir(b.DataDir),
+		Insecure:   r.InsecureRegistry,
+		Keychain:   b.Registry.Keychain,
+		PublicOnly: b.Registry.PublicOnly,
+		Limits:     b.PullLimits,
+		Progress:   b.Progress,
 	}
 }
 

@@ -96,8 +96,16 @@ type stepIndex struct {
 	Created time.Time `json:"created"`
 }
 
-func chainStart(from *ociimage.Image) *stepChain {
-	sum := sha256.Sum256([]byte(fmt.Sprintf("forkd-steps\nformat=%d\nfrom=%s\n", stepsFormatVersion, from.Digest)))
+// chainStart is the chain before the first step. A tenant's chain is its
+// own: its keys differ from anyone else's, so one tenant never gets a
+// layer another tenant's build made (whose RUN ran under that tenant's
+// network policy and inputs).
+func chainStart(from *ociimage.Image, tenant string) *stepChain {
+	seed := fmt.Sprintf("forkd-steps\nformat=%d\nfrom=%s\n", stepsFormatVersion, from.Digest)
+	if tenant != "" {
+		seed += "tenant=" + tenant + "\n"
+	}
+	sum := sha256.Sum256([]byte(seed))
 	c := from.Config
 	c.Env = append([]string(nil), c.Env...)
 	return &stepChain{key: hex.EncodeToString(sum[:]), config: c}
@@ -122,7 +130,7 @@ func (c *stepChain) next(s recipe.Step, inputs, layer string) *stepChain {
 // layer cache.
 func (b *Builder) runSteps(ctx context.Context, r *recipe.Recipe, from *ociimage.Image, k *Kernel, release string, started time.Time) (*stepChain, error) {
 	say := progressFunc(b.Progress)
-	chain := chainStart(from)
+	chain := chainStart(from, b.Tenant)
 	cache := ociimage.Cache{Dir: LayerCacheDir(b.DataDir)}
 	var bootFiles *buildBoot
 	defer func() {

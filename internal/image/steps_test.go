@@ -63,7 +63,7 @@ func TestCopyInputsAndLayer(t *testing.T) {
 }
 
 func TestStepChainKeys(t *testing.T) {
-	from := chainStart(&ociimage.Image{Digest: "sha256:aa", Config: ociimage.Config{Env: []string{"PATH=/bin"}}})
+	from := chainStart(&ociimage.Image{Digest: "sha256:aa", Config: ociimage.Config{Env: []string{"PATH=/bin"}}}, "")
 	run := recipe.Step{Kind: recipe.StepRun, Origin: "Dockerfile:3 RUN", Shell: "make"}
 	a := from.next(run, "", "sha256:l1")
 	moved := run
@@ -71,9 +71,14 @@ func TestStepChainKeys(t *testing.T) {
 	if b := from.next(moved, "", "sha256:l1"); b.key != a.key {
 		t.Fatal("where a step is written changed its key")
 	}
-	other := chainStart(&ociimage.Image{Digest: "sha256:bb"})
+	other := chainStart(&ociimage.Image{Digest: "sha256:bb"}, "")
 	if other.next(run, "", "sha256:l1").key == a.key {
 		t.Fatal("another base image kept the key")
+	}
+	acme := chainStart(&ociimage.Image{Digest: "sha256:aa", Config: ociimage.Config{Env: []string{"PATH=/bin"}}}, "acme")
+	beta := chainStart(&ociimage.Image{Digest: "sha256:aa", Config: ociimage.Config{Env: []string{"PATH=/bin"}}}, "beta")
+	if k := acme.next(run, "", "").key; k == a.key || k == beta.next(run, "", "").key {
+		t.Fatal("a tenant's step shares its key with the operator's or another tenant's")
 	}
 	env := recipe.Step{Kind: recipe.StepEnv, Key: "PATH", Value: "/usr/bin:/bin"}
 	c := a.next(env, "", "")

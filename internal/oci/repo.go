@@ -23,6 +23,7 @@ import (
 	"oras.land/oras-go/v2/registry/remote/errcode"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/netguard"
 )
 
 // Media types of a forkd snapshot artifact.
@@ -150,7 +151,7 @@ func wrapRegistry(ctx context.Context, host, what string, err error) error {
 	}
 	var resp *errcode.ErrorResponse
 	var opErr *net.OpError
-	var private *privateAddrError
+	var private *netguard.PrivateAddrError
 	switch {
 	case errors.As(err, &private):
 		return fmt.Errorf("%s: registry %s: %w", what, host, private)

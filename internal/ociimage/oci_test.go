@@ -296,3 +296,20 @@ func TestPullRefusesPlainHTTPUnlessInsecure(t *testing.T) {
 		t.Fatalf("bad reference: %v", err)
 	}
 }
+
+// TestPullPublicOnly: a tenant's pull (PublicOnly) is refused at dial
+// time by a registry on loopback, naming the operator's way to allow it;
+// the same pull without it works. No traffic leaves the test's server.
+func TestPullPublicOnly(t *testing.T) {
+	reg := newRegistry(t)
+	ref := reg.push(t, "public/only", imageOf(t, v1.Config{}, layerOf(t, file("f", "x"))))
+	p := testPuller(t)
+	p.PublicOnly = true
+	_, err := p.Resolve(t.Context(), ref)
+	if !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), "--registry-private") {
+		t.Fatalf("a public-only pull from loopback: %v", err)
+	}
+	if _, err := testPuller(t).Resolve(t.Context(), ref); err != nil {
+		t.Fatalf("the same pull, unrestricted: %v", err)
+	}
+}

@@ -5,10 +5,12 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"runtime"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -17,6 +19,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/netguard"
 )
 
 // Puller resolves image references and fetches their layers into a cache.
@@ -35,6 +38,11 @@ type Puller struct {
 	Limits Limits
 	// Progress, if set, receives one-line status messages.
 	Progress func(string)
+	// PublicOnly refuses connections to addresses that are not public
+	// (netguard), checked at dial time, and ignores proxies from the
+	// environment: a tenant's build must not make the daemon reach the
+	// host's or its network's services.
+	PublicOnly bool
 	// Transport, if set, replaces the HTTP transport (tests).
 	Transport http.RoundTripper
 }
@@ -210,6 +218,10 @@ func (p *Puller) transport() http.RoundTripper {
 		return p.Transport
 	}
 	t := remote.DefaultTransport.(*http.Transport).Clone()
+	if p.PublicOnly {
+		d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: netguard.PublicOnly}
+		t.DialContext, t.Proxy = d.DialContext, nil
+	}
 	if p.Insecure {
 		t.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // asked for with --insecure-registry
 	}
@@ -243,6 +255,10 @@ func (p *Puller) registryError(r name.Reference, g *schemeGuard, err error) erro
 	if g.refused.Load() {
 		return fmt.Errorf("registry %s did not answer over trusted HTTPS (%v); if it is a plain-HTTP or self-signed registry you trust, pass --insecure-registry (recipe: insecure_registry = true): %w",
 			r.Context().RegistryStr(), err, errdefs.ErrFailedPrecondition)
+	}
+	var private *netguard.PrivateAddrError
+	if errors.As(err, &private) {
+		return fmt.Errorf("registry %s: %w", r.Context().RegistryStr(), private)
 	}
 	var te *transport.Error
 	if errors.As(err, &te) {

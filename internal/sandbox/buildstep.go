@@ -33,12 +33,14 @@ type stepRunner struct {
 
 var _ image.StepRunner = stepRunner{}
 
-// builder is the engine's image builder for one build: its progress and
-// the network policy of its build VMs (nil: the daemon's default).
-func (e *Engine) builderFor(progress func(string), network *egress.Policy) *image.Builder {
+// builderFor is the engine's image builder for one build: its progress,
+// the network policy of its build VMs (nil: the daemon's default), how it
+// reaches its registry, and whose step cache it uses.
+func (e *Engine) builderFor(o BuildOptions) *image.Builder {
 	b := *e.builder
-	b.Progress = progress
-	b.Steps = stepRunner{e: e, policy: network}
+	b.Progress = o.Progress
+	b.Steps = stepRunner{e: e, policy: o.Network}
+	b.Registry, b.Tenant = o.Registry, o.Tenant
 	return &b
 }
 

@@ -344,6 +344,11 @@ type BuildOptions struct {
 	// Network is the egress policy of its build VMs; nil: the daemon's
 	// default.
 	Network *egress.Policy
+	// Registry is how it pulls its from image (zero: the daemon's docker
+	// config, any address); Tenant, for a tenant's build, scopes its
+	// step cache.
+	Registry image.RegistryAccess
+	Tenant   string
 }
 
 // CheckBuildNetwork checks a build's network policy before the build
@@ -365,7 +370,7 @@ func (e *Engine) BuildImageWith(ctx context.Context, slot *BuildSlot, r *recipe.
 	if err := e.checkBuildNetwork(opts.Network); err != nil {
 		return nil, err
 	}
-	return e.builderFor(opts.Progress, opts.Network).Build(ctx, r)
+	return e.builderFor(opts).Build(ctx, r)
 }
 
 // Images lists built images, newest first.

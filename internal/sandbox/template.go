@@ -14,6 +14,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/cleanup"
 	"github.com/forkd-dev/forkd/internal/egress"
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/image"
 	"github.com/forkd-dev/forkd/internal/metrics"
 	"github.com/forkd-dev/forkd/internal/netns"
 	"github.com/forkd-dev/forkd/internal/recipe"
@@ -59,6 +60,9 @@ type CreateSnapshotOptions struct {
 	// BuildNetwork is the egress policy of the build VMs of its image's
 	// Run steps; nil: the daemon's default.
 	BuildNetwork *egress.Policy
+	// Registry is how its image's from is pulled (zero: the daemon's
+	// docker config, any address); a tenant's build sends its own.
+	Registry image.RegistryAccess
 }
 
 // templatePlan is what a valid CreateSnapshotOptions resolves to.
@@ -173,7 +177,7 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 	defer st.Abort()
 
 	progress(fmt.Sprintf("building image for recipe %s", r.Name))
-	img, err := e.builderFor(progress, opts.BuildNetwork).Build(ctx, r)
+	img, err := e.builderFor(BuildOptions{Progress: progress, Network: opts.BuildNetwork, Registry: opts.Registry, Tenant: opts.Tenant}).Build(ctx, r)
 	if err != nil {
 		return nil, err
 	}
