@@ -45,6 +45,8 @@ func newCLIOn(t *testing.T, data string) *cli {
 		// internal/sandbox, and here it would only restore children
 		// ahead in the background of the tests that follow.
 		"FORKD_POOL_MAX=0",
+		// A busy CI machine can starve a child past the product's 90 s.
+		"FORKD_READY_TIMEOUT=5m",
 	)}
 	t.Cleanup(func() {
 		// Sandboxes outlive a stopped daemon (the next one re-adopts

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/forkd-dev/forkd/internal/jail"
 	"github.com/forkd-dev/forkd/internal/sandbox"
@@ -81,7 +82,10 @@ func newEngineOn(t *testing.T, data string, poolSize int, opts ...func(*sandbox.
 		RecipeDirs:  []string{filepath.Join(repoRoot, "recipes"), filepath.Join(repoRoot, "integration", "testdata")},
 		AgentBinary: filepath.Join(repoRoot, "bin", "forkd-agent"),
 		PoolSize:    poolSize, NetNSPrefix: prefix, MaxForkCount: 20,
-		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		// A busy CI machine (TCG, 2 cores, other jobs) can starve a child
+		// past the product's 90 s; the tests wait for it to answer.
+		ReadyTimeout: 5 * time.Minute,
+		Logger:       slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	for _, o := range opts {
 		o(&cfg)

@@ -19,6 +19,7 @@ export FORKD_RUN_DIR=/run/forkd-sdk-$name
 export FORKD_RECIPES=$PWD/recipes:$PWD/integration/testdata
 export FORKD_NETNS_PREFIX=fks$(printf %s "$name" | cksum | cut -c1-3)-
 export FORKD_POOL_MAX=0 # as integration/cli_test.go: no pool growth behind the tests
+export FORKD_READY_TIMEOUT=5m # a busy CI machine can starve a child past 90 s
 forkd=$PWD/bin/forkd
 case $cmd in
 start)

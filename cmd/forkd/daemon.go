@@ -131,7 +131,7 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 		MemoryDir: memDir,
 		DataDir:   g.dataDir, RunDir: d.runDir, Driver: drv, Accel: vmm.Accel(g.accel),
 		RecipeDirs: recipeDirs(g.dataDir), AgentBinary: agent, PoolSize: g.poolSize, PoolMax: g.poolMax, PoolStartOnly: g.poolStartOnly, PoolIdle: g.poolIdle,
-		NetNSPrefix: d.netnsPrefix, Logger: d.log, MaxForkCount: g.maxFork, MaxSandboxes: g.maxSandboxes, MaxGuestMemoryMiB: maxGuestMiB,
+		NetNSPrefix: d.netnsPrefix, Logger: d.log, MaxForkCount: g.maxFork, ReadyTimeout: g.readyTimeout, MaxSandboxes: g.maxSandboxes, MaxGuestMemoryMiB: maxGuestMiB,
 		MaxConcurrentBuilds: g.maxBuilds, Metrics: d.metrics, OnEvent: d.onEvent, DeadRetention: g.deadRetention,
 		State: d.state, KeepSandboxesOnClose: d.state != nil && !g.stopSandboxes,
 		Network:  netCfg,
@@ -324,6 +324,9 @@ func serveCmd(g *globals) *cobra.Command {
 		"debug, info, warn or error (env FORKD_LOG_LEVEL); debug adds every API request with its duration, each VMM start, and each branch's and snapshot's timings")
 	f.StringVar(&netnsPrefix, "netns-prefix", envOr("FORKD_NETNS_PREFIX", "forkd-"), "prefix of the network namespaces this daemon creates (and cleans up at start)")
 	f.IntVar(&g.maxFork, "max-fork", 100, "most sandboxes one fork request may create")
+	f.DurationVar(&g.readyTimeout, "ready-timeout", sandbox.DefaultReadyTimeout,
+		"most time one child's restore and agent handshake may take before its fork fails (env FORKD_READY_TIMEOUT); raise it on hosts that run large fan-outs under emulation with little CPU")
+	envDefault(f, g, "ready-timeout", "FORKD_READY_TIMEOUT")
 	f.IntVar(&g.maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: no limit)")
 	f.Float64Var(&g.guestMemShare, "guest-memory-share", defaultGuestMemShare,
 		"most guest memory committed to sandboxes running, starting and pooled, as a multiple of the host's RAM; a fork past it is refused (429) with the numbers. Above 1 because clones share their parent's memory copy-on-write and few touch all of theirs. 0: no limit")

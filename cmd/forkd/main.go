@@ -57,6 +57,8 @@ type globals struct {
 	sandboxTimeout, deadRetention time.Duration
 	// poolIdle is how long an unused snapshot's pool keeps its VMMs.
 	poolIdle time.Duration
+	// readyTimeout bounds one child's restore and handshake.
+	readyTimeout time.Duration
 	// stopSandboxes: serve stops sandboxes on exit instead of leaving them
 	// for the next daemon.
 	stopSandboxes bool

@@ -53,7 +53,7 @@ const handOutTimeout = 10 * time.Second
 // discards pv. A rehearsal whose code fails, or an agent too old to
 // rehearse, leaves the child pooled as it is, restored.
 func (e *Engine) restoreAhead(ctx context.Context, pv *prepared) error {
-	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	rctx, cancel := context.WithTimeout(ctx, e.cfg.ReadyTimeout)
 	defer cancel()
 	start := time.Now()
 	if _, err := pv.machine.Restore(rctx); err != nil {

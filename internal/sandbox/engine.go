@@ -68,6 +68,9 @@ type Config struct {
 	MaxGuestMemoryMiB int64
 	// SpawnConcurrency bounds children restored at once (0: 2 x CPUs).
 	SpawnConcurrency int
+	// ReadyTimeout bounds one child's restore plus agent handshake (0:
+	// DefaultReadyTimeout). Tests on busy machines raise it.
+	ReadyTimeout time.Duration
 	// DiskRead caps each sandbox's reads of its root disk (zero fields: no
 	// limit). Templates boot without it: a build reads its whole image.
 	DiskRead vmm.RateLimit
@@ -187,6 +190,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if cfg.SpawnConcurrency <= 0 {
 		cfg.SpawnConcurrency = 2 * runtime.NumCPU()
+	}
+	if cfg.ReadyTimeout <= 0 {
+		cfg.ReadyTimeout = DefaultReadyTimeout
 	}
 	for _, d := range []string{cfg.DataDir, cfg.RunDir, filepath.Join(cfg.RunDir, "vms")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {

@@ -23,9 +23,10 @@ import (
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
-// readyTimeout bounds one child's restore plus handshake. Generous: under
-// TCG with 50 children starting on 2 cores a child can wait seconds for CPU.
-const readyTimeout = 90 * time.Second
+// DefaultReadyTimeout bounds one child's restore plus handshake (Config.
+// ReadyTimeout). Generous: under TCG with 50 children starting on 2 cores
+// a child can wait seconds for CPU.
+const DefaultReadyTimeout = 90 * time.Second
 
 // prepared is a VMM process started for a snapshot, waiting to be restored,
 // with its network namespace and agent connection already set up. Everything
@@ -428,7 +429,7 @@ func (e *Engine) spawnFrom(ctx context.Context, p *pool, opts ForkOptions, pv *p
 			phases.NetworkMillis += since(t)
 		}
 	}
-	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	rctx, cancel := context.WithTimeout(ctx, e.cfg.ReadyTimeout)
 	defer cancel()
 	var sess *agentconn.Session
 	if pv.session != nil {
