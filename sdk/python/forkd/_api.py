@@ -58,6 +58,27 @@ def sandbox_path(sandbox_id: str) -> str:
 PULL_POLICIES = ("if_not_present", "always")
 
 
+def is_reference(tag: str) -> bool:
+    """Whether a fork's tag is a registry reference (host[:port]/repository:tag
+    or @sha256:...) rather than a local tag: the daemon's rule, a "/"."""
+    return "/" in tag
+
+
+def registry_credentials(username: Optional[str], password: Optional[str]) -> Dict[str, str]:
+    """The registry_username/registry_password of a request body, each only
+    when given (an empty string is not given). A message never shows the
+    password."""
+    out: Dict[str, str] = {}
+    for key, v in (("registry_username", username), ("registry_password", password)):
+        if v is None:
+            continue
+        if not isinstance(v, str):
+            raise InvalidArgument("%s must be a str, not %s" % (key, type(v).__name__))
+        if v:
+            out[key] = v
+    return out
+
+
 def fork_body(
     tag: str,
     n: int,
@@ -67,11 +88,19 @@ def fork_body(
     network: Optional[NetworkPolicyLike],
     cpus: Optional[float],
     pull_policy: Optional[str] = None,
+    registry_username: Optional[str] = None,
+    registry_password: Optional[str] = None,
 ) -> Dict[str, Any]:
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise InvalidArgument("n must be an int >= 1, not %r" % (n,))
     if pull_policy is not None and pull_policy not in PULL_POLICIES:
         raise InvalidArgument("pull_policy must be one of %s, not %r" % (", ".join(PULL_POLICIES), pull_policy))
+    creds = registry_credentials(registry_username, registry_password)
+    if creds and not (isinstance(tag, str) and is_reference(tag)):
+        raise InvalidArgument(
+            "registry_username and registry_password authenticate a fork by registry reference "
+            "(host[:port]/repository:tag), and %r is a local tag: drop them, or fork the reference" % (tag,)
+        )
     net = _network_body(network)
     body: Dict[str, Any] = {"tag": tag, "count": n}
     if timeout is not None:
@@ -86,6 +115,7 @@ def fork_body(
         body["cpus"] = float(cpus)
     if pull_policy is not None:
         body["pull_policy"] = pull_policy
+    body.update(creds)
     return body
 
 

@@ -190,6 +190,8 @@ class AsyncSnapshots:
         build_args: Optional[Mapping[str, str]] = None,
         context: Optional[ContextLike] = None,
         build_network: Optional[NetworkPolicyLike] = None,
+        registry_username: Optional[str] = None,
+        registry_password: Optional[str] = None,
         warm: Optional[str] = None,
         memory_mib: Optional[int] = None,
         vcpus: Optional[int] = None,
@@ -207,6 +209,7 @@ class AsyncSnapshots:
             tag, timeout, idempotency_key,
             recipe=recipe, recipe_toml=recipe_toml, from_image=from_image, insecure_registry=insecure_registry,
             dockerfile=dockerfile, name=name, build_args=build_args, context=context, build_network=build_network,
+            registry_username=registry_username, registry_password=registry_password,
             warm=warm, memory_mib=memory_mib, vcpus=vcpus, network=network,
         )
         return SnapshotInfo.from_json(
@@ -226,6 +229,8 @@ class AsyncSnapshots:
         build_args: Optional[Mapping[str, str]] = None,
         context: Optional[ContextLike] = None,
         build_network: Optional[NetworkPolicyLike] = None,
+        registry_username: Optional[str] = None,
+        registry_password: Optional[str] = None,
         warm: Optional[str] = None,
         memory_mib: Optional[int] = None,
         vcpus: Optional[int] = None,
@@ -239,6 +244,7 @@ class AsyncSnapshots:
             tag, DEFAULT, idempotency_key,
             recipe=recipe, recipe_toml=recipe_toml, from_image=from_image, insecure_registry=insecure_registry,
             dockerfile=dockerfile, name=name, build_args=build_args, context=context, build_network=build_network,
+            registry_username=registry_username, registry_password=registry_password,
             warm=warm, memory_mib=memory_mib, vcpus=vcpus, network=network,
         )
 
@@ -385,6 +391,8 @@ class AsyncSandboxes:
         network: Optional[NetworkPolicyLike] = None,
         cpus: Optional[float] = None,
         pull_policy: Optional[str] = None,
+        registry_username: Optional[str] = None,
+        registry_password: Optional[str] = None,
         request_timeout: Any = DEFAULT,
         idempotency_key: Optional[str] = None,
     ) -> List["AsyncSandbox"]:
@@ -392,7 +400,8 @@ class AsyncSandboxes:
         nothing); options as :meth:`forkd.Sandboxes.fork`."""
         from .async_sandbox import AsyncSandbox
 
-        body = fork_body(tag, n, timeout, idle_timeout, metadata, network, cpus, pull_policy)
+        body = fork_body(tag, n, timeout, idle_timeout, metadata, network, cpus, pull_policy,
+                         registry_username, registry_password)
         data = await self._c._json(
             "POST", "/v1/sandboxes", body=body, headers=_idempotency_headers(idempotency_key),
             timeout=request_timeout, what="fork %d from %s" % (n, tag),

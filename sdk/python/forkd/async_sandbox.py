@@ -67,6 +67,8 @@ class AsyncSandbox:
         network: Optional[NetworkPolicyLike] = None,
         cpus: Optional[float] = None,
         pull_policy: Optional[str] = None,
+        registry_username: Optional[str] = None,
+        registry_password: Optional[str] = None,
         client: Optional[AsyncClient] = None,
         host: Optional[str] = None,
         token: Optional[str] = None,
@@ -77,7 +79,8 @@ class AsyncSandbox:
         """Fork one sandbox from ``tag`` (options as :meth:`forkd.Sandbox.create`)."""
         c = _client(client, host, token, ca_cert, socket, request_timeout)
         return (await c.sandboxes.fork(tag, 1, timeout=timeout, idle_timeout=idle_timeout, metadata=metadata,
-                                       network=network, cpus=cpus, pull_policy=pull_policy))[0]
+                                       network=network, cpus=cpus, pull_policy=pull_policy,
+                                       registry_username=registry_username, registry_password=registry_password))[0]
 
     @classmethod
     async def fork(
@@ -91,6 +94,8 @@ class AsyncSandbox:
         network: Optional[NetworkPolicyLike] = None,
         cpus: Optional[float] = None,
         pull_policy: Optional[str] = None,
+        registry_username: Optional[str] = None,
+        registry_password: Optional[str] = None,
         client: Optional[AsyncClient] = None,
         host: Optional[str] = None,
         token: Optional[str] = None,
@@ -101,7 +106,8 @@ class AsyncSandbox:
         """Fork ``n`` sandboxes from ``tag`` in one request (all or nothing)."""
         c = _client(client, host, token, ca_cert, socket, request_timeout)
         return await c.sandboxes.fork(tag, n, timeout=timeout, idle_timeout=idle_timeout, metadata=metadata,
-                                      network=network, cpus=cpus, pull_policy=pull_policy)
+                                      network=network, cpus=cpus, pull_policy=pull_policy,
+                                      registry_username=registry_username, registry_password=registry_password)
 
     @classmethod
     async def connect(

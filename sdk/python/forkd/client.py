@@ -34,6 +34,7 @@ from ._api import (
     kill_ids,
     list_query,
     q,
+    registry_credentials,
     removed_tags,
     sandbox_path,
     set_timeout_body,
@@ -291,6 +292,8 @@ class Snapshots:
         build_args: Optional[Mapping[str, str]] = None,
         context: Optional[ContextLike] = None,
         build_network: Optional[NetworkPolicyLike] = None,
+        registry_username: Optional[str] = None,
+        registry_password: Optional[str] = None,
         warm: Optional[str] = None,
         memory_mib: Optional[int] = None,
         vcpus: Optional[int] = None,
@@ -332,6 +335,11 @@ class Snapshots:
                 the client's paths.
             build_network: The egress policy of the build VMs that run RUN
                 steps (the forms of ``network``; None: the daemon's default).
+            registry_username, registry_password: Credentials for the pull
+                of the image built from (``from_image``, a Dockerfile's or
+                a recipe's FROM), sent only when given. A tenant's build uses
+                only these, never the daemon's logins; an admin's without
+                them uses the daemon's.
             warm: Python warm-up code replacing the recipe's.
             memory_mib, vcpus: Override the recipe's.
             network: The network policy the snapshot's sandboxes get unless
@@ -352,6 +360,7 @@ class Snapshots:
         body = self._create_body(
             tag, recipe=recipe, recipe_toml=recipe_toml, from_image=from_image, insecure_registry=insecure_registry,
             dockerfile=dockerfile, name=name, build_args=build_args, context=context, build_network=build_network,
+            registry_username=registry_username, registry_password=registry_password,
             warm=warm, memory_mib=memory_mib, vcpus=vcpus, network=network,
         )
         what = "create snapshot %s" % tag
@@ -376,6 +385,8 @@ class Snapshots:
         build_args: Optional[Mapping[str, str]] = None,
         context: Optional[ContextLike] = None,
         build_network: Optional[NetworkPolicyLike] = None,
+        registry_username: Optional[str] = None,
+        registry_password: Optional[str] = None,
         warm: Optional[str] = None,
         memory_mib: Optional[int] = None,
         vcpus: Optional[int] = None,
@@ -388,6 +399,7 @@ class Snapshots:
         body = self._create_body(
             tag, recipe=recipe, recipe_toml=recipe_toml, from_image=from_image, insecure_registry=insecure_registry,
             dockerfile=dockerfile, name=name, build_args=build_args, context=context, build_network=build_network,
+            registry_username=registry_username, registry_password=registry_password,
             warm=warm, memory_mib=memory_mib, vcpus=vcpus, network=network,
         )
         hdrs = _idempotency_headers(idempotency_key)
@@ -411,6 +423,8 @@ class Snapshots:
         build_args: Optional[Mapping[str, str]] = None,
         context: Optional[ContextLike] = None,
         build_network: Optional[NetworkPolicyLike] = None,
+        registry_username: Optional[str] = None,
+        registry_password: Optional[str] = None,
         warm: Optional[str] = None,
         memory_mib: Optional[int] = None,
         vcpus: Optional[int] = None,
@@ -435,6 +449,7 @@ class Snapshots:
             args[k] = v
         net = _network_body(network)
         bnet = _network_body(build_network)
+        creds = registry_credentials(registry_username, registry_password)
         body: Dict[str, Any] = {"tag": tag, given[0]: src}
         if insecure_registry:
             body["insecure_registry"] = True
@@ -452,6 +467,7 @@ class Snapshots:
             body["network"] = net
         if bnet is not None:
             body["build_network"] = bnet
+        body.update(creds)
         if context is not None:
             files = context_body(context)
             if files:
@@ -717,6 +733,8 @@ class Sandboxes:
         network: Optional[NetworkPolicyLike] = None,
         cpus: Optional[float] = None,
         pull_policy: Optional[str] = None,
+        registry_username: Optional[str] = None,
+        registry_password: Optional[str] = None,
         request_timeout: Any = DEFAULT,
         idempotency_key: Optional[str] = None,
     ) -> List["Sandbox"]:
@@ -726,9 +744,10 @@ class Sandboxes:
         Args:
             tag: A local snapshot tag, or a registry reference
                 (``host[:port]/repository:tag`` or ``...@sha256:...``) that
-                ``forkd push`` wrote: the daemon pulls it for your tenant,
-                anonymously, on first use (give a ``request_timeout`` long
-                enough for that pull), and later forks use its copy.
+                ``forkd push`` wrote: the daemon pulls it for your tenant
+                on first use (anonymously unless ``registry_username`` and
+                ``registry_password`` are given; give a ``request_timeout``
+                long enough for that pull), and later forks use its copy.
             timeout: Seconds after which the daemon kills each sandbox
                 (default 300, as E2B; 0: no limit; None: the daemon's
                 default, an hour unless configured). Change it later with
@@ -746,6 +765,10 @@ class Sandboxes:
                 CPU for its VMM).
             pull_policy: Only when ``tag`` is a registry reference:
                 ``"if_not_present"`` (the daemon's default) or ``"always"``.
+            registry_username, registry_password: Only when ``tag`` is a
+                registry reference: credentials for its pull (without them
+                it is anonymous; the daemon's own logins are never used).
+                Sent only when given; with a local tag, InvalidArgument.
             request_timeout: Seconds to wait for the daemon's answer.
             idempotency_key: A retry with the same key and arguments (within
                 24 hours) gets the first fork's sandboxes, not new ones: use
@@ -753,7 +776,8 @@ class Sandboxes:
         """
         from .sandbox import Sandbox
 
-        body = fork_body(tag, n, timeout, idle_timeout, metadata, network, cpus, pull_policy)
+        body = fork_body(tag, n, timeout, idle_timeout, metadata, network, cpus, pull_policy,
+                         registry_username, registry_password)
         data = self._c._transport.request(
             "POST", "/v1/sandboxes", json_body=body, headers=_idempotency_headers(idempotency_key),
             timeout=request_timeout, what="fork %d from %s" % (n, tag),

@@ -84,6 +84,8 @@ class Sandbox:
         network: Optional[NetworkPolicyLike] = None,
         cpus: Optional[float] = None,
         pull_policy: Optional[str] = None,
+        registry_username: Optional[str] = None,
+        registry_password: Optional[str] = None,
         client: Optional[Client] = None,
         host: Optional[str] = None,
         token: Optional[str] = None,
@@ -97,8 +99,9 @@ class Sandbox:
             tag: The snapshot to fork from: a local tag, or a registry
                 reference (``host[:port]/repository:tag`` or
                 ``...@sha256:...``) that ``forkd push`` wrote, which the
-                daemon pulls for your tenant, anonymously, on first use
-                (give a ``request_timeout`` long enough for that pull).
+                daemon pulls for your tenant on first use (anonymously
+                unless ``registry_username`` and ``registry_password`` are
+                given; give a ``request_timeout`` long enough for that pull).
             timeout: Seconds after which the daemon kills the sandbox:
                 default 300 (five minutes, as E2B); 0: no limit; None: the
                 daemon's default (an hour unless configured). Extend it
@@ -115,16 +118,19 @@ class Sandbox:
                 vCPUs. None: one CPU per vCPU plus half a CPU for its VMM.
             pull_policy: Only when ``tag`` is a registry reference:
                 ``"if_not_present"`` (the daemon's default) or ``"always"``.
+            registry_username, registry_password: Only when ``tag`` is a
+                registry reference: credentials for its pull, sent only when
+                given (the daemon's own logins are never used).
 
         Raises:
             NotFound: no snapshot ``tag`` (or no such reference in its registry). RateLimited: a daemon limit was
             reached. Unavailable: no daemon answers. InvalidArgument: a
-            malformed network policy.
+            malformed network policy, registry credentials with a local tag.
         """
         c = _client(client, host, token, ca_cert, socket, request_timeout)
         return c.sandboxes.fork(
             tag, 1, timeout=timeout, idle_timeout=idle_timeout, metadata=metadata, network=network, cpus=cpus,
-            pull_policy=pull_policy,
+            pull_policy=pull_policy, registry_username=registry_username, registry_password=registry_password,
         )[0]
 
     @classmethod
@@ -138,6 +144,8 @@ class Sandbox:
         metadata: Optional[Mapping[str, str]] = None,
         network: Optional[NetworkPolicyLike] = None,
         pull_policy: Optional[str] = None,
+        registry_username: Optional[str] = None,
+        registry_password: Optional[str] = None,
         client: Optional[Client] = None,
         host: Optional[str] = None,
         token: Optional[str] = None,
@@ -149,7 +157,8 @@ class Sandbox:
         returns when every one answers. Options as for :meth:`create`."""
         c = _client(client, host, token, ca_cert, socket, request_timeout)
         return c.sandboxes.fork(tag, n, timeout=timeout, idle_timeout=idle_timeout, metadata=metadata, network=network,
-                                pull_policy=pull_policy)
+                                pull_policy=pull_policy,
+                                registry_username=registry_username, registry_password=registry_password)
 
     @classmethod
     def connect(

@@ -368,3 +368,41 @@ def test_async_snapshot_create_from_dockerfile(fake: _Server) -> None:
     assert len(bodies) == 2
     hdrs = fake.requests[0][2]
     assert hdrs.get("Prefer") == "respond-async" and hdrs.get("Idempotency-Key") == "k-b"
+
+
+def test_async_registry_credentials(fake: _Server) -> None:
+    """The async fork and snapshot create send registry credentials as the
+    sync ones do, and refuse them with a local tag before sending."""
+    forks: List[Any] = []
+
+    def fork(r: _Handler) -> None:
+        forks.append(json.loads(r.body))
+        r.send_json(201, {"sandboxes": [{"id": "sb-1", "tag": "ref--py", "state": "running"}]})
+
+    builds: List[Any] = []
+    _build_routes(fake, builds)
+    fake.routes[("POST", "/v1/sandboxes")] = fork
+    ref = "registry.example:5000/team/py:3.12"
+
+    async def main() -> None:
+        async with _aclient(fake) as c:
+            sb = await AsyncSandbox.create(ref, client=c, pull_policy="always", registry_username="bob", registry_password="s3cret")
+            assert sb.id == "sb-1"
+            await AsyncSandbox.fork(ref, 2, client=c, registry_username="bob", registry_password="s3cret")
+            await c.sandboxes.fork(ref, 1)
+            for call in (lambda: AsyncSandbox.create("py", client=c, registry_username="bob", registry_password="s3cret"),
+                         lambda: c.sandboxes.fork("py", 1, registry_password="s3cret")):
+                with pytest.raises(forkd.InvalidArgument, match="'py' is a local tag: drop them") as ei:
+                    await call()
+                assert "s3cret" not in str(ei.value)
+            await c.snapshots.create("t", from_image=ref, registry_username="bob", registry_password="s3cret")
+            await c.snapshots.start_create("t", dockerfile=DOCKERFILE, registry_password="tok")
+
+    run(main())
+    creds = {"registry_username": "bob", "registry_password": "s3cret"}
+    assert forks == [
+        dict({"tag": ref, "count": 1, "timeout_s": 300, "pull_policy": "always"}, **creds),
+        dict({"tag": ref, "count": 2, "timeout_s": 300}, **creds),
+        {"tag": ref, "count": 1, "timeout_s": 300},
+    ]
+    assert builds == [dict({"tag": "t", "from": ref}, **creds), {"tag": "t", "dockerfile": DOCKERFILE, "registry_password": "tok"}]

@@ -693,3 +693,62 @@ def test_fork_by_reference_wire_format(fake: _Server) -> None:
     with pytest.raises(forkd.InvalidArgument, match="pull_policy"):
         c.sandboxes.fork(ref, 1, pull_policy="never")
     assert len(bodies) == 2
+
+
+def test_fork_by_reference_registry_credentials(fake: _Server) -> None:
+    """registry_username/registry_password go in the fork body only when
+    given, and are refused before sending with a local tag; no message
+    shows the password."""
+    bodies: List[Dict[str, Any]] = []
+
+    def h(r: _Handler) -> None:
+        bodies.append(json.loads(r.body))
+        r.send_json(201, {"sandboxes": [{"id": "sb-1", "tag": "ref--py-3.12-0123456789abcdef01234567", "state": "running"}]})
+
+    fake.routes[("POST", "/v1/sandboxes")] = h
+    c = _client(fake)
+    ref = "registry.example:5000/team/py:3.12"
+    Sandbox.create(ref, client=c, pull_policy="always", registry_username="bob", registry_password="s3cret")
+    assert bodies[-1] == {"tag": ref, "count": 1, "timeout_s": 300, "pull_policy": "always",
+                          "registry_username": "bob", "registry_password": "s3cret"}
+    Sandbox.fork(ref, 2, client=c, registry_password="tok")
+    assert bodies[-1] == {"tag": ref, "count": 2, "timeout_s": 300, "registry_password": "tok"}
+    c.sandboxes.fork(ref + "@sha256:" + "0" * 64, 1, registry_username="bob", registry_password="s3cret", timeout=None)
+    assert bodies[-1] == {"tag": ref + "@sha256:" + "0" * 64, "count": 1,
+                          "registry_username": "bob", "registry_password": "s3cret"}
+    c.sandboxes.fork(ref, 1, registry_username=None, registry_password="")  # not given
+    assert bodies[-1] == {"tag": ref, "count": 1, "timeout_s": 300}
+    n = len(bodies)
+    for kw in ({"registry_username": "bob", "registry_password": "s3cret"}, {"registry_password": "s3cret"}):
+        for fork in (lambda: Sandbox.create("py", client=c, **kw), lambda: c.sandboxes.fork("py", 2, **kw)):
+            with pytest.raises(forkd.InvalidArgument, match="registry reference.*'py' is a local tag: drop them") as ei:
+                fork()
+            assert "s3cret" not in str(ei.value) and "s3cret" not in repr(ei.value)
+    with pytest.raises(forkd.InvalidArgument, match="registry_password must be a str, not bytes") as ei:
+        c.sandboxes.fork(ref, 1, registry_password=b"s3cret")  # type: ignore[arg-type]
+    assert "s3cret" not in str(ei.value)
+    assert len(bodies) == n
+
+
+def test_snapshot_create_registry_credentials(fake: _Server) -> None:
+    """registry_username/registry_password go in the create body with any
+    build source, only when given."""
+    bodies: List[Dict[str, Any]] = []
+    _build_routes(fake, bodies)
+    c = _client(fake)
+    img = "registry.example.com/team/python:3.12-slim"
+    s = c.snapshots.create("t", from_image=img, registry_username="bob", registry_password="s3cret")
+    assert s.id == "s-b"
+    assert bodies[-1] == {"tag": "t", "from": img, "registry_username": "bob", "registry_password": "s3cret"}
+    c.snapshots.start_create("t", dockerfile=DOCKERFILE, registry_username="bob", registry_password="s3cret")
+    assert bodies[-1] == {"tag": "t", "dockerfile": DOCKERFILE, "registry_username": "bob", "registry_password": "s3cret"}
+    c.snapshots.start_create("t", recipe_toml="from = '%s'\n" % img, registry_password="tok")
+    assert bodies[-1] == {"tag": "t", "recipe_toml": "from = '%s'\n" % img, "registry_password": "tok"}
+    c.snapshots.start_create("t", recipe="minimal", registry_username="bob")
+    assert bodies[-1] == {"tag": "t", "recipe": "minimal", "registry_username": "bob"}
+    c.snapshots.start_create("t", from_image=img)
+    assert bodies[-1] == {"tag": "t", "from": img}
+    n = len(bodies)
+    with pytest.raises(forkd.InvalidArgument, match="registry_username must be a str, not int"):
+        c.snapshots.start_create("t", from_image=img, registry_username=7, registry_password="s3cret")  # type: ignore[arg-type]
+    assert len(bodies) == n

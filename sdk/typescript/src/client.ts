@@ -71,6 +71,15 @@ export interface CreateSnapshotOptions extends CallOptions {
    * {@link network}; default: the daemon's).
    */
   buildNetwork?: NetworkPolicyInput;
+  /**
+   * Credentials for the pull of the image built from (`from`, a
+   * Dockerfile's or a recipe's FROM), sent only when set. A tenant's build
+   * uses only these, never the daemon's logins; an admin's without them
+   * uses the daemon's.
+   */
+  registryUsername?: string;
+  /** See {@link registryUsername}. Never shown in an error message. */
+  registryPassword?: string;
   /** Python warm-up code, replacing the recipe's. */
   warm?: string;
   /** Memory in MiB (default: the recipe's). */
@@ -186,6 +195,31 @@ export type PullPolicy = "if_not_present" | "always";
 /** The pull policies, the daemon's default first. */
 export const PULL_POLICIES: readonly PullPolicy[] = ["if_not_present", "always"];
 
+/**
+ * Whether a fork's tag is a registry reference (host[:port]/repository:tag
+ * or @sha256:...) rather than a local tag: the daemon's rule, a "/".
+ */
+function isReference(tag: string): boolean {
+  return tag.includes("/");
+}
+
+/**
+ * The registry_username/registry_password of a request body, each only when
+ * set (an empty string is not set). A message never shows the password.
+ */
+function registryCredentials(opts: { registryUsername?: string | undefined; registryPassword?: string | undefined }): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [key, wire, v] of [
+    ["registryUsername", "registry_username", opts.registryUsername],
+    ["registryPassword", "registry_password", opts.registryPassword],
+  ] as const) {
+    if (v === undefined || v === null) continue;
+    if (typeof v !== "string") throw new InvalidArgumentError(`${key} must be a string, not ${typeof v}`, { code: "invalid_argument" });
+    if (v !== "") out[wire] = v;
+  }
+  return out;
+}
+
 export interface ForkOptions extends CallOptions {
   /**
    * End each sandbox this many seconds after it was created. Default
@@ -204,6 +238,14 @@ export interface ForkOptions extends CallOptions {
    * pulled; "always" pulls when the registry's digest for it moved.
    */
   pullPolicy?: PullPolicy;
+  /**
+   * Only when the tag is a registry reference: credentials for its pull,
+   * sent only when set (without them it is anonymous; the daemon's own
+   * logins are never used). Set with a local tag: InvalidArgumentError.
+   */
+  registryUsername?: string;
+  /** See {@link registryUsername}. Never shown in an error message. */
+  registryPassword?: string;
   /** Labels for the sandboxes; list() filters on them. */
   metadata?: Record<string, string>;
   /**
@@ -280,6 +322,7 @@ async function createBody(opts: CreateSnapshotOptions): Promise<Record<string, u
   if (Object.keys(args).length > 0) req.build_args = args;
   if (opts.network !== undefined) req.network = networkToWire(opts.network);
   if (opts.buildNetwork !== undefined) req.build_network = networkToWire(opts.buildNetwork);
+  Object.assign(req, registryCredentials(opts));
   if (opts.warm !== undefined) req.warm = opts.warm;
   if (opts.memoryMib !== undefined) req.memory_mib = opts.memoryMib;
   if (opts.vcpus !== undefined) req.vcpus = opts.vcpus;
@@ -552,13 +595,21 @@ export class Sandboxes {
    * Forks `count` sandboxes from a snapshot; resolves when every one
    * answers (all or nothing). `tag` is a local tag, or a registry reference
    * (`host[:port]/repository:tag` or `...@sha256:...`) that `forkd push`
-   * wrote: the daemon pulls it for your tenant, anonymously, on first use,
-   * and later forks use its copy (see `pullPolicy`).
+   * wrote: the daemon pulls it for your tenant on first use (anonymously
+   * unless `registryUsername` and `registryPassword` are set), and later
+   * forks use its copy (see `pullPolicy`).
    */
   async fork(tag: string, count: number, opts: ForkOptions = {}): Promise<ForkResult> {
     if (!Number.isInteger(count) || count < 1) throw new InvalidArgumentError(`fork count ${count}: want an integer >= 1`, { code: "invalid_argument" });
     if (opts.pullPolicy !== undefined && !PULL_POLICIES.includes(opts.pullPolicy)) {
       throw new InvalidArgumentError(`pullPolicy ${JSON.stringify(opts.pullPolicy)}: want ${PULL_POLICIES.join(" or ")}`, { code: "invalid_argument" });
+    }
+    const creds = registryCredentials(opts);
+    if (Object.keys(creds).length > 0 && !(typeof tag === "string" && isReference(tag))) {
+      throw new InvalidArgumentError(
+        `registryUsername and registryPassword authenticate a fork by registry reference (host[:port]/repository:tag), and ${JSON.stringify(tag)} is a local tag: drop them, or fork the reference`,
+        { code: "invalid_argument" },
+      );
     }
     const req: Record<string, unknown> = { tag, count };
     const timeoutS = opts.timeoutS === undefined ? DEFAULT_SANDBOX_TIMEOUT_S : opts.timeoutS;
@@ -568,6 +619,7 @@ export class Sandboxes {
     if (opts.network !== undefined) req.network = networkToWire(opts.network);
     if (opts.cpus !== undefined) req.cpus = opts.cpus;
     if (opts.pullPolicy !== undefined) req.pull_policy = opts.pullPolicy;
+    Object.assign(req, creds);
     const out = await this.t.json<{ sandboxes: Record<string, unknown>[]; total_ms: number }>({
       method: "POST",
       path: "/v1/sandboxes",

@@ -82,6 +82,8 @@ function forkOptions(opts: SandboxOptions): ForkOptions {
   if (opts.network !== undefined) out.network = opts.network;
   if (opts.cpus !== undefined) out.cpus = opts.cpus;
   if (opts.pullPolicy !== undefined) out.pullPolicy = opts.pullPolicy;
+  if (opts.registryUsername !== undefined) out.registryUsername = opts.registryUsername;
+  if (opts.registryPassword !== undefined) out.registryPassword = opts.registryPassword;
   if (opts.signal !== undefined) out.signal = opts.signal;
   return out;
 }
@@ -144,7 +146,8 @@ export class Sandbox {
    * Forks one sandbox from a snapshot: a local tag, or a registry reference
    * (`host[:port]/repository:tag` or `...@sha256:...`) that `forkd push`
    * wrote, which the daemon pulls for your tenant on first use (see
-   * `pullPolicy`).
+   * `pullPolicy`, and `registryUsername`/`registryPassword` for a registry
+   * that needs a login).
    */
   static async create(tag: string, opts: SandboxOptions = {}): Promise<Sandbox> {
     const [sb] = await Sandbox.fork(tag, 1, opts);

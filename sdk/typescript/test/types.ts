@@ -88,6 +88,9 @@ export async function typesOfTheApi(): Promise<void> {
   const ctx: BuildContextInput = { "app/req.txt": "requests\n", "app/bin": new Uint8Array([1]) };
   const built: SnapshotInfo = await c.snapshots.create({ tag: "y", dockerfile: "FROM x\n", name: "app", buildArgs: { V: "2" }, context: ctx, buildNetwork: "public" });
   await c.snapshots.startCreate({ tag: "z", from: "registry.example.com/python:3.12-slim", insecureRegistry: true, context: "./app" });
+  await c.snapshots.startCreate({ tag: "z", from: "registry.example.com/team/py:3.12", registryUsername: "u", registryPassword: "p" });
+  await Sandbox.create("registry.example.com/team/py:3.12", { pullPolicy: "always", registryUsername: "u", registryPassword: "p" });
+  await c.sandboxes.fork("registry.example.com/team/py:3.12", 2, { registryUsername: "u", registryPassword: "p" });
   await c.snapshots.delete("x", { cascade: true });
   const packed: { bytes: number } = await c.snapshots.pack("x", "/tmp/x.tar.zst", { image: false });
   const unpacked: SnapshotInfo = await c.snapshots.unpack("/tmp/x.tar.zst", { tag: "y", force: true });
