@@ -17,8 +17,10 @@ import (
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
+// testCtx is a test's outer deadline: generous, since the fake firecracker
+// is this test binary, which a busy machine can take seconds to start.
 func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
 }

@@ -30,10 +30,18 @@ const (
 	consoleName   = "console.log"
 )
 
-// binaryVersion runs `firecracker --version` ("Firecracker v1.10.1").
+// versionTimeout bounds `firecracker --version` when the context has no
+// deadline.
+const versionTimeout = 10 * time.Second
+
+// binaryVersion runs `firecracker --version` ("Firecracker v1.10.1"),
+// within the context's deadline, or versionTimeout when it has none.
 func binaryVersion(ctx context.Context, path string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, versionTimeout)
+		defer cancel()
+	}
 	out, err := exec.CommandContext(ctx, path, "--version").Output()
 	if err != nil {
 		return "", fmt.Errorf("firecracker: %s --version: %w", path, err)
