@@ -63,7 +63,7 @@ func (e *Engine) restoreAhead(ctx context.Context, pv *prepared) error {
 	if err := e.dialAgent(rctx, pv); err != nil {
 		return err
 	}
-	sess, _, err := agentconn.Dial(rctx, pv.conn, agentapi.Hello{Identity: newIdentity(pv.id)})
+	sess, _, err := e.greetAgent(rctx, pv.conn, pv.id)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: agent did not answer: %w (console: %s)", pv.id, err, pv.machine.ConsoleTail(512))
 	}

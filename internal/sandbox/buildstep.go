@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
-	"github.com/forkd-dev/forkd/internal/agentconn"
 	"github.com/forkd-dev/forkd/internal/cleanup"
 	"github.com/forkd-dev/forkd/internal/egress"
 	"github.com/forkd-dev/forkd/internal/errdefs"
@@ -101,7 +100,7 @@ func (r stepRunner) RunStep(ctx context.Context, spec image.StepSpec, w *ociimag
 		return fmt.Errorf("build VM agent socket: %w", err)
 	}
 	cl.Push(func(context.Context) error { return conn.Close() })
-	sess, _, err := agentconn.Dial(bctx, conn, agentapi.Hello{Identity: newIdentity(id)})
+	sess, _, err := e.greetAgent(bctx, conn, id)
 	if err != nil {
 		return fmt.Errorf("build VM agent did not answer within %s: %w\nconsole:\n%s", bootTimeout, err, m.ConsoleTail(consoleTailBytes))
 	}

@@ -6,9 +6,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/agentclient"
-	"github.com/forkd-dev/forkd/internal/agentconn"
 	"github.com/forkd-dev/forkd/internal/cleanup"
 	"github.com/forkd-dev/forkd/internal/netns"
 	"github.com/forkd-dev/forkd/internal/snapshot"
@@ -64,7 +62,7 @@ func (e *Engine) ColdBoot(ctx context.Context, tag string) (_ *ColdVM, err error
 		return nil, err
 	}
 	cv.stop.Push(func(context.Context) error { return conn.Close() })
-	sess, _, err := agentconn.Dial(bctx, conn, agentapi.Hello{Identity: newIdentity(id)})
+	sess, _, err := e.greetAgent(bctx, conn, id)
 	if err != nil {
 		return nil, fmt.Errorf("cold boot: agent did not answer: %w\n%s", err, m.ConsoleTail(consoleTailBytes))
 	}

@@ -111,14 +111,16 @@ type Config struct {
 
 // Engine owns sandboxes, pools and the snapshot store.
 type Engine struct {
-	cfg       Config
-	log       *slog.Logger
-	store     *snapshot.Store
-	builder   *image.Builder
-	mem       *memCache
-	spawnSem  chan struct{}
-	buildSem  chan struct{}
-	branchSem chan struct{}
+	cfg Config
+	// clockSlack: see greetAgent.
+	clockSlack time.Duration
+	log        *slog.Logger
+	store      *snapshot.Store
+	builder    *image.Builder
+	mem        *memCache
+	spawnSem   chan struct{}
+	buildSem   chan struct{}
+	branchSem  chan struct{}
 
 	// mu guards the fields below.
 	mu        sync.Mutex
@@ -216,19 +218,20 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	e := &Engine{
-		net:       nw,
-		mem:       mem,
-		cfg:       cfg,
-		log:       cfg.Logger,
-		store:     store,
-		builder:   &image.Builder{DataDir: cfg.DataDir, AgentBinary: cfg.AgentBinary},
-		spawnSem:  make(chan struct{}, cfg.SpawnConcurrency),
-		buildSem:  make(chan struct{}, cfg.MaxConcurrentBuilds),
-		branchSem: make(chan struct{}, maxConcurrentBranches),
-		sandboxes: map[string]*Sandbox{},
-		pools:     map[string]*pool{},
-		pending:   map[string]*PendingSnapshot{},
-		tainted:   map[string]string{},
+		net:        nw,
+		mem:        mem,
+		cfg:        cfg,
+		log:        cfg.Logger,
+		store:      store,
+		builder:    &image.Builder{DataDir: cfg.DataDir, AgentBinary: cfg.AgentBinary},
+		spawnSem:   make(chan struct{}, cfg.SpawnConcurrency),
+		buildSem:   make(chan struct{}, cfg.MaxConcurrentBuilds),
+		branchSem:  make(chan struct{}, maxConcurrentBranches),
+		clockSlack: defaultClockSlack,
+		sandboxes:  map[string]*Sandbox{},
+		pools:      map[string]*pool{},
+		pending:    map[string]*PendingSnapshot{},
+		tainted:    map[string]string{},
 	}
 	e.builder.Steps = stepRunner{e: e}
 	e.life, e.endLife = context.WithCancelCause(context.Background())

@@ -58,6 +58,12 @@ type fakeDriver struct {
 	// its machines refuse DialAgent before Restore, as Firecracker's
 	// vsock does.
 	agentAfterRestore bool
+	// helloDelay slows every agent's answer to its HELLO; helloAnswered
+	// is when the last one answered and clock the clock (UnixNano) of
+	// the last identity applied, by HELLO or identity call.
+	helloDelay    time.Duration
+	helloAnswered atomic.Int64
+	clock         atomic.Int64
 
 	mu       sync.Mutex
 	machines []*fakeMachine
@@ -181,6 +187,7 @@ func (m *fakeMachine) Restore(ctx context.Context) (vmm.RestoreTimings, error) {
 			return
 		}
 		id.Store(in.SandboxID)
+		m.d.clock.Store(in.UnixNano)
 		m.d.identities.Add(1)
 		json.NewEncoder(w).Encode(info())
 	})
@@ -191,7 +198,10 @@ func (m *fakeMachine) Restore(ctx context.Context) (vmm.RestoreTimings, error) {
 		})
 	}
 	go agentconn.Serve(context.Background(), m.guest, mux, func(h agentapi.Hello) (agentapi.Info, error) {
+		time.Sleep(m.d.helloDelay)
 		id.Store(h.Identity.SandboxID)
+		m.d.clock.Store(h.Identity.UnixNano)
+		m.d.helloAnswered.Store(time.Now().UnixNano())
 		return info(), nil
 	})
 	m.restored.Store(true)

@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/agentclient"
 	"github.com/forkd-dev/forkd/internal/agentconn"
 	"github.com/forkd-dev/forkd/internal/apiv1"
@@ -247,7 +246,7 @@ func (e *Engine) reattachOnce(ctx context.Context, m vmm.Machine, id string) (ne
 	if err != nil {
 		return nil, nil, fmt.Errorf("agent socket: %w", err)
 	}
-	sess, _, err := agentconn.Dial(ctx, conn, agentapi.Hello{Identity: newIdentity(id)})
+	sess, _, err := e.greetAgent(ctx, conn, id)
 	if err != nil {
 		conn.Close()
 		return nil, nil, fmt.Errorf("agent did not answer: %w", err)

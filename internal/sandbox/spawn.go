@@ -449,8 +449,7 @@ func (e *Engine) spawnFrom(ctx context.Context, p *pool, opts ForkOptions, pv *p
 		if err := e.dialAgent(rctx, pv); err != nil {
 			return nil, err
 		}
-		hello := agentapi.Hello{Identity: newIdentity(pv.id)}
-		if sess, _, err = agentconn.Dial(rctx, pv.conn, hello); err != nil {
+		if sess, _, err = e.greetAgent(rctx, pv.conn, pv.id); err != nil {
 			return nil, fmt.Errorf("sandbox %s: agent did not answer: %w (console: %s)", pv.id, err, pv.machine.ConsoleTail(512))
 		}
 		phases.HelloMillis = since(t)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/forkd-dev/forkd/internal/agentapi"
 	"github.com/forkd-dev/forkd/internal/agentclient"
-	"github.com/forkd-dev/forkd/internal/agentconn"
 	"github.com/forkd-dev/forkd/internal/cleanup"
 	"github.com/forkd-dev/forkd/internal/egress"
 	"github.com/forkd-dev/forkd/internal/errdefs"
@@ -220,7 +219,7 @@ func (e *Engine) CreateSnapshot(ctx context.Context, opts CreateSnapshotOptions)
 		return nil, fmt.Errorf("template agent socket: %w", err)
 	}
 	cl.Push(func(context.Context) error { return conn.Close() })
-	sess, ready, err := agentconn.Dial(bctx, conn, agentapi.Hello{Identity: newIdentity(id)})
+	sess, ready, err := e.greetAgent(bctx, conn, id)
 	if err != nil {
 		return nil, fmt.Errorf("template agent did not answer within %s: %w\nconsole:\n%s", bootTimeout, err, m.ConsoleTail(consoleTailBytes))
 	}
