@@ -131,7 +131,7 @@ func (g *globals) newEngine(d engineDeps) (*sandbox.Engine, vmm.Constructor, err
 		MemoryDir: memDir,
 		DataDir:   g.dataDir, RunDir: d.runDir, Driver: drv, Accel: vmm.Accel(g.accel),
 		RecipeDirs: recipeDirs(g.dataDir), AgentBinary: agent, PoolSize: g.poolSize, PoolMax: g.poolMax, PoolStartOnly: g.poolStartOnly, PoolIdle: g.poolIdle,
-		NetNSPrefix: d.netnsPrefix, Logger: d.log, MaxForkCount: g.maxFork, ReadyTimeout: g.readyTimeout, MaxSandboxes: g.maxSandboxes, MaxGuestMemoryMiB: maxGuestMiB,
+		NetNSPrefix: d.netnsPrefix, Logger: d.log, MaxForkCount: g.maxFork, ReadyTimeout: g.readyTimeout, MemoryBackend: memoryBackend(g.memoryBackend), MaxSandboxes: g.maxSandboxes, MaxGuestMemoryMiB: maxGuestMiB,
 		MaxConcurrentBuilds: g.maxBuilds, Metrics: d.metrics, OnEvent: d.onEvent, DeadRetention: g.deadRetention,
 		State: d.state, KeepSandboxesOnClose: d.state != nil && !g.stopSandboxes,
 		Network:  netCfg,
@@ -379,6 +379,9 @@ func addVMMFlags(f *pflag.FlagSet, g *globals) {
 		"most MiB per second a sandbox reads from its root disk (env FORKD_DISK_READ_MBPS; 0: no limit); its disk is read-only, its writes stay in its memory")
 	f.Int64Var(&g.diskReadIOPS, "disk-read-iops", defaultDiskReadIOPS,
 		"most reads per second a sandbox makes from its root disk (env FORKD_DISK_READ_IOPS; 0: no limit)")
+	f.StringVar(&g.memoryBackend, "memory-backend", "file",
+		"how a child's memory is restored (env FORKD_MEMORY_BACKEND): file maps the snapshot's memory image copy-on-write (a diff chain is assembled into one image first); uffd serves it page by page from the snapshot's layers through forkd's userfaultfd page server (Firecracker only; its children cannot be adopted by a restarted daemon)")
+	envDefault(f, g, "memory-backend", "FORKD_MEMORY_BACKEND")
 	envDefault(f, g, "disk-read-mbps", "FORKD_DISK_READ_MBPS")
 	envDefault(f, g, "disk-read-iops", "FORKD_DISK_READ_IOPS")
 	f.BoolVar(&g.poolStartOnly, "pool-start-only", os.Getenv("FORKD_POOL_START_ONLY") == "1",
@@ -387,6 +390,15 @@ func addVMMFlags(f *pflag.FlagSet, g *globals) {
 		"enable live branches (env FORKD_LIVE_BRANCH=1): clones map memory images kept on tmpfs (--memory-dir, RAM), and QEMU may create a userfaultfd (QEMU 8.1+ in its jail: from a /dev/userfaultfd node of its own uid; QEMU 7.2 or --no-vmm-jail: sets vm.unprivileged_userfaultfd=1)")
 	f.StringVar(&g.memoryDir, "memory-dir", os.Getenv("FORKD_MEMORY_DIR"),
 		"tmpfs or hugetlbfs directory for the memory images clones map (env FORKD_MEMORY_DIR; default with --live-branch: /dev/shm/forkd-<hash of the data dir>). On hugetlbfs a live branch pauses about 1 ms at 256 MiB and 1 GiB alike (on tmpfs it grows with memory), and each sandbox reserves its guest memory in huge pages: size /proc/sys/vm/nr_hugepages for the images plus the running and pooled VMMs")
+}
+
+// memoryBackend is the engine's name of a --memory-backend value; the
+// engine refuses one it does not know, naming the choices.
+func memoryBackend(flag string) vmm.MemoryBackend {
+	if flag == "file" {
+		return vmm.MemoryBackendFile
+	}
+	return vmm.MemoryBackend(flag)
 }
 
 // liveBranchSetup returns the memory dir the engine uses ("" for the data

@@ -59,6 +59,8 @@ type globals struct {
 	poolIdle time.Duration
 	// readyTimeout bounds one child's restore and handshake.
 	readyTimeout time.Duration
+	// memoryBackend: how children's memory is restored (file or uffd).
+	memoryBackend string
 	// stopSandboxes: serve stops sandboxes on exit instead of leaving them
 	// for the next daemon.
 	stopSandboxes bool

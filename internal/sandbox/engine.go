@@ -71,6 +71,12 @@ type Config struct {
 	// ReadyTimeout bounds one child's restore plus agent handshake (0:
 	// DefaultReadyTimeout). Tests on busy machines raise it.
 	ReadyTimeout time.Duration
+	// MemoryBackend is how children's memory is restored: the file
+	// backend maps the snapshot's memory image copy-on-write (a diff
+	// chain is assembled into one image first); vmm.MemoryBackendUffd
+	// serves each child's memory page by page from the snapshot's chain
+	// (pageserver.go), where the driver offers it (Firecracker).
+	MemoryBackend vmm.MemoryBackend
 	// DiskRead caps each sandbox's reads of its root disk (zero fields: no
 	// limit). Templates boot without it: a build reads its whole image.
 	DiskRead vmm.RateLimit
@@ -195,6 +201,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = DefaultReadyTimeout
+	}
+	if err := checkMemoryBackend(cfg.MemoryBackend, cfg.Driver); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
 	}
 	for _, d := range []string{cfg.DataDir, cfg.RunDir, filepath.Join(cfg.RunDir, "vms")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/agentconn"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	"github.com/forkd-dev/forkd/internal/memlayer"
+	"github.com/forkd-dev/forkd/internal/uffd/uffdtest"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -64,6 +65,12 @@ type fakeDriver struct {
 	helloDelay    time.Duration
 	helloAnswered atomic.Int64
 	clock         atomic.Int64
+	// uffd makes the driver offer the uffd memory backend: a machine
+	// prepared with it has, at Restore, a child process (package
+	// uffdtest) attach to the page server and read all of its memory
+	// through it; uffdDigests are the SHA-256s it read, in order.
+	uffd        bool
+	uffdDigests []string
 
 	mu       sync.Mutex
 	machines []*fakeMachine
@@ -90,7 +97,10 @@ func (d *fakeDriver) Boot(context.Context, vmm.BootSpec) (vmm.Machine, error) {
 
 func (d *fakeDriver) Prepare(ctx context.Context, spec vmm.PrepareSpec) (vmm.Machine, error) {
 	host, guest := net.Pipe()
-	m := &fakeMachine{d: d, cfg: spec.MachineConfig, host: host, guest: guest, done: make(chan struct{}), pid: os.Getpid()}
+	if spec.MemoryBackend == vmm.MemoryBackendUffd && !d.uffd {
+		return nil, fmt.Errorf("fake driver: no uffd backend: %w", errdefs.ErrNotImplemented)
+	}
+	m := &fakeMachine{d: d, cfg: spec.MachineConfig, uffdSocket: spec.UffdSocket, host: host, guest: guest, done: make(chan struct{}), pid: os.Getpid()}
 	d.mu.Lock()
 	d.machines = append(d.machines, m)
 	d.mu.Unlock()
@@ -122,6 +132,10 @@ type fakeMachine struct {
 	exitErr     error
 	cpu         atomic.Int64 // SetCPULimit's last millicores
 	restored    atomic.Bool
+	uffdSocket  string // set: the uffd backend
+	// uffdGuest is the process whose memory the page server serves
+	// (Firecracker itself, in this stand-in); it ends with the machine.
+	uffdGuest atomic.Pointer[uffdtest.Child]
 }
 
 var (
@@ -145,7 +159,7 @@ func (m *fakeMachine) DialAgent(context.Context) (net.Conn, error) {
 }
 
 func (d *fakeDriver) Features() vmm.Features {
-	return vmm.Features{AgentAfterRestore: d.agentAfterRestore}
+	return vmm.Features{AgentAfterRestore: d.agentAfterRestore, UffdMemory: d.uffd}
 }
 
 func (m *fakeMachine) Restore(ctx context.Context) (vmm.RestoreTimings, error) {
@@ -166,6 +180,11 @@ func (m *fakeMachine) Restore(ctx context.Context) (vmm.RestoreTimings, error) {
 	}
 	if n == m.d.failRestore {
 		return vmm.RestoreTimings{}, fmt.Errorf("injected restore failure: %w", errdefs.ErrInternal)
+	}
+	if m.uffdSocket != "" {
+		if err := m.readThroughPageServer(); err != nil {
+			return vmm.RestoreTimings{}, err
+		}
 	}
 	var id atomic.Value // the sandbox id of the last identity
 	id.Store("")
@@ -208,6 +227,24 @@ func (m *fakeMachine) Restore(ctx context.Context) (vmm.RestoreTimings, error) {
 	return vmm.RestoreTimings{}, nil
 }
 
+// readThroughPageServer has a child process map the machine's memory,
+// attach it to the page server as Firecracker does, and read all of it.
+func (m *fakeMachine) readThroughPageServer() error {
+	child, err := uffdtest.StartChild(m.uffdSocket, m.cfg.MemoryMiB<<20)
+	if err != nil {
+		return err
+	}
+	m.uffdGuest.Store(child)
+	d, err := child.Digest()
+	if err != nil {
+		return err
+	}
+	m.d.mu.Lock()
+	m.d.uffdDigests = append(m.d.uffdDigests, d)
+	m.d.mu.Unlock()
+	return nil
+}
+
 // Snapshot writes small stand-in files; a diff layer gets an empty page
 // index (no page written), enough to commit it.
 func (m *fakeMachine) Snapshot(ctx context.Context, spec vmm.SnapshotSpec) (vmm.SnapshotResult, error) {
@@ -242,6 +279,9 @@ func (m *fakeMachine) Snapshot(ctx context.Context, spec vmm.SnapshotSpec) (vmm.
 func (m *fakeMachine) exit(err error) {
 	m.once.Do(func() {
 		m.exitErr = err
+		if g := m.uffdGuest.Load(); g != nil {
+			g.Close()
+		}
 		m.guest.Close()
 		m.host.Close()
 		close(m.done)

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -37,6 +38,7 @@ func (e *Engine) record(s *Sandbox) state.SandboxRecord {
 		DeadReason: s.deadReason, ConsoleTail: s.consoleTail, NetNS: s.netns, GuestIP: s.GuestIP, PendingFork: s.pendingFork,
 		Labels: s.labels, ExpiresAt: s.expiresAt, IdleTimeoutSeconds: int64(s.idleTimeout / time.Second), EndedAt: s.endedAt,
 		VMM: e.cfg.Driver.Name(), Process: vmm.ProcessIdentity{PID: s.pid}, Tenant: s.Tenant, CPUMillicores: s.CPUMillicores,
+		PageServed: s.pageServed,
 	}
 	if s.net != nil {
 		p := s.net.Policy()
@@ -161,6 +163,9 @@ func (e *Engine) adoptOne(rec state.SandboxRecord) (_ *Sandbox, err error) {
 	adopter, ok := e.cfg.Driver.(vmm.Adopter)
 	if !ok || rec.VMM != e.cfg.Driver.Name() {
 		return nil, fmt.Errorf("VMM driver %q cannot adopt a %q VMM", e.cfg.Driver.Name(), rec.VMM)
+	}
+	if rec.PageServed {
+		return nil, errors.New("its memory was served by the previous daemon's page server, which ended with it")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), adoptTimeout)
 	defer cancel()

@@ -46,6 +46,8 @@ type Sandbox struct {
 	// CPUMillicores is the CPU the fork asked for (ForkOptions); 0: the
 	// VMM's default.
 	CPUMillicores int64
+	// pageServed: see prepared.pageServed.
+	pageServed bool
 
 	// base is the manifest of the snapshot the sandbox was forked from,
 	// kept for full and live branches, which need no more of it and must

@@ -47,6 +47,9 @@ type prepared struct {
 	// (ahead.go), rehearsed once its first request was rehearsed.
 	session   *agentconn.Session
 	rehearsed bool
+	// pageServed: its memory is served by this daemon's page server
+	// (pageserver.go), which ends with the daemon.
+	pageServed bool
 }
 
 func (p *prepared) discard(ctx context.Context) {
@@ -124,12 +127,19 @@ func (e *Engine) prepare(ctx context.Context, snap *snapshot.Snapshot, nice int)
 		}
 	}()
 
-	memFile, err := e.memoryImage(snap)
-	if err != nil {
-		return nil, err
-	}
 	runDir := filepath.Join(e.cfg.RunDir, "vms", id)
 	cl.Push(removeAllStep(runDir))
+	var memFile string
+	var pages *pageServer
+	if e.cfg.MemoryBackend == vmm.MemoryBackendUffd {
+		if pages, err = e.openPageServer(snap, runDir); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		// Pushed before the VMM's kill, so it runs after it.
+		cl.Push(pages.close)
+	} else if memFile, err = e.memoryImage(snap); err != nil {
+		return nil, err
+	}
 	ns, err := netns.Create(ctx, e.cfg.NetNSPrefix+id, netns.Options{})
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: network namespace: %w", id, err)
@@ -153,11 +163,18 @@ func (e *Engine) prepare(ctx context.Context, snap *snapshot.Snapshot, nice int)
 	mc.Network = &vmm.Network{NetNSPath: ns.Path(), TapName: netns.DefaultTap, MAC: snap.Network.GuestMAC}
 	mc.VMGenID = newUUID()
 	mc.Nice = nice
-	m, err := e.cfg.Driver.Prepare(ctx, vmm.PrepareSpec{MachineConfig: mc, StateFile: snap.Path(snapshot.StateFile)})
+	spec := vmm.PrepareSpec{MachineConfig: mc, StateFile: snap.Path(snapshot.StateFile)}
+	if pages != nil {
+		spec.MemoryBackend, spec.UffdSocket = vmm.MemoryBackendUffd, pages.socket
+	}
+	m, err := e.cfg.Driver.Prepare(ctx, spec)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: start VMM: %w", id, err)
 	}
 	cl.Push(func(context.Context) error { return m.Kill() })
+	if pages != nil {
+		pages.start(e, id, m)
+	}
 
 	var conn net.Conn
 	if !e.features().AgentAfterRestore { // else dialAgent, after the restore
@@ -168,7 +185,7 @@ func (e *Engine) prepare(ctx context.Context, snap *snapshot.Snapshot, nice int)
 	}
 	took := time.Since(start)
 	e.cfg.Metrics.ObserveVMMStart(metrics.PhasePrepare, took)
-	return &prepared{id: id, snap: snap, machine: m, netns: ns.Name(), net: sn, conn: conn, teardown: cl.Release(), took: took, linkTook: linkTook}, nil
+	return &prepared{id: id, snap: snap, machine: m, netns: ns.Name(), net: sn, conn: conn, teardown: cl.Release(), took: took, linkTook: linkTook, pageServed: pages != nil}, nil
 }
 
 // canRestore checks that this engine's driver can restore snap: the same
@@ -456,7 +473,7 @@ func (e *Engine) spawnFrom(ctx context.Context, p *pool, opts ForkOptions, pv *p
 	}
 	s := &Sandbox{
 		ID: pv.id, Tag: p.snap.Tag, SnapshotID: p.snap.ID, Created: time.Now().UTC(),
-		ReadyMillis: since(start), Phases: phases, Pooled: pooled, Rehearsed: pv.rehearsed, GuestIP: p.snap.Network.GuestIP, base: &p.snap.Manifest, Tenant: opts.Tenant,
+		ReadyMillis: since(start), Phases: phases, Pooled: pooled, Rehearsed: pv.rehearsed, pageServed: pv.pageServed, GuestIP: p.snap.Network.GuestIP, base: &p.snap.Manifest, Tenant: opts.Tenant,
 		machine: pv.machine, pid: pv.machine.PID(), netns: pv.netns, net: pv.net, conn: pv.conn, session: sess,
 		agent: e.agentClient(sess), teardown: pv.teardown,
 		state: apiv1.StateRunning, exited: make(chan struct{}),

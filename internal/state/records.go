@@ -73,6 +73,11 @@ type SandboxRecord struct {
 	Tenant string `json:"tenant,omitempty"`
 	// CPUMillicores is the CPU limit the fork asked for (0: the default).
 	CPUMillicores int64 `json:"cpu_millicores,omitempty"`
+	// PageServed: the guest's memory was served by the daemon's page
+	// server (the uffd memory backend), which ended with that daemon: a
+	// later daemon cannot adopt the VMM, whose next missing page would
+	// hang or read zeros.
+	PageServed bool `json:"page_served,omitempty"`
 }
 
 // AdoptSpec is the spec to adopt the sandbox's VMM with.

@@ -28,6 +28,7 @@
 // one bit per page when recording a working set plus its list of page
 // offsets (at most one per page), and one page-sized buffer per goroutine.
 //
-// No driver uses it yet: the Firecracker driver that would start a server
-// for each restored VMM does not exist (issue 15).
+// The engine starts one for each child restored with the uffd memory
+// backend (internal/sandbox/pageserver.go, forkd serve --memory-backend
+// uffd); package uffdtest stands in for the VMM side in tests.
 package uffd

@@ -101,6 +101,10 @@ type Features struct {
 	// restore (QEMU's virtio-serial chardev) leave it false, and callers
 	// dial ahead, off the fork's path.
 	AgentAfterRestore bool
+	// UffdMemory: Prepare takes MemoryBackendUffd, and the restored
+	// guest's memory is what a page server on PrepareSpec.UffdSocket
+	// serves (Firecracker's Uffd backend).
+	UffdMemory bool
 }
 
 // FeatureReporter is an optional Driver capability: a driver without it

@@ -2,6 +2,9 @@ package firecracker
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io"
 	"net"
@@ -9,11 +12,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/uffd"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -183,37 +186,44 @@ func TestRestoreUffd(t *testing.T) {
 	}
 	<-m.Done()
 
-	// A page server's socket: it receives the regions and a descriptor.
+	// The guest's memory: a few pages of data in the sparse image.
+	data := make([]byte, 64<<10)
+	rand.Read(data)
+	f, err := os.OpenFile(full.MemoryFile, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(data, 3<<20+4096); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	mem, err := os.ReadFile(full.MemoryFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sha256.Sum256(mem)
+
+	// A real page server serves it: the fake registers its memory with
+	// a userfaultfd and reads all of it through the server.
+	chain, err := uffd.OpenChain(full.MemoryFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer chain.Close()
 	sock := filepath.Join(t.TempDir(), "uffd.sock")
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	got := make(chan string, 1)
-	go func() {
-		c, err := l.AcceptUnix()
-		if err != nil {
-			got <- err.Error()
-			return
+	sctx, stop := context.WithCancel(testCtx(t))
+	served := make(chan error, 1)
+	go func() { served <- uffd.NewServer(chain, uffd.Options{}).Serve(sctx, l) }()
+	defer func() {
+		stop()
+		if err := <-served; err != nil {
+			t.Errorf("page server: %v", err)
 		}
-		defer c.Close()
-		buf, oob := make([]byte, 4096), make([]byte, 64)
-		n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
-		msgs, _ := syscall.ParseSocketControlMessage(oob[:oobn])
-		fds := 0
-		for _, msg := range msgs {
-			rights, _ := syscall.ParseUnixRights(&msg)
-			for _, fd := range rights {
-				syscall.Close(fd)
-				fds++
-			}
-		}
-		if err != nil || fds != 1 {
-			got <- "no descriptor"
-			return
-		}
-		got <- string(buf[:n])
 	}()
 	cfg := testConfig(t, "child", img)
 	child, err := d.Prepare(testCtx(t), vmm.PrepareSpec{MachineConfig: cfg, StateFile: full.StateFile, MemoryBackend: vmm.MemoryBackendUffd, UffdSocket: sock})
@@ -224,8 +234,17 @@ func TestRestoreUffd(t *testing.T) {
 	if _, err := child.Restore(testCtx(t)); err != nil {
 		t.Fatal(err)
 	}
-	if regions := <-got; !strings.Contains(regions, `"size":268435456`) || !strings.Contains(regions, `"page_size":4096`) {
-		t.Errorf("page server got %q", regions)
+	const said = "fctest: guest memory sha256 "
+	var console string
+	for deadline := time.Now().Add(3 * time.Minute); !strings.Contains(console, said); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the fake never read its memory through the page server; console:\n%s", console)
+		}
+		console = child.ConsoleTail(1 << 16)
+	}
+	got := console[strings.Index(console, said)+len(said):]
+	if got, _, _ = strings.Cut(got, "\n"); got != hex.EncodeToString(want[:]) {
+		t.Errorf("the guest read memory with digest %s through the page server, the snapshot's is %x", got, want)
 	}
 	mb := body(t, calls(t, log), "PUT", "/snapshot/load")["mem_backend"].(map[string]any)
 	if mb["backend_type"] != "Uffd" || mb["backend_path"] != sock {

@@ -9,8 +9,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"syscall"
-	"time"
+
+	"github.com/forkd-dev/forkd/internal/uffd/uffdtest"
 )
 
 // stateMagic starts the fake's state files, so a load of something else
@@ -110,7 +110,7 @@ func (s *Server) loadSnapshot(body map[string]any) (int, any) {
 	}
 	s.cfg = cfg
 	if backend["backend_type"] == "Uffd" {
-		if err := sendUffdHandshake(path, s.memBytes()); err != nil {
+		if err := s.attachUffd(path); err != nil {
 			return badRequest("Load snapshot error: Failed to connect to the UFFD handler: %v", err)
 		}
 	}
@@ -124,35 +124,21 @@ func (s *Server) loadSnapshot(body map[string]any) (int, any) {
 	return noContent()
 }
 
-// UffdRegion is one guest memory region as Firecracker describes it to a
-// page server (GuestRegionUffdMapping).
-type UffdRegion struct {
-	BaseHostVirtAddr uint64 `json:"base_host_virt_addr"`
-	Size             uint64 `json:"size"`
-	Offset           uint64 `json:"offset"`
-	PageSize         uint64 `json:"page_size"`
-	PageSizeKiB      uint64 `json:"page_size_kib"` // deprecated, still sent
-}
-
-// sendUffdHandshake does what Firecracker does with a Uffd backend:
-// connect to the page server and send the regions as JSON with the
-// userfaultfd as SCM_RIGHTS. The fake has no guest memory to register,
-// so the descriptor it sends is a placeholder (a pipe's read end).
-func sendUffdHandshake(path string, size int64) error {
-	c, err := net.DialTimeout("unix", path, 5*time.Second)
+// attachUffd does what Firecracker does with a Uffd backend: map the
+// guest's memory anonymously, register it with a userfaultfd, and send
+// both to the page server. The fake has no guest to touch that memory;
+// it reads all of it once, through the page server, and writes the
+// digest to the console ("fctest: guest memory sha256 HEX"), so a test
+// can check what the server served.
+func (s *Server) attachUffd(path string) error {
+	g, err := uffdtest.Attach(path, int(s.memBytes()))
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	var p [2]int
-	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
-		return err
-	}
-	defer syscall.Close(p[0])
-	defer syscall.Close(p[1])
-	regions, _ := json.Marshal([]UffdRegion{{BaseHostVirtAddr: 0x7f0000000000, Size: uint64(size), PageSize: 4096, PageSizeKiB: 4}})
-	_, _, err = c.(*net.UnixConn).WriteMsgUnix(regions, syscall.UnixRights(p[0]), nil)
-	return err
+	go func() {
+		fmt.Fprintf(s.console, "fctest: guest memory sha256 %s\n", g.Digest())
+	}()
+	return nil
 }
 
 // listenVsock binds the vsock device's Unix socket, as Firecracker does
