@@ -104,7 +104,7 @@ func newFromOptions(o vmm.Options) (vmm.Driver, error) {
 // Restore. Diff snapshots are not offered to the engine yet: they write
 // no page index (Snapshot refuses PageIndexFile).
 func (d *Driver) Features() vmm.Features {
-	return vmm.Features{DirtyPageTracking: true, AgentAfterRestore: true, UffdMemory: true}
+	return vmm.Features{DiffSnapshots: true, DirtyPageTracking: true, AgentAfterRestore: true, UffdMemory: true}
 }
 
 // DriverConfig is the [driver.firecracker] section of forkd.toml: the

@@ -42,6 +42,9 @@ type Machine struct {
 	root    string           // the jail's root; "" without the jailer
 	api     *client          // set once the API socket answers
 	restore *vmm.PrepareSpec // what Restore loads; nil for a booted machine
+	// dirty accumulates a restored machine's diffs (dirty.go); set
+	// by its first diff snapshot.
+	dirty   *dirtySet
 	cmd     *exec.Cmd
 	console *cappedLog
 	done    chan struct{} // closed once the process is reaped

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
+	"github.com/forkd-dev/forkd/internal/memlayer"
 	"github.com/forkd-dev/forkd/internal/vmm"
 )
 
@@ -119,8 +120,12 @@ func (m *Machine) Snapshot(ctx context.Context, spec vmm.SnapshotSpec) (vmm.Snap
 		return vmm.SnapshotResult{}, fmt.Errorf("firecracker %s: live snapshots: Firecracker pauses the guest for every snapshot; take a diff snapshot: %w", m.cfg.ID, errdefs.ErrNotImplemented)
 	case kind == "":
 		return vmm.SnapshotResult{}, fmt.Errorf("firecracker %s: snapshot type %q: %w", m.cfg.ID, spec.Type, errdefs.ErrInvalidArgument)
-	case spec.PageIndexFile != "" || spec.Layer:
-		return vmm.SnapshotResult{}, fmt.Errorf("firecracker %s: page index and layer files are not written yet (a Diff memory file is already sparse): %w", m.cfg.ID, errdefs.ErrNotImplemented)
+	case (spec.PageIndexFile != "" || spec.Layer) && (spec.Type != vmm.SnapshotDiff || m.restore == nil):
+		return vmm.SnapshotResult{}, fmt.Errorf("firecracker %s: page index and layer files come with diff snapshots of a restored machine: %w", m.cfg.ID, errdefs.ErrInvalidArgument)
+	case spec.Layer && spec.PageIndexFile == "":
+		return vmm.SnapshotResult{}, fmt.Errorf("firecracker %s: a layer needs its page index file: %w", m.cfg.ID, errdefs.ErrInvalidArgument)
+	case spec.Type == vmm.SnapshotDiff && m.restore != nil && !spec.Layer && m.restore.MemoryFile == "":
+		return vmm.SnapshotResult{}, fmt.Errorf("firecracker %s: a complete diff image of a machine whose memory a page server serves: take a layer (its parent is the served chain): %w", m.cfg.ID, errdefs.ErrNotImplemented)
 	case spec.Type == vmm.SnapshotDiff && !m.cfg.TrackDirtyPages:
 		return vmm.SnapshotResult{}, fmt.Errorf("firecracker %s: a diff snapshot needs dirty page tracking from boot or restore (MachineConfig.TrackDirtyPages): %w", m.cfg.ID, errdefs.ErrFailedPrecondition)
 	case spec.StateFile == "" || mem == "":
@@ -143,8 +148,58 @@ func (m *Machine) Snapshot(ctx context.Context, spec vmm.SnapshotSpec) (vmm.Snap
 		return vmm.SnapshotResult{}, fmt.Errorf("firecracker %s: snapshot: %w", m.cfg.ID, err)
 	}
 	res.Paused = time.Since(paused)
+	if spec.Type == vmm.SnapshotDiff && m.restore != nil {
+		// Off the pause: the guest runs again.
+		if err := m.finishDiff(spec, &res); err != nil {
+			return vmm.SnapshotResult{}, fmt.Errorf("firecracker %s: diff snapshot: %w", m.cfg.ID, err)
+		}
+	}
 	res.Duration = time.Since(start)
 	return res, nil
+}
+
+// finishDiff turns the Diff memory file Firecracker wrote (the pages
+// written since the restore or the previous snapshot) into what spec
+// asks, relative to the memory the machine was restored from: a layer
+// of every page written since the restore, or the complete image; with
+// the page index of those pages.
+func (m *Machine) finishDiff(spec vmm.SnapshotSpec, res *vmm.SnapshotResult) error {
+	m.mu.Lock()
+	if m.dirty == nil {
+		m.dirty = newDirtySet(m.cfg.RunDir, uint64(m.cfg.MemoryMiB)<<20)
+	}
+	ds := m.dirty
+	m.mu.Unlock()
+	if err := ds.fold(res.MemoryFile); err != nil {
+		return err
+	}
+	ix := ds.index()
+	if spec.Layer {
+		f, err := os.OpenFile(res.MemoryFile, os.O_RDWR, 0)
+		if err != nil {
+			return err
+		}
+		err = ds.writeOver(f, ix)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+	} else if err := ds.completeImage(res.MemoryFile, m.restore.MemoryFile, ix); err != nil {
+		return err
+	}
+	if _, err := syncFile(res.MemoryFile); err != nil {
+		return err
+	}
+	res.DirtyPages = int64(ix.Pages())
+	if spec.PageIndexFile != "" {
+		if err := memlayer.WriteFile(spec.PageIndexFile, ix); err != nil {
+			return err
+		}
+		res.PageIndexFile = spec.PageIndexFile
+	}
+	return nil
 }
 
 // writeSnapshot has Firecracker write the files (in the jail's root with

@@ -57,6 +57,7 @@ type Server struct {
 
 	// mu guards the fields below.
 	mu         sync.Mutex
+	diffs      int // Diff snapshots taken (DiffPages)
 	calls      []Call
 	violations []string
 	faults     map[string][]fault

@@ -37,12 +37,36 @@ func (s *Server) createSnapshot(body map[string]any) (int, any) {
 	f, err := os.OpenFile(body["mem_file_path"].(string), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err == nil {
 		err = f.Truncate(s.memBytes())
+		if err == nil && body["snapshot_type"] == "Diff" {
+			s.diffs++
+			for _, p := range DiffPages(s.diffs) {
+				if _, err = f.WriteAt(DiffPage(s.diffs, p), p*pageSize); err != nil {
+					break
+				}
+			}
+		}
 		f.Close()
 	}
 	if err != nil {
 		return badRequest("Cannot write memory file: %v", err)
 	}
 	return noContent()
+}
+
+// pageSize is the guest page size the fake's memory files use.
+const pageSize = 4096
+
+// DiffPages are the pages "the guest wrote" before the fake's n-th Diff
+// snapshot (1-based), which that snapshot's memory file holds, as a
+// Firecracker Diff holds the pages written since the previous snapshot:
+// page n, and page 100+n.
+func DiffPages(n int) []int64 { return []int64{int64(n), int64(100 + n)} }
+
+// DiffPage is the content of page p in the fake's n-th Diff snapshot.
+func DiffPage(n int, p int64) []byte {
+	b := make([]byte, pageSize)
+	copy(b, fmt.Sprintf("fctest diff %d page %d\n", n, p))
+	return b
 }
 
 func (s *Server) memBytes() int64 {
