@@ -20,7 +20,7 @@ import (
 // first diff's pages too, and a complete image is the base with all of
 // them over it. (The fake writes fctest.DiffPages into each Diff.)
 func TestDiffLayersAccumulate(t *testing.T) {
-	d, _ := newTestDriver(t, Config{})
+	d, log := newTestDriver(t, Config{})
 	img := testImage(t)
 	m := boot(t, d, testConfig(t, "tmpl", img))
 	dir := t.TempDir()
@@ -100,6 +100,22 @@ func TestDiffLayersAccumulate(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(img3); !bytes.Equal(b, expect) {
 		t.Error("the complete diff image is not the base with every written page over it")
+	}
+
+	// A full snapshot of the child pauses for a Diff only, and is
+	// completed from the base after the guest resumes.
+	full4 := filepath.Join(dir, "full.mem")
+	if _, err := child.Snapshot(testCtx(t), vmm.SnapshotSpec{Type: vmm.SnapshotFull, StateFile: filepath.Join(dir, "full.state"), MemoryFile: full4}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range fctest.DiffPages(4) {
+		copy(expect[p*4096:], fctest.DiffPage(4, p))
+	}
+	if b, _ := os.ReadFile(full4); !bytes.Equal(b, expect) {
+		t.Error("the full snapshot is not the base with every written page over it")
+	}
+	if b := body(t, calls(t, log), "PUT", "/snapshot/create"); b["snapshot_type"] != "Diff" {
+		t.Errorf("a full snapshot of a restored, tracked machine asked Firecracker for %v, want a Diff", b["snapshot_type"])
 	}
 
 	// A booted machine has no restore point to be relative to.

@@ -53,6 +53,7 @@ type Machine struct {
 	mu        sync.Mutex
 	state     state
 	requested bool // Stop, Kill or StopAfter: the exit is no error
+	fullTaken bool // a Full snapshot of a restored machine (dirtyLost)
 	exitErr   error
 	pid       int
 }

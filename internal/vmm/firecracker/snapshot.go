@@ -130,6 +130,15 @@ func (m *Machine) Snapshot(ctx context.Context, spec vmm.SnapshotSpec) (vmm.Snap
 		return vmm.SnapshotResult{}, fmt.Errorf("firecracker %s: a diff snapshot needs dirty page tracking from boot or restore (MachineConfig.TrackDirtyPages): %w", m.cfg.ID, errdefs.ErrFailedPrecondition)
 	case spec.StateFile == "" || mem == "":
 		return vmm.SnapshotResult{}, fmt.Errorf("firecracker %s: a snapshot needs a state file and a memory file: %w", m.cfg.ID, errdefs.ErrInvalidArgument)
+	case spec.Type == vmm.SnapshotDiff && m.restore != nil && m.dirtyLost():
+		return vmm.SnapshotResult{}, fmt.Errorf("firecracker %s: a full snapshot of this page-served machine reset Firecracker's dirty bitmap, so the pages written before it are unknown: branch it full: %w", m.cfg.ID, errdefs.ErrFailedPrecondition)
+	}
+	// A full snapshot of a restored machine that tracks dirty pages is a
+	// Diff completed from its base after the guest resumes: the pause is a
+	// diff's, not all of memory's.
+	fullAsDiff := spec.Type == vmm.SnapshotFull && m.restore != nil && m.cfg.TrackDirtyPages && m.restore.MemoryFile != ""
+	if fullAsDiff {
+		kind = "Diff"
 	}
 	if err := m.Pause(ctx); err != nil {
 		return vmm.SnapshotResult{}, err
@@ -148,7 +157,12 @@ func (m *Machine) Snapshot(ctx context.Context, spec vmm.SnapshotSpec) (vmm.Snap
 		return vmm.SnapshotResult{}, fmt.Errorf("firecracker %s: snapshot: %w", m.cfg.ID, err)
 	}
 	res.Paused = time.Since(paused)
-	if spec.Type == vmm.SnapshotDiff && m.restore != nil {
+	if spec.Type == vmm.SnapshotFull && !fullAsDiff && m.restore != nil && m.cfg.TrackDirtyPages {
+		m.mu.Lock()
+		m.fullTaken = true // the bitmap restarted: see dirtyLost
+		m.mu.Unlock()
+	}
+	if (spec.Type == vmm.SnapshotDiff && m.restore != nil) || fullAsDiff {
 		// Off the pause: the guest runs again.
 		if err := m.finishDiff(spec, &res); err != nil {
 			return vmm.SnapshotResult{}, fmt.Errorf("firecracker %s: diff snapshot: %w", m.cfg.ID, err)
@@ -156,6 +170,15 @@ func (m *Machine) Snapshot(ctx context.Context, spec vmm.SnapshotSpec) (vmm.Snap
 	}
 	res.Duration = time.Since(start)
 	return res, nil
+}
+
+// dirtyLost says a Full snapshot restarted Firecracker's dirty bitmap
+// without the driver folding what it had marked: later diffs would miss
+// the pages written before it.
+func (m *Machine) dirtyLost() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.fullTaken
 }
 
 // finishDiff turns the Diff memory file Firecracker wrote (the pages
