@@ -213,7 +213,7 @@ func (e *Engine) cachedImageOK(snap *snapshot.Snapshot, path string) bool {
 			"tag", snap.Tag, "file", path, "change", change)
 		// In the background: this may run in that pool's own refill,
 		// which DropPool waits for.
-		go e.DropPool(context.Background(), snap.ID)
+		go e.DropPool(e.life, snap.ID)
 	}
 	e.mem.remove(path)
 	return false
@@ -272,7 +272,7 @@ func (e *Engine) checkIntact(snap *snapshot.Snapshot) error {
 		e.log.Error("a snapshot's files changed after it was committed: it is refused from now on", "tag", snap.Tag, "snapshot_id", snap.ID, "err", err)
 		// In the background: this may run in that pool's own refill,
 		// which DropPool waits for.
-		go e.DropPool(context.Background(), snap.ID)
+		go e.DropPool(e.life, snap.ID)
 	}
 	return fmt.Errorf("%s; a VMM or another process wrote it, so clones could start from memory nobody snapshotted: remove it (`forkd rmi %s`) and re-create it (`forkd snapshot create`) or re-import it (`forkd unpack`): %w",
 		reason, snap.Tag, errdefs.ErrFailedPrecondition)

@@ -247,7 +247,7 @@ func New(cfg Config) (*Engine, error) {
 	keep := e.adoptRecorded()
 	e.reapLeftovers(keep)
 	e.pruneMemoryCache()
-	jctx, cancel := context.WithCancel(context.Background())
+	jctx, cancel := context.WithCancel(e.life)
 	e.stopJanitor = cancel
 	go e.janitor(jctx)
 	return e, nil
@@ -284,8 +284,10 @@ func (e *Engine) Close(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); p.close(ctx) }()
 	}
-	if !e.cfg.KeepSandboxesOnClose {
-		for _, s := range sbs {
+	for _, s := range sbs {
+		// A page-served sandbox cannot outlive its page server, which
+		// ends with the engine: it is stopped even when the rest stay.
+		if !e.cfg.KeepSandboxesOnClose || s.pageServed {
 			wg.Add(1)
 			go func() { defer wg.Done(); s.kill(ctx, "daemon shutting down"); e.unpersist(s) }()
 		}

@@ -78,3 +78,31 @@ func TestMemoryBackendRefused(t *testing.T) {
 		t.Errorf("the file backend: %v", err)
 	}
 }
+
+// A daemon that leaves its sandboxes running across a restart still
+// stops the page-served ones: their page server ends with it.
+func TestCloseStopsPageServedSandboxes(t *testing.T) {
+	d := &fakeDriver{uffd: true, agentAfterRestore: true}
+	e, _ := newFakeEngineWith(t, d, 0, func(c *Config) {
+		c.MemoryBackend = vmm.MemoryBackendUffd
+		c.KeepSandboxesOnClose = true
+	})
+	st, err := e.Store().Stage("served")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(st.Dir, snapshot.StateFile), []byte("state"), 0o600)
+	os.WriteFile(filepath.Join(st.Dir, snapshot.MemoryFile), make([]byte, 1<<20), 0o600)
+	if _, err := st.Commit(snapshot.Manifest{VMM: snapshot.VMMRef{Kind: "fake"}, MemoryMiB: 1, VCPUs: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Fork(context.Background(), "served", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := d.alive(); n != 0 {
+		t.Fatalf("%d page-served VMMs left running by a daemon that keeps its sandboxes", n)
+	}
+}

@@ -63,7 +63,7 @@ func (e *Engine) poolFor(snap *snapshot.Snapshot) *pool {
 	p := e.pools[snap.ID]
 	if p == nil {
 		p = &pool{e: e, snap: snap, size: e.cfg.PoolSize, target: e.cfg.PoolSize, lastUse: time.Now()}
-		p.ctx, p.cancel = context.WithCancel(context.Background())
+		p.ctx, p.cancel = context.WithCancel(e.life)
 		e.pools[snap.ID] = p
 	}
 	return p
