@@ -15,6 +15,9 @@
 //	anything    -> echo: anything
 //
 // It is a stand-in for forkd-agent that keeps VMM tests independent of it.
+// A VM without that port (Firecracker, whose agent channel is vsock) gets
+// the same protocol from vsockagent on vsock port 1024, built by Initramfs
+// from this module.
 package testguest
 
 import (
@@ -25,8 +28,11 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,6 +49,10 @@ const CacheEnv = "FORKD_TEST_CACHE"
 
 // Modules are the kernel modules the test initramfs loads, in order.
 var Modules = []string{"virtio_ring", "virtio", "virtio_mmio", "virtio_console", "failover", "net_failover", "virtio_net"}
+
+// VsockModules are loaded, after Modules, only in a VM without the agent
+// port, before vsockagent starts.
+var VsockModules = []string{"vsock", "vmw_vsock_virtio_transport_common", "vmw_vsock_virtio_transport"}
 
 // Kernel returns the cached guest kernel, fetching it on first use. It
 // skips the test when apt cannot provide it (unless privileged tests were
@@ -91,6 +101,10 @@ for p in /sys/class/virtio-ports/*; do
 done
 echo "agent port: $dev"
 ( i=0; while true; do echo "tick $i"; i=$((i+1)); sleep 1; done ) &
+if [ -z "$dev" ] && [ -x /bin/vsockagent ]; then
+  for m in $(cat /lib/modules/vsock-order); do insmod /lib/modules/$m.ko || echo "insmod $m failed"; done
+  exec /bin/vsockagent
+fi
 # The port stays open for the guest's whole life, as forkd-agent keeps its
 # own: Linux discards what has arrived on a virtio-serial port when the guest
 # closes it, so a close-and-reopen loop loses a line that a connecting host
@@ -145,10 +159,55 @@ func Initramfs(t testing.TB, k *image.Kernel) string {
 		must(w.File("lib/modules/"+m+".ko", 0o644, data))
 	}
 	must(w.File("lib/modules/order", 0o644, []byte(strings.Join(Modules, "\n")+"\n")))
+	if agent, err := vsockAgent(); err != nil {
+		t.Logf("test guest without a vsock agent (only a VM with the virtio-serial port can be tested): %v", err)
+	} else {
+		must(w.File("bin/vsockagent", 0o755, agent))
+		for _, m := range VsockModules {
+			data, err := os.ReadFile(filepath.Join(k.ModulesDir, m+".ko"))
+			if err != nil {
+				t.Fatalf("module %s: %v (kernel %s has %v)", m, err, k.Version, k.Modules)
+			}
+			must(w.File("lib/modules/"+m+".ko", 0o644, data))
+		}
+		must(w.File("lib/modules/vsock-order", 0o644, []byte(strings.Join(VsockModules, "\n")+"\n")))
+	}
 	must(w.Close())
 	path := filepath.Join(t.TempDir(), "initrd.cpio")
 	must(os.WriteFile(path, buf.Bytes(), 0o644))
 	return path
+}
+
+var vsockAgentOnce struct {
+	sync.Once
+	data []byte
+	err  error
+}
+
+// vsockAgent builds vsockagent, static, once per test process.
+func vsockAgent() ([]byte, error) {
+	o := &vsockAgentOnce
+	o.Do(func() {
+		gobin, err := exec.LookPath("go")
+		if err != nil {
+			gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		}
+		dir, err := os.MkdirTemp("", "testguest-")
+		if err != nil {
+			o.err = err
+			return
+		}
+		defer os.RemoveAll(dir)
+		out := filepath.Join(dir, "vsockagent")
+		cmd := exec.Command(gobin, "build", "-trimpath", "-o", out, "github.com/forkd-dev/forkd/internal/testutil/testguest/vsockagent")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			o.err = fmt.Errorf("go build vsockagent: %v: %s", err, b)
+			return
+		}
+		o.data, o.err = os.ReadFile(out)
+	})
+	return o.data, o.err
 }
 
 func requireStatic(path string) error {
