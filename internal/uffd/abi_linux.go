@@ -113,6 +113,17 @@ func copyPage(fd int, dst uint64, src []byte) error {
 	return err
 }
 
+// copyRange installs src at dst (UFFDIO_COPY, any number of pages) and
+// wakes the threads waiting on what it installed. It returns the bytes
+// installed: a copy that stops at a page already present installs those
+// before it and fails with EAGAIN.
+func copyRange(fd int, dst uint64, src []byte) (int64, error) {
+	c := uffdioCopy{Dst: dst, Src: uint64(uintptr(unsafe.Pointer(&src[0]))), Len: uint64(len(src))}
+	err := ioctl(fd, ioctlCopy, unsafe.Pointer(&c))
+	runtime.KeepAlive(src)
+	return c.Copy, err
+}
+
 // zeroPage installs a page of zeros at dst (UFFDIO_ZEROPAGE) and wakes
 // the threads waiting on it.
 func zeroPage(fd int, dst, n uint64) error {

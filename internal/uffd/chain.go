@@ -129,6 +129,13 @@ func (c *Chain) ReadAt(buf []byte, off uint64) (zero bool, err error) {
 	return fsutil.IsZero(buf), nil
 }
 
+// run returns how many bytes from off (at most max) one file holds: the
+// bytes that one pread fetches.
+func (c *Chain) run(off, max uint64) uint64 {
+	_, n := c.owner(off, max)
+	return n
+}
+
 // owner returns the file that holds the memory at off and how many bytes
 // from off (at most max) it holds without a newer layer taking over.
 func (c *Chain) owner(off, max uint64) (*os.File, uint64) {

@@ -24,9 +24,17 @@
 // (prefetch), so a restored guest finds most of what it touches already
 // present.
 //
+// Serving is tuned by Options: BusyPoll keeps the event loop reading for a
+// while after an event instead of sleeping (one thread wake-up less per
+// fault, a CPU kept busy), and FaultAround answers a fault with the run of
+// pages after it too (one pread and one UFFDIO_COPY for up to
+// MaxFaultAround pages). Both are off by default.
+//
 // Memory stays bounded: one bit per page of each region (removed pages),
 // one bit per page when recording a working set plus its list of page
-// offsets (at most one per page), and one page-sized buffer per goroutine.
+// offsets (at most one per page), and one page-sized buffer per goroutine
+// (the event loop's holds FaultAround pages). Serving a fault allocates
+// nothing.
 //
 // The engine starts one for each child restored with the uffd memory
 // backend (internal/sandbox/pageserver.go, forkd serve --memory-backend

@@ -28,6 +28,21 @@ type Options struct {
 	// HandshakeTimeout bounds the wait for the VMM to connect and send
 	// its userfaultfd (default 30s), as Firecracker's docs advise.
 	HandshakeTimeout time.Duration
+	// BusyPoll, when positive, keeps the event loop reading the
+	// userfaultfd (non-blocking, yielding the CPU between reads) for this
+	// long after the last event before it sleeps in poll(2): a fault that
+	// arrives meanwhile is read without the cost of waking the server's
+	// thread, at the cost of a CPU kept busy while faults keep coming. 0
+	// sleeps at once (the default).
+	BusyPoll time.Duration
+	// FaultAround, when above 1, answers a fault with up to this many
+	// pages (at most MaxFaultAround) in one UFFDIO_COPY: the faulting
+	// page and the ones after it in its region, up to the first one that
+	// is removed, reads as zeros or is already present. Pages installed
+	// so never fault (they count in Stats.FaultAround, not Faults). Only
+	// for regions of the host's page size; ignored with RecordWorkingSet,
+	// which must see every page fault.
+	FaultAround int
 	// Logger gets the server's events (default: discarded).
 	Logger *slog.Logger
 }
@@ -41,6 +56,9 @@ type Stats struct {
 	Retries    uint64 // copies refused with EAGAIN while the VMM changed its mappings
 	Removes    uint64 // UFFD_EVENT_REMOVE and UFFD_EVENT_UNMAP events
 	Prefetched uint64 // working-set pages prefetch installed
+	// FaultAround counts the pages installed after a faulting one
+	// (Options.FaultAround); they are in Copied too.
+	FaultAround uint64
 }
 
 // Server serves one VMM's guest memory from a Chain. Create it with
@@ -50,7 +68,7 @@ type Server struct {
 	opts  Options
 	log   *slog.Logger
 
-	faults, copied, zeroed, exists, retries, removes, prefetched atomic.Uint64
+	faults, copied, zeroed, exists, retries, removes, prefetched, around atomic.Uint64
 
 	// wsMu guards ws.
 	wsMu sync.Mutex
@@ -60,6 +78,10 @@ type Server struct {
 // NewServer returns a server of chain's memory. The chain stays the
 // caller's to close, after the server returned.
 func NewServer(chain *Chain, opts Options) *Server {
+	if opts.RecordWorkingSet || opts.FaultAround < 2 {
+		opts.FaultAround = 0
+	}
+	opts.FaultAround = min(opts.FaultAround, MaxFaultAround)
 	if opts.HandshakeTimeout <= 0 {
 		opts.HandshakeTimeout = 30 * time.Second
 	}
@@ -75,6 +97,7 @@ func (s *Server) Stats() Stats {
 	return Stats{
 		Faults: s.faults.Load(), Copied: s.copied.Load(), Zeroed: s.zeroed.Load(), Exists: s.exists.Load(),
 		Retries: s.retries.Load(), Removes: s.removes.Load(), Prefetched: s.prefetched.Load(),
+		FaultAround: s.around.Load(),
 	}
 }
 
@@ -204,33 +227,65 @@ func (sess *session) loop(ctx context.Context) error {
 		return fmt.Errorf("uffd: eventfd: %w", err)
 	}
 	defer unix.Close(efd)
-	stop := context.AfterFunc(ctx, func() { unix.Write(efd, []byte{1, 0, 0, 0, 0, 0, 0, 0}) })
+	var stopped atomic.Bool
+	stop := context.AfterFunc(ctx, func() {
+		stopped.Store(true)
+		unix.Write(efd, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+	})
 	defer stop()
+	spin := sess.s.opts.BusyPoll
 	buf := make([]byte, 64*msgSize)
-	page := make([]byte, sess.maxPageSize())
-	var pending []uint64 // fault addresses to retry
+	page := make([]byte, max(sess.maxPageSize(), uint64(sess.s.opts.FaultAround)*uint64(os.Getpagesize())))
+	fds := make([]unix.PollFd, 2)
+	var pending, faults []uint64 // fault addresses to retry, read
+	var last time.Time           // when events were last read
+	// readFirst: read before polling, for events are likely pending (the
+	// last read filled buf) or busy-polling; else poll first, sparing a
+	// read that finds nothing.
+	readFirst := true
 	for {
-		// With faults pending, wait for events only briefly: the change
-		// that made the copy fail may complete without another event.
-		timeout := -1
-		if len(pending) > 0 {
-			timeout = int(retryWait / time.Millisecond)
-		}
-		fds := []unix.PollFd{{Fd: int32(sess.fd), Events: unix.POLLIN}, {Fd: int32(efd), Events: unix.POLLIN}}
-		if _, err := unix.Poll(fds, timeout); err != nil && err != unix.EINTR {
-			return fmt.Errorf("uffd: poll: %w", err)
-		}
-		if ctx.Err() != nil {
+		if stopped.Load() {
 			return nil
 		}
-		if fds[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
-			return fmt.Errorf("uffd: the userfaultfd reports an error (events %#x)", fds[0].Revents)
+		var n int
+		if readFirst {
+			if n, err = sess.readEvents(buf); err != nil {
+				return err
+			}
 		}
-		n, err := sess.readEvents(buf)
-		if err != nil {
-			return err
+		if n == 0 {
+			if spin > 0 && len(pending) == 0 && time.Since(last) < spin {
+				// Let a thread waiting for this CPU (a vCPU) run.
+				unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+				continue
+			}
+			// With faults pending, wait for events only briefly: the
+			// change that made the copy fail may complete without
+			// another event.
+			timeout := -1
+			if len(pending) > 0 {
+				timeout = int(retryWait / time.Millisecond)
+			}
+			fds[0] = unix.PollFd{Fd: int32(sess.fd), Events: unix.POLLIN}
+			fds[1] = unix.PollFd{Fd: int32(efd), Events: unix.POLLIN}
+			if _, err := unix.Poll(fds, timeout); err != nil && err != unix.EINTR {
+				return fmt.Errorf("uffd: poll: %w", err)
+			}
+			if stopped.Load() || ctx.Err() != nil {
+				return nil
+			}
+			if fds[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
+				return fmt.Errorf("uffd: the userfaultfd reports an error (events %#x)", fds[0].Revents)
+			}
+			if n, err = sess.readEvents(buf); err != nil {
+				return err
+			}
 		}
-		faults := pending[:0:0]
+		readFirst = spin > 0 || n == len(buf)
+		if n > 0 && spin > 0 {
+			last = time.Now()
+		}
+		faults = faults[:0]
 		for off := 0; off < n; off += msgSize {
 			m := decodeMsg(buf[off : off+msgSize])
 			if m.event == eventPagefault {
@@ -314,6 +369,9 @@ func (sess *session) serveFault(addr uint64, buf []byte) (again bool, err error)
 		sess.s.wsMu.Unlock()
 	}
 	// The event loop is the only writer of removed: no lock to read it.
+	if done, err := sess.faultAround(r, idx, buf); done || err != nil {
+		return false, err
+	}
 	_, err = sess.install(r, idx, buf, r.removed.get(idx))
 	switch {
 	case errors.Is(err, unix.EAGAIN):

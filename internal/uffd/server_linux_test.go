@@ -163,6 +163,48 @@ func TestServeChainToVMM(t *testing.T) {
 	}
 }
 
+// TestServeFaultAround serves a chain with fault-around and busy-polling,
+// alongside prefetch (so that runs stop at pages already present): every
+// page must read as the chain's, pages removed before they were ever read
+// (40-49, not to be filled by a fault on the page before them) or after
+// (170-189) as zeros.
+func TestServeFaultAround(t *testing.T) {
+	requiresUserfaultfd(t)
+	const pages = 256
+	fx := writeChain(t, pages, 3)
+	ws := &WorkingSet{PageSize: fixturePage}
+	for p := pages - 1; p >= 0; p -= 7 {
+		ws.Offsets = append(ws.Offsets, uint64(p)*fixturePage)
+	}
+	s := startServer(t, fx.open(t), Options{FaultAround: 8, BusyPoll: 100 * time.Microsecond, Prefetch: ws})
+	out := runVMM(t, s, "check", envSplit+"=160,96", envRemove0+"=40,50", envRemove+"=170,190")
+	got := checksums(t, out)
+	if len(got["P"]) != pages || len(got["R"]) != 20 {
+		t.Fatalf("child read %d pages and %d removed pages, want %d and 20", len(got["P"]), len(got["R"]), pages)
+	}
+	zeroSum := crc32.ChecksumIEEE(make([]byte, fixturePage))
+	for p := range pages {
+		want := crc32.ChecksumIEEE(fx.flat[p*fixturePage : (p+1)*fixturePage])
+		if p >= 40 && p < 50 {
+			want = zeroSum
+		}
+		if got["P"][p] != want {
+			t.Errorf("page %d: checksum %08x, want %08x", p, got["P"][p], want)
+		}
+		if r, ok := got["R"][p]; ok && r != zeroSum {
+			t.Errorf("removed page %d reads %08x, not zeros", p, r)
+		}
+	}
+	if err := s.stop(t); err != nil {
+		t.Fatalf("Serve returned %v after cancellation, want nil", err)
+	}
+	st := s.srv.Stats()
+	t.Logf("stats %+v", st)
+	if st.FaultAround == 0 || st.Faults >= pages || st.Removes < 2 {
+		t.Errorf("stats %+v: want pages installed around faults, fewer than %d faults, two remove events", st, pages)
+	}
+}
+
 func TestPrefetchWorkingSet(t *testing.T) {
 	requiresUserfaultfd(t)
 	const pages = 128

@@ -31,6 +31,7 @@ const (
 	envSocket  = "FORKD_UFFD_TEST_SOCKET"
 	envSplit   = "FORKD_UFFD_TEST_SPLIT"   // region sizes in pages, comma-separated
 	envRemove  = "FORKD_UFFD_TEST_REMOVE"  // "first,last" pages to madvise(DONTNEED) and read again
+	envRemove0 = "FORKD_UFFD_TEST_REMOVE0" // "first,last" pages to madvise(DONTNEED) before any read
 	envThreads = "FORKD_UFFD_TEST_THREADS" // bench: faulting threads
 )
 
@@ -139,17 +140,28 @@ func runChild(mode string) error {
 		threads, _ := strconv.Atoi(os.Getenv(envThreads))
 		return benchChild(pages, max(threads, 1))
 	}
+	// Pages [first, last) lie in one region (the test sees to it).
+	remove := func(env string) (first, last int, err error) {
+		if _, err := fmt.Sscanf(os.Getenv(env), "%d,%d", &first, &last); err != nil {
+			return 0, 0, err
+		}
+		if err := unix.Madvise(unsafe.Slice(&pages[first][0], (last-first)*ps), unix.MADV_DONTNEED); err != nil {
+			return 0, 0, fmt.Errorf("madvise: %w", err)
+		}
+		return first, last, nil
+	}
+	if os.Getenv(envRemove0) != "" {
+		if _, _, err := remove(envRemove0); err != nil {
+			return err
+		}
+	}
 	for i, p := range pages {
 		fmt.Printf("P %d %08x\n", i, crc32.ChecksumIEEE(p))
 	}
-	if r := os.Getenv(envRemove); r != "" {
-		var first, last int
-		if _, err := fmt.Sscanf(r, "%d,%d", &first, &last); err != nil {
+	if os.Getenv(envRemove) != "" {
+		first, last, err := remove(envRemove)
+		if err != nil {
 			return err
-		}
-		// Pages [first, last) lie in one region (the test sees to it).
-		if err := unix.Madvise(unsafe.Slice(&pages[first][0], (last-first)*ps), unix.MADV_DONTNEED); err != nil {
-			return fmt.Errorf("madvise: %w", err)
 		}
 		for i := first; i < last; i++ {
 			fmt.Printf("R %d %08x\n", i, crc32.ChecksumIEEE(pages[i]))
@@ -172,6 +184,9 @@ var sink atomic.Uint32
 // benchChild touches every page once from threads threads, each timing
 // its faults, and prints a benchResult.
 func benchChild(pages [][]byte, threads int) error {
+	// A thread blocked on a missing page keeps its P: give each its own,
+	// as a VMM's vCPU threads are all threads of their own.
+	runtime.GOMAXPROCS(max(threads, runtime.GOMAXPROCS(0)))
 	lat := make([]time.Duration, len(pages))
 	var wg sync.WaitGroup
 	start := time.Now()
