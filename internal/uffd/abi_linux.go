@@ -8,19 +8,13 @@ import (
 )
 
 // The userfaultfd ABI (linux/userfaultfd.h) that golang.org/x/sys does not
-// carry. The ioctl numbers are the generic _IOR/_IOWR encodings, the same
-// on amd64 and arm64.
+// carry, as far as the server uses it (creating and registering one is the
+// VMM's: package uffdtest does it for tests). The ioctl numbers are the
+// generic _IOR/_IOWR encodings, the same on amd64 and arm64.
 const (
-	uffdAPI = 0xAA
-
-	ioctlAPI      = 0xC018AA3F // _IOWR(0xAA, 0x3F, struct uffdio_api)
-	ioctlRegister = 0xC020AA00 // _IOWR(0xAA, 0x00, struct uffdio_register)
 	ioctlWake     = 0x8010AA02 // _IOR(0xAA, 0x02, struct uffdio_range)
 	ioctlCopy     = 0xC028AA03 // _IOWR(0xAA, 0x03, struct uffdio_copy)
 	ioctlZeropage = 0xC020AA04 // _IOWR(0xAA, 0x04, struct uffdio_zeropage)
-
-	// devIOCNew is USERFAULTFD_IOC_NEW on /dev/userfaultfd.
-	devIOCNew = 0xAA00
 
 	eventPagefault = 0x12
 	eventFork      = 0x13
@@ -28,30 +22,13 @@ const (
 	eventRemove    = 0x15
 	eventUnmap     = 0x16
 
-	featureEventRemove = 1 << 3
-	featureEventUnmap  = 1 << 6
-
-	registerModeMissing = 1
-
 	// msgSize is sizeof(struct uffd_msg).
 	msgSize = 32
 )
 
-type uffdioAPI struct {
-	API      uint64
-	Features uint64
-	Ioctls   uint64
-}
-
 type uffdioRange struct {
 	Start uint64
 	Len   uint64
-}
-
-type uffdioRegister struct {
-	Range  uffdioRange
-	Mode   uint64
-	Ioctls uint64
 }
 
 type uffdioCopy struct {

@@ -17,6 +17,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/forkd-dev/forkd/internal/uffd/uffdtest"
 )
 
 // This file is the test's stand-in for Firecracker: a child process (the
@@ -46,29 +48,8 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// newUserfaultfd creates a non-blocking userfaultfd with remove and unmap
-// events, as Firecracker does: with userfaultfd(2), or through
-// /dev/userfaultfd where the syscall is refused.
-func newUserfaultfd() (int, error) {
-	fd, _, errno := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK, 0, 0)
-	if errno != 0 {
-		dev, err := unix.Open("/dev/userfaultfd", unix.O_RDWR|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return -1, fmt.Errorf("userfaultfd(2): %v; /dev/userfaultfd: %v", errno, err)
-		}
-		defer unix.Close(dev)
-		fd, _, errno = unix.Syscall(unix.SYS_IOCTL, uintptr(dev), devIOCNew, unix.O_CLOEXEC|unix.O_NONBLOCK)
-		if errno != 0 {
-			return -1, fmt.Errorf("USERFAULTFD_IOC_NEW: %v", errno)
-		}
-	}
-	api := uffdioAPI{API: uffdAPI, Features: featureEventRemove | featureEventUnmap}
-	if err := ioctl(int(fd), ioctlAPI, unsafe.Pointer(&api)); err != nil {
-		unix.Close(int(fd))
-		return -1, fmt.Errorf("UFFDIO_API: %w", err)
-	}
-	return int(fd), nil
-}
+// newUserfaultfd creates a userfaultfd as Firecracker does.
+func newUserfaultfd() (int, error) { return uffdtest.NewUserfaultfd() }
 
 // sendHandshake connects to socket and sends fd with the regions' JSON.
 func sendHandshake(socket string, fd int, regions any) error {
@@ -102,9 +83,8 @@ func childMemory(socket string, split []uint64) ([][]byte, error) {
 			return nil, err
 		}
 		addr := uint64(uintptr(unsafe.Pointer(&mem[0])))
-		reg := uffdioRegister{Range: uffdioRange{Start: addr, Len: pages * ps}, Mode: registerModeMissing}
-		if err := ioctl(fd, ioctlRegister, unsafe.Pointer(&reg)); err != nil {
-			return nil, fmt.Errorf("UFFDIO_REGISTER: %w", err)
+		if err := uffdtest.Register(fd, mem); err != nil {
+			return nil, err
 		}
 		mems = append(mems, mem)
 		ms = append(ms, Mapping{BaseHostVirtAddr: addr, Size: pages * ps, Offset: off, PageSize: ps})

@@ -31,6 +31,7 @@ const (
 	ioctlRegister       = 0xC020AA00
 	devIOCNew           = 0xAA00
 	featureEventRemove  = 1 << 3
+	featureEventUnmap   = 1 << 6
 	registerModeMissing = 1
 )
 
@@ -61,7 +62,7 @@ func Attach(socket string, size int) (*Guest, error) {
 	if size <= 0 || size%ps != 0 {
 		return nil, fmt.Errorf("uffdtest: size %d is not a positive multiple of the page size", size)
 	}
-	fd, err := newUserfaultfd()
+	fd, err := NewUserfaultfd()
 	if err != nil {
 		return nil, err
 	}
@@ -71,10 +72,9 @@ func Attach(socket string, size int) (*Guest, error) {
 		return nil, err
 	}
 	addr := uint64(uintptr(unsafe.Pointer(&mem[0])))
-	reg := uffdioRegister{Start: addr, Len: uint64(size), Mode: registerModeMissing}
-	if err := ioctl(fd, ioctlRegister, unsafe.Pointer(&reg)); err != nil {
+	if err := Register(fd, mem); err != nil {
 		unix.Munmap(mem)
-		return nil, fmt.Errorf("UFFDIO_REGISTER: %w", err)
+		return nil, err
 	}
 	body, _ := json.Marshal([]Region{{BaseHostVirtAddr: addr, Size: uint64(size), PageSize: uint64(ps), PageSizeKiB: uint64(ps)}})
 	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
@@ -90,6 +90,15 @@ func Attach(socket string, size int) (*Guest, error) {
 	return &Guest{mem: mem}, nil
 }
 
+// Register registers mem with the userfaultfd fd for missing-page faults.
+func Register(fd int, mem []byte) error {
+	reg := uffdioRegister{Start: uint64(uintptr(unsafe.Pointer(&mem[0]))), Len: uint64(len(mem)), Mode: registerModeMissing}
+	if err := ioctl(fd, ioctlRegister, unsafe.Pointer(&reg)); err != nil {
+		return fmt.Errorf("UFFDIO_REGISTER: %w", err)
+	}
+	return nil
+}
+
 // Digest reads every page (each first read is a fault the page server
 // answers) and returns the SHA-256 of the memory, in hex.
 func (g *Guest) Digest() string {
@@ -100,7 +109,10 @@ func (g *Guest) Digest() string {
 // Close unmaps the memory.
 func (g *Guest) Close() error { return unix.Munmap(g.mem) }
 
-func newUserfaultfd() (int, error) {
+// NewUserfaultfd creates a non-blocking userfaultfd with remove and unmap
+// events, as Firecracker does: with userfaultfd(2), or through
+// /dev/userfaultfd where the syscall is refused.
+func NewUserfaultfd() (int, error) {
 	fd, _, errno := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK, 0, 0)
 	if errno != 0 {
 		dev, err := unix.Open("/dev/userfaultfd", unix.O_RDWR|unix.O_CLOEXEC, 0)
@@ -113,7 +125,7 @@ func newUserfaultfd() (int, error) {
 			return -1, fmt.Errorf("USERFAULTFD_IOC_NEW: %v", errno)
 		}
 	}
-	api := uffdioAPI{API: uffdAPI, Features: featureEventRemove}
+	api := uffdioAPI{API: uffdAPI, Features: featureEventRemove | featureEventUnmap}
 	if err := ioctl(int(fd), ioctlAPI, unsafe.Pointer(&api)); err != nil {
 		unix.Close(int(fd))
 		return -1, fmt.Errorf("UFFDIO_API: %w", err)

@@ -178,25 +178,14 @@ func TestSnapshotAndRestoreFile(t *testing.T) {
 func TestRestoreUffd(t *testing.T) {
 	d, log := newTestDriver(t, Config{})
 	img := testImage(t)
-	m := boot(t, d, testConfig(t, "tmpl", img))
-	snap := t.TempDir()
-	full, err := m.Snapshot(testCtx(t), vmm.SnapshotSpec{Type: vmm.SnapshotFull, StateFile: filepath.Join(snap, "state"), MemoryFile: filepath.Join(snap, "mem"), StopAfter: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	<-m.Done()
+	full := fullTemplate(t, d, img)
 
 	// The guest's memory: a few pages of data in the sparse image.
 	data := make([]byte, 64<<10)
 	rand.Read(data)
-	f, err := os.OpenFile(full.MemoryFile, os.O_WRONLY, 0)
-	if err != nil {
+	if err := writeAt(full.MemoryFile, data, 3<<20+4096); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.WriteAt(data, 3<<20+4096); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
 	mem, err := os.ReadFile(full.MemoryFile)
 	if err != nil {
 		t.Fatal(err)

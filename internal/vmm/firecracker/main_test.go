@@ -118,3 +118,30 @@ func testImage(t *testing.T) vmm.Image {
 func testConfig(t *testing.T, id string, img vmm.Image) vmm.MachineConfig {
 	return vmm.MachineConfig{ID: id, RunDir: filepath.Join(t.TempDir(), id), Image: img, MemoryMiB: 256, VCPUs: 2}
 }
+
+// fullTemplate boots a template machine of img, takes its full snapshot
+// (the fake's sparse memory file) and waits until it stopped.
+func fullTemplate(t *testing.T, d *Driver, img vmm.Image) vmm.SnapshotResult {
+	t.Helper()
+	m := boot(t, d, testConfig(t, "tmpl", img))
+	dir := t.TempDir()
+	full, err := m.Snapshot(testCtx(t), vmm.SnapshotSpec{Type: vmm.SnapshotFull, StateFile: filepath.Join(dir, "state"), MemoryFile: filepath.Join(dir, "mem"), StopAfter: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-m.Done()
+	return full
+}
+
+// writeAt writes b at off into the existing file path.
+func writeAt(path string, b []byte, off int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteAt(b, off); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
