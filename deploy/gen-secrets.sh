@@ -1,0 +1,53 @@
+#!/bin/sh
+# Prints the Secrets forkd on Kubernetes needs, for `kubectl apply -f -`:
+#   forkd-controller-token  the controller's bearer token (plaintext)
+#   forkd-node-tokens       the daemons' token store (its SHA-256 only)
+#   forkd-node-tls          a CA, and a certificate for the name the
+#                           controller checks (forkd-node; pod IPs change)
+# The token is a user of tenant "default": it forks, lists and deletes
+# that tenant's sandboxes and snapshots, nothing daemon-wide.
+# Needs openssl and sha256sum. Keep the output out of version control.
+set -eu
+ns=${NAMESPACE:-forkd-system}
+name=${SERVER_NAME:-forkd-node}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+token="forkd_$(openssl rand 32 | openssl base64 -A | tr '+/' '-_' | tr -d '=')"
+sum=$(printf %s "$token" | sha256sum | cut -d' ' -f1)
+now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+store="{\"version\":2,\"tokens\":[{\"name\":\"forkd-controller\",\"sha256\":\"$sum\",\"created\":\"$now\",\"role\":\"user\",\"tenant\":\"default\"}]}"
+
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 \
+  -subj "/CN=forkd-node-ca" -keyout "$tmp/ca.key" -out "$tmp/ca.crt" 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$name" \
+  -keyout "$tmp/tls.key" -out "$tmp/tls.csr" 2>/dev/null
+printf 'subjectAltName=DNS:%s\nextendedKeyUsage=serverAuth\n' "$name" > "$tmp/ext"
+openssl x509 -req -in "$tmp/tls.csr" -CA "$tmp/ca.crt" -CAkey "$tmp/ca.key" -CAcreateserial \
+  -days 825 -extfile "$tmp/ext" -out "$tmp/tls.crt" 2>/dev/null
+
+b64() { base64 < "$1" | tr -d '\n'; }
+printf %s "$token" > "$tmp/token"
+printf %s "$store" > "$tmp/tokens.json"
+cat <<YAML
+apiVersion: v1
+kind: Secret
+metadata: {name: forkd-controller-token, namespace: $ns}
+data:
+  token: $(b64 "$tmp/token")
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: forkd-node-tokens, namespace: $ns}
+data:
+  tokens.json: $(b64 "$tmp/tokens.json")
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: forkd-node-tls, namespace: $ns}
+type: kubernetes.io/tls
+data:
+  ca.crt: $(b64 "$tmp/ca.crt")
+  tls.crt: $(b64 "$tmp/tls.crt")
+  tls.key: $(b64 "$tmp/tls.key")
+YAML

@@ -1,0 +1,109 @@
+package controller
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/forkd-dev/forkd/k8s/placement"
+)
+
+// waitFor polls cond until it holds or the (generous: a loaded 2-core
+// machine) deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestNodeViewPollsUntilStopped(t *testing.T) {
+	si := newStandIn(t, map[string]int{"py": 1024})
+	v := &NodeView{
+		Cluster:   placement.New(),
+		Discovery: StaticDiscovery{{Node: "n1", URL: si.srv.URL, MemoryBytes: 8 * gib}},
+		Token:     si.token, Interval: 10 * time.Millisecond, Log: testr.New(t),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- v.Start(ctx) }()
+	waitFor(t, "node n1 up", func() bool { return v.State("n1") == NodeUp })
+	if got := v.SnapshotMemoryBytes("py"); got != 1024<<20 {
+		t.Errorf("snapshot memory %d, want 1 GiB", got)
+	}
+	if !v.SupportsIdempotency("n1") || !v.Holds("n1", "py") {
+		t.Error("the node's features or snapshots were not recorded")
+	}
+	d, err := v.Cluster.Place(placement.Request{Key: "k", Snapshot: "py", MemoryBytes: gib})
+	if err != nil || d.Node != "n1" || d.Pull {
+		t.Fatalf("placement from the polled view: %+v, %v", d, err)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("Start did not return after its context ended")
+	}
+}
+
+func TestPodDiscovery(t *testing.T) {
+	scheme, err := NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sel := labels.SelectorFromSet(labels.Set{"app.kubernetes.io/name": "forkd-node"})
+	pod := func(name, node, ip string, phase corev1.PodPhase, ann map[string]string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "forkd-system", Labels: map[string]string{"app.kubernetes.io/name": "forkd-node"}, Annotations: ann},
+			Spec:       corev1.PodSpec{NodeName: node},
+			Status:     corev1.PodStatus{Phase: phase, PodIP: ip, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
+		}
+	}
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "w1"},
+		Status: corev1.NodeStatus{Allocatable: corev1.ResourceList{
+			corev1.ResourceMemory:           resource.MustParse("16Gi"),
+			corev1.ResourceEphemeralStorage: resource.MustParse("100Gi"),
+		}},
+	}
+	other := pod("other", "w1", "10.0.0.9", corev1.PodRunning, nil)
+	other.Labels = map[string]string{"app": "else"}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		node,
+		pod("d1", "w1", "10.0.0.5", corev1.PodRunning, nil),
+		pod("d2", "w2", "10.0.0.6", corev1.PodRunning, map[string]string{AnnotationMemoryBytes: "1073741824"}),
+		pod("d3", "w3", "", corev1.PodPending, nil),
+		other,
+	).Build()
+	d := &PodDiscovery{Client: c, Namespace: "forkd-system", Selector: sel, Port: 7070, MemoryShare: 0.5}
+	eps, err := d.Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []NodeEndpoint{
+		{Node: "w1", URL: "https://10.0.0.5:7070", MemoryBytes: 8 * gib, DiskFreeBytes: 100 * gib},
+		{Node: "w2", URL: "https://10.0.0.6:7070", MemoryBytes: gib},
+	}
+	if len(eps) != len(want) {
+		t.Fatalf("endpoints %+v, want %+v", eps, want)
+	}
+	for i := range want {
+		if eps[i] != want[i] {
+			t.Errorf("endpoint %d: %+v, want %+v", i, eps[i], want[i])
+		}
+	}
+}

@@ -1,0 +1,304 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	v1 "github.com/forkd-dev/forkd/k8s/api/v1alpha1"
+	"github.com/forkd-dev/forkd/k8s/placement"
+)
+
+// Finalizer keeps a Sandbox until its microVM is deleted on its node and
+// its reservation released.
+const Finalizer = "forkd.dev/sandbox"
+
+// Labels the controller puts on the forkd sandbox (the fork's metadata),
+// so a fork whose answer was lost can be found on its node.
+const (
+	MetaNamespace = "forkd.dev/namespace"
+	MetaName      = "forkd.dev/name"
+	MetaUID       = "forkd.dev/uid"
+)
+
+// Condition reasons the controller sets besides those of the API package.
+const (
+	ReasonPlaced       = "Placed"
+	ReasonPinned       = "Pinned"
+	ReasonForking      = "Forking"
+	ReasonForkFailed   = "ForkFailed"
+	ReasonPullFailed   = "PullFailed"
+	ReasonNodeNotReady = "NodeNotReady"
+	ReasonEnded        = "Ended"
+)
+
+// SandboxReconciler forks each Sandbox on a node and keeps its status:
+//
+//   - Pending with no node: placement.Place picks one (or spec.nodeName
+//     pins it) and reserves its memory; status.nodeName and the Placed
+//     condition are written before the fork, so a retry forks on the same
+//     node.
+//   - Placed, no sandboxID: POST /v1/sandboxes on the node with the
+//     Idempotency-Key k8s-UID, so a retry after a lost answer gets the
+//     first fork; a node that does not hold the snapshot (Decision.Pull)
+//     is sent the snapshot's image as the fork's tag: the daemon pulls
+//     it, then forks (phase Pulling meanwhile).
+//   - Running: GET /v1/sandboxes/{id} every ResyncInterval; a sandbox the
+//     node no longer runs is Ended.
+//   - lifecycle.shutdownTime passed: DELETE on the node, phase Ended
+//     (reason Expired), and the object deleted if shutdownPolicy is
+//     Delete.
+//   - Deleted: the finalizer DELETEs the microVM on its node (a node lost
+//     has nothing left to delete) and releases the reservation.
+//
+// Node loss is the NodeView's: OnNodeLost marks the node's Sandboxes Lost.
+type SandboxReconciler struct {
+	Client  client.Client
+	Cluster *placement.Cluster
+	Nodes   *NodeView
+	// DefaultMemoryBytes is reserved for a sandbox whose blueprint sets no
+	// memory and whose snapshot no node reports (default 512 MiB).
+	DefaultMemoryBytes int64
+	// ForkTimeout bounds a fork (default 2 min), PullTimeout a fork that
+	// pulls first (default 15 min), ResyncInterval the check of a Running
+	// sandbox (default 1 min), RetryInterval a wait for capacity or a node
+	// (default 15 s).
+	ForkTimeout, PullTimeout, ResyncInterval, RetryInterval time.Duration
+	// Now is the clock (tests set it).
+	Now func() time.Time
+	Log logr.Logger
+}
+
+func (r *SandboxReconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+func durationOr(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
+
+// Reconcile brings one Sandbox one step closer to running (see the type).
+func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	key := req.String()
+	var sb v1.Sandbox
+	if err := r.Client.Get(ctx, req.NamespacedName, &sb); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.Cluster.Release(key)
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	if !sb.DeletionTimestamp.IsZero() {
+		return r.finalize(ctx, key, &sb)
+	}
+	if !controllerutil.ContainsFinalizer(&sb, Finalizer) {
+		controllerutil.AddFinalizer(&sb, Finalizer)
+		if err := r.Client.Update(ctx, &sb); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+
+	switch sb.Status.Phase {
+	case v1.SandboxEnded, v1.SandboxLost:
+		r.Cluster.Release(key)
+		return ctrl.Result{}, nil
+	}
+	if t := shutdownTime(&sb); t != nil && !r.now().Before(t.Time) {
+		return r.expire(ctx, key, &sb)
+	}
+	if sb.Status.NodeName == "" {
+		placed, res, err := r.place(ctx, key, &sb)
+		if !placed || err != nil {
+			return res, err
+		}
+	}
+	// Placed. A node the view has lost (or, after a restart, never found)
+	// took the sandbox with it.
+	switch r.Nodes.State(sb.Status.NodeName) {
+	case NodeUnknown:
+		if r.Nodes.Settled() {
+			return ctrl.Result{}, r.setLost(ctx, key, &sb)
+		}
+		return ctrl.Result{RequeueAfter: durationOr(r.RetryInterval, 15*time.Second)}, nil
+	case NodeWaiting:
+		return ctrl.Result{RequeueAfter: durationOr(r.RetryInterval, 15*time.Second)}, nil
+	}
+	// After a controller restart the reservation is rebuilt here (Bind
+	// replaces an existing one with the same bytes).
+	_ = r.Cluster.Bind(key, sb.Status.NodeName, r.memoryFor(&sb))
+
+	if sb.Status.SandboxID == "" {
+		return r.fork(ctx, key, &sb)
+	}
+	return r.check(ctx, key, &sb)
+}
+
+// place picks the node and records it in the status before any fork.
+func (r *SandboxReconciler) place(ctx context.Context, key string, sb *v1.Sandbox) (bool, ctrl.Result, error) {
+	retry := ctrl.Result{RequeueAfter: durationOr(r.RetryInterval, 15*time.Second)}
+	mem := r.memoryFor(sb)
+	var d placement.Decision
+	reason, msg := ReasonPlaced, ""
+	if pin := sb.Spec.NodeName; pin != "" {
+		if r.Nodes.State(pin) != NodeUp {
+			r.setCondition(sb, v1.ConditionPlaced, metav1.ConditionFalse, ReasonNodeNotReady,
+				fmt.Sprintf("spec.nodeName %q: no forkd daemon there has answered yet", pin))
+			return false, retry, r.updateStatus(ctx, sb)
+		}
+		if err := r.Cluster.Bind(key, pin, mem); err != nil {
+			return false, ctrl.Result{}, err
+		}
+		d = placement.Decision{Node: pin, Pull: !r.Nodes.Holds(pin, sb.Spec.Snapshot.Tag)}
+		if d.Pull && sb.Spec.Snapshot.Image == "" {
+			r.Cluster.Release(key)
+			r.setCondition(sb, v1.ConditionPlaced, metav1.ConditionFalse, v1.ReasonNoCapacity,
+				fmt.Sprintf("node %q does not hold snapshot %q and the sandbox names no image to pull it from", pin, sb.Spec.Snapshot.Tag))
+			return false, retry, r.updateStatus(ctx, sb)
+		}
+		reason, msg = ReasonPinned, "spec.nodeName"
+	} else {
+		var err error
+		d, err = r.Cluster.Place(placement.Request{
+			Key:         key,
+			Snapshot:    sb.Spec.Snapshot.Tag,
+			MemoryBytes: mem,
+			Pullable:    sb.Spec.Snapshot.Image != "",
+		})
+		if errors.Is(err, placement.ErrNoCapacity) {
+			sb.Status.Phase = v1.SandboxPending
+			r.setCondition(sb, v1.ConditionPlaced, metav1.ConditionFalse, v1.ReasonNoCapacity, err.Error())
+			return false, retry, r.updateStatus(ctx, sb)
+		}
+		if err != nil {
+			return false, ctrl.Result{}, err
+		}
+		msg = "placement"
+	}
+	sb.Status.NodeName = d.Node
+	sb.Status.Phase = v1.SandboxPending
+	if d.Pull {
+		sb.Status.Phase = v1.SandboxPulling
+		reason = v1.ReasonPulling
+	}
+	r.setCondition(sb, v1.ConditionPlaced, metav1.ConditionTrue, reason,
+		fmt.Sprintf("node %s chosen by %s (%d bytes reserved; pull first: %v)", d.Node, msg, mem, d.Pull))
+	if err := r.updateStatus(ctx, sb); err != nil {
+		// The status (and so the decision) was not recorded: forget it,
+		// the next reconcile places again.
+		r.Cluster.Release(key)
+		return false, ctrl.Result{}, err
+	}
+	return true, ctrl.Result{}, nil
+}
+
+// memoryFor is what placement reserves for a sandbox: its blueprint's
+// memory, else its snapshot's as a node reports it, else the default.
+func (r *SandboxReconciler) memoryFor(sb *v1.Sandbox) int64 {
+	if m := sb.Spec.Resources.Memory; m != nil {
+		return m.Value()
+	}
+	if b := r.Nodes.SnapshotMemoryBytes(sb.Spec.Snapshot.Tag); b > 0 {
+		return b
+	}
+	if r.DefaultMemoryBytes > 0 {
+		return r.DefaultMemoryBytes
+	}
+	return 512 << 20
+}
+
+// shutdownTime is the sandbox's lifecycle.shutdownTime, or nil.
+func shutdownTime(sb *v1.Sandbox) *metav1.Time {
+	if sb.Spec.Lifecycle == nil {
+		return nil
+	}
+	return sb.Spec.Lifecycle.ShutdownTime
+}
+
+func shutdownPolicy(sb *v1.Sandbox) v1.ShutdownPolicy {
+	if sb.Spec.Lifecycle == nil || sb.Spec.Lifecycle.ShutdownPolicy == "" {
+		return v1.ShutdownPolicyRetain
+	}
+	return sb.Spec.Lifecycle.ShutdownPolicy
+}
+
+// expire ends a sandbox whose shutdownTime passed.
+func (r *SandboxReconciler) expire(ctx context.Context, key string, sb *v1.Sandbox) (ctrl.Result, error) {
+	if err := r.deleteOnNode(ctx, sb); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.Cluster.Release(key)
+	return r.end(ctx, sb, v1.ReasonExpired, fmt.Sprintf("lifecycle.shutdownTime %s passed", sb.Spec.Lifecycle.ShutdownTime.UTC().Format(time.RFC3339)))
+}
+
+// end marks a sandbox Ended and, under shutdownPolicy Delete, deletes it.
+func (r *SandboxReconciler) end(ctx context.Context, sb *v1.Sandbox, reason, msg string) (ctrl.Result, error) {
+	sb.Status.Phase = v1.SandboxEnded
+	r.setCondition(sb, v1.ConditionReady, metav1.ConditionFalse, reason, msg)
+	if err := r.updateStatus(ctx, sb); err != nil {
+		return ctrl.Result{}, err
+	}
+	if shutdownPolicy(sb) == v1.ShutdownPolicyDelete {
+		if err := r.Client.Delete(ctx, sb); err != nil && !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, err
+		}
+	}
+	return ctrl.Result{}, nil
+}
+
+// finalize deletes the microVM on its node, releases the reservation and
+// lets the object go.
+func (r *SandboxReconciler) finalize(ctx context.Context, key string, sb *v1.Sandbox) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(sb, Finalizer) {
+		r.Cluster.Release(key)
+		return ctrl.Result{}, nil
+	}
+	if sb.Status.Phase != v1.SandboxLost && sb.Status.Phase != v1.SandboxEnded && sb.Status.NodeName != "" {
+		switch r.Nodes.State(sb.Status.NodeName) {
+		case NodeUp:
+			if err := r.deleteOnNode(ctx, sb); err != nil {
+				return ctrl.Result{}, err
+			}
+		case NodeWaiting:
+			// The daemon has not answered yet: wait for it, or for the
+			// view to declare the node lost.
+			return ctrl.Result{RequeueAfter: durationOr(r.RetryInterval, 15*time.Second)}, nil
+		case NodeUnknown:
+			if !r.Nodes.Settled() {
+				return ctrl.Result{RequeueAfter: durationOr(r.RetryInterval, 15*time.Second)}, nil
+			}
+			// Lost with its node: nothing to delete.
+		}
+	}
+	r.Cluster.Release(key)
+	controllerutil.RemoveFinalizer(sb, Finalizer)
+	if err := r.Client.Update(ctx, sb); err != nil && !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, nil
+}
+
+// setCondition sets a condition with the object's generation.
+func (r *SandboxReconciler) setCondition(sb *v1.Sandbox, typ string, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&sb.Status.Conditions, metav1.Condition{
+		Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: sb.Generation,
+	})
+}
+
+func (r *SandboxReconciler) updateStatus(ctx context.Context, sb *v1.Sandbox) error {
+	return r.Client.Status().Update(ctx, sb)
+}

@@ -1,0 +1,111 @@
+// Package controller is forkd's Kubernetes controller: it keeps a view of
+// the nodes' forkd daemons (NodeView, polling each daemon's REST API into
+// a placement.Cluster), forks each Sandbox on the node placement picks
+// (SandboxReconciler), and binds each SandboxClaim to a Sandbox made from
+// its template (ClaimReconciler). It talks to the daemons over their REST
+// API (internal/api/openapi.yaml) with its own small JSON structs: this
+// module does not import the daemon's.
+package controller
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+
+	v1 "github.com/forkd-dev/forkd/k8s/api/v1alpha1"
+	"github.com/forkd-dev/forkd/k8s/placement"
+)
+
+// NewScheme returns a scheme with the core Kubernetes types and forkd's.
+func NewScheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := v1.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Options configure Setup.
+type Options struct {
+	// Discovery finds the node daemons (PodDiscovery in a cluster).
+	Discovery Discovery
+	// Token is the bearer token the daemons accept; HTTP the client for
+	// them (its TLS configuration trusts their certificates).
+	Token string
+	HTTP  *http.Client
+	// PollInterval, FailureThreshold: see NodeView.
+	PollInterval     time.Duration
+	FailureThreshold int
+	// DefaultMemoryBytes: see SandboxReconciler.
+	DefaultMemoryBytes int64
+	// MaxConcurrentReconciles of the Sandbox controller (default 8): a
+	// fork that pulls holds a worker for minutes.
+	MaxConcurrentReconciles int
+}
+
+// Controllers are the parts Setup made.
+type Controllers struct {
+	Cluster   *placement.Cluster
+	Nodes     *NodeView
+	Sandboxes *SandboxReconciler
+	Claims    *ClaimReconciler
+}
+
+// Setup adds the node view and both reconcilers to mgr.
+func Setup(mgr ctrl.Manager, o Options) (*Controllers, error) {
+	if o.Discovery == nil {
+		return nil, fmt.Errorf("controller setup: no discovery of the node daemons")
+	}
+	log := ctrl.Log.WithName("forkd")
+	cluster := placement.New()
+	nodes := &NodeView{
+		Cluster:          cluster,
+		Discovery:        o.Discovery,
+		Token:            o.Token,
+		HTTP:             o.HTTP,
+		Interval:         o.PollInterval,
+		FailureThreshold: o.FailureThreshold,
+		Log:              log.WithName("nodes"),
+	}
+	sbr := &SandboxReconciler{
+		Client:             mgr.GetClient(),
+		Cluster:            cluster,
+		Nodes:              nodes,
+		DefaultMemoryBytes: o.DefaultMemoryBytes,
+		Log:                log.WithName("sandbox"),
+	}
+	nodes.OnNodeUp = sbr.BindNode
+	nodes.OnNodeLost = sbr.MarkNodeLost
+	cr := &ClaimReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Log: log.WithName("claim")}
+
+	if err := mgr.Add(nodes); err != nil {
+		return nil, err
+	}
+	workers := o.MaxConcurrentReconciles
+	if workers <= 0 {
+		workers = 8
+	}
+	if err := ctrl.NewControllerManagedBy(mgr).
+		For(&v1.Sandbox{}).
+		Named("sandbox").
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
+		Complete(sbr); err != nil {
+		return nil, err
+	}
+	if err := ctrl.NewControllerManagedBy(mgr).
+		For(&v1.SandboxClaim{}).
+		Owns(&v1.Sandbox{}).
+		Named("sandboxclaim").
+		Complete(cr); err != nil {
+		return nil, err
+	}
+	return &Controllers{Cluster: cluster, Nodes: nodes, Sandboxes: sbr, Claims: cr}, nil
+}
