@@ -65,7 +65,7 @@ unit:
 # Integration tests boot real microVMs (minimal busybox image) through the
 # engine, the daemon API and the CLI.
 integration: build
-	$(GO) test -count=1 -timeout 40m ./integration/...
+	$(GO) test -count=1 -timeout 55m ./integration/...
 
 # Kubernetes tests: the modules in K8S_MODULES, vetted and run with the race
 # detector; test/k8s starts a real etcd and kube-apiserver, which

@@ -52,8 +52,7 @@ func TestForkByReference(t *testing.T) {
 	go func() { served <- serve.Wait() }()
 	t.Cleanup(func() {
 		c.run("--no-autostart", "kill", "--all")
-		serve.Process.Kill()
-		<-served
+		stopServe(t, serve, served, &serveLog)
 	})
 	waitFor(t, 2*time.Minute, "the daemon to answer:\n"+serveLog.String(), func() bool {
 		_, _, code := c.run("--no-autostart", "ls")

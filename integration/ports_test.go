@@ -8,9 +8,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -47,8 +49,7 @@ func TestPorts(t *testing.T) {
 		// is shared, and a sandbox left running would be adopted by the
 		// next test's daemon (newCLI's kill --all runs after this).
 		c.run("--no-autostart", "kill", "--all")
-		serve.Process.Kill()
-		<-served
+		stopServe(t, serve, served, &serveLog)
 	})
 	waitFor(t, 2*time.Minute, "the daemon to answer:\n"+serveLog.String(), func() bool {
 		_, _, code := c.run("--no-autostart", "ls")
@@ -211,6 +212,23 @@ func wsEcho(t *testing.T, network, addr, path, token, msg string) {
 }
 
 // waitFor polls cond until it holds, failing the test after limit.
+// stopServe stops a test's own `forkd serve` as an operator does, with
+// SIGTERM, so it stops its pooled VMMs: a SIGKILL leaves them running
+// (by design, for the next daemon to find), and a pool restored ahead
+// keeps running guests that took CPU from every later test. served
+// receives the process's exit.
+func stopServe(t *testing.T, serve *exec.Cmd, served <-chan error, log fmt.Stringer) {
+	t.Helper()
+	serve.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-served:
+	case <-time.After(3 * time.Minute):
+		serve.Process.Kill()
+		<-served
+		t.Errorf("forkd serve did not stop on SIGTERM within 3 minutes; log:\n%s", log)
+	}
+}
+
 func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
