@@ -121,6 +121,24 @@ func (c *memCache) prune(keep map[string]bool, log func(msg string, args ...any)
 	}
 }
 
+// intactChain resolves snap's chain (snap first, the root last) and
+// checks every link with checkIntact.
+func (e *Engine) intactChain(snap *snapshot.Snapshot) ([]*snapshot.Snapshot, error) {
+	chain, err := e.store.Chain(snap)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range chain {
+		if err := e.checkIntact(c); err != nil {
+			if c != snap {
+				err = fmt.Errorf("snapshot %q needs %q: %w", snap.Tag, c.Tag, err)
+			}
+			return nil, err
+		}
+	}
+	return chain, nil
+}
+
 // memoryImage returns the complete memory image a clone of snap maps:
 // its memory file, or for a layer the image assembled from its chain
 // (built on first use). Every call checks that what the clone would map
@@ -136,17 +154,9 @@ func (e *Engine) memoryImage(snap *snapshot.Snapshot) (string, error) {
 	// The chain is checked on every use, not only when assembling: a
 	// layer whose ancestor is gone or replaced is refused even while its
 	// image is cached. Reading a few small manifests is cheap.
-	chain, err := e.store.Chain(snap)
+	chain, err := e.intactChain(snap)
 	if err != nil {
 		return "", err
-	}
-	for _, c := range chain {
-		if err := e.checkIntact(c); err != nil {
-			if c != snap {
-				err = fmt.Errorf("snapshot %q needs %q: %w", snap.Tag, c.Tag, err)
-			}
-			return "", err
-		}
 	}
 	digest := snap.Digest()
 	path := e.mem.path(digest)

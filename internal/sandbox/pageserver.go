@@ -29,17 +29,9 @@ type pageServer struct {
 // openPageServer checks snap's chain, opens its memory and listens on a
 // socket in runDir. Nothing is served until start.
 func (e *Engine) openPageServer(snap *snapshot.Snapshot, runDir string) (_ *pageServer, err error) {
-	chain, err := e.store.Chain(snap)
+	chain, err := e.intactChain(snap)
 	if err != nil {
 		return nil, err
-	}
-	for _, c := range chain {
-		if err := e.checkIntact(c); err != nil {
-			if c != snap {
-				err = fmt.Errorf("snapshot %q needs %q: %w", snap.Tag, c.Tag, err)
-			}
-			return nil, err
-		}
 	}
 	mem, err := uffd.OpenSnapshotChain(chain)
 	if err != nil {
