@@ -38,6 +38,7 @@ type Engine interface {
 	Kill(ctx context.Context, ids []string) ([]string, error)
 	KillAll(ctx context.Context) []string
 	List() []*sandbox.Sandbox
+	Load() sandbox.Load
 	Pending(tag string) (sandbox.PendingSnapshot, bool)
 	PendingList() []sandbox.PendingSnapshot
 	PoolSize(snapshotID string) int

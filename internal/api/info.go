@@ -50,6 +50,13 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request) {
 	if s.PortDomain != "" {
 		out.Features = append(out.Features, "ports.domain")
 	}
+	if p.Role == auth.RoleAdmin {
+		c, err := s.capacity()
+		if err != nil && s.Log != nil {
+			s.Log.Warn("GET /v1/info: capacity incomplete", "err", err)
+		}
+		out.Capacity = c
+	}
 	sort.Strings(out.Features)
 	writeJSON(w, out)
 }

@@ -20,6 +20,32 @@ type Info struct {
 	Limits   InfoLimits `json:"limits"`
 	// Caller is who the daemon takes the caller for.
 	Caller InfoCaller `json:"caller"`
+	// Capacity is this host's room for sandboxes, for admin callers only
+	// (a scheduler placing forks across hosts); absent for others.
+	Capacity *InfoCapacity `json:"capacity,omitempty"`
+}
+
+// InfoCapacity is what a host has left for sandboxes, read when asked.
+type InfoCapacity struct {
+	// GuestMemoryCommittedBytes is the guest memory of the sandboxes
+	// running and starting; GuestMemoryPooledBytes that of the pooled
+	// VMMs, which a fork short of room evicts. A fork is refused (429)
+	// when committed, pooled left and its own would pass
+	// GuestMemoryLimitBytes (0: no limit).
+	GuestMemoryCommittedBytes int64 `json:"guest_memory_committed_bytes"`
+	GuestMemoryPooledBytes    int64 `json:"guest_memory_pooled_bytes"`
+	GuestMemoryLimitBytes     int64 `json:"guest_memory_limit_bytes"`
+	// HostMemory is the host's RAM (MemTotal) and what the kernel says
+	// is available without swapping (MemAvailable).
+	HostMemoryTotalBytes     int64 `json:"host_memory_total_bytes"`
+	HostMemoryAvailableBytes int64 `json:"host_memory_available_bytes"`
+	// Disk is the file system of the data dir: its size and the room an
+	// unprivileged writer has left.
+	DiskTotalBytes int64 `json:"disk_total_bytes"`
+	DiskFreeBytes  int64 `json:"disk_free_bytes"`
+	// SandboxesRunning counts the sandboxes running and starting (at
+	// most limits' max_sandboxes, where set).
+	SandboxesRunning int `json:"sandboxes_running"`
 }
 
 // InfoLimits are the daemon's limits and defaults that shape requests.

@@ -169,6 +169,32 @@ func (e *Engine) poolRoom(p *pool) bool {
 	return runningMiB+e.startingMiB+e.pooledMiBLocked() <= maxMiB
 }
 
+// Load is what an engine holds against its limits (MaxSandboxes,
+// MaxGuestMemoryMiB), for a scheduler choosing between hosts.
+type Load struct {
+	// Running sandboxes and the guest memory they hold; Starting the
+	// children of forks in flight and what those reserved (only under a
+	// limit).
+	Running, Starting       int
+	RunningMiB, StartingMiB int64
+	// PooledMiB is the guest memory of the pooled VMMs: a fork that
+	// needs room evicts them, so it is committed but not taken.
+	PooledMiB int64
+	// LimitMiB is MaxGuestMemoryMiB (0: none).
+	LimitMiB int64
+}
+
+// Load reports what the engine holds now.
+func (e *Engine) Load() Load {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n, miB := e.runningLocked()
+	return Load{
+		Running: n, Starting: e.starting, RunningMiB: miB, StartingMiB: e.startingMiB,
+		PooledMiB: e.pooledMiBLocked(), LimitMiB: e.cfg.MaxGuestMemoryMiB,
+	}
+}
+
 // GuestMemory reports the guest memory committed (running sandboxes,
 // pooled VMMs and the one being prepared, and the forks in flight, which
 // reserve theirs only when a limit is set) and the limit forks are
