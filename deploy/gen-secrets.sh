@@ -4,8 +4,10 @@
 #   forkd-node-tokens       the daemons' token store (its SHA-256 only)
 #   forkd-node-tls          a CA, and a certificate for the name the
 #                           controller checks (forkd-node; pod IPs change)
-# The token is a user of tenant "default": it forks, lists and deletes
-# that tenant's sandboxes and snapshots, nothing daemon-wide.
+# The token is the node daemons' admin: they serve the controller alone
+# (users reach sandboxes through Kubernetes objects, namespaced by RBAC),
+# and the controller reads each node's capacity (GET /v1/info shows it to
+# admins only) to place forks. Keep it in the controller's Secret.
 # Needs openssl and sha256sum. Keep the output out of version control.
 set -eu
 ns=${NAMESPACE:-forkd-system}
@@ -16,7 +18,7 @@ trap 'rm -rf "$tmp"' EXIT
 token="forkd_$(openssl rand 32 | openssl base64 -A | tr '+/' '-_' | tr -d '=')"
 sum=$(printf %s "$token" | sha256sum | cut -d' ' -f1)
 now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-store="{\"version\":2,\"tokens\":[{\"name\":\"forkd-controller\",\"sha256\":\"$sum\",\"created\":\"$now\",\"role\":\"user\",\"tenant\":\"default\"}]}"
+store="{\"version\":2,\"tokens\":[{\"name\":\"forkd-controller\",\"sha256\":\"$sum\",\"created\":\"$now\",\"role\":\"admin\",\"tenant\":\"\"}]}"
 
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 \
   -subj "/CN=forkd-node-ca" -keyout "$tmp/ca.key" -out "$tmp/ca.crt" 2>/dev/null

@@ -20,12 +20,19 @@ type NodeEndpoint struct {
 	// URL is the daemon's API root (https://10.0.0.5:7070).
 	URL string
 	// MemoryBytes is the memory placement may reserve for sandboxes there
-	// and DiskFreeBytes the room for pulled snapshots. The forkd API does
-	// not report either yet, so discovery supplies them (PodDiscovery:
-	// the Node's allocatable memory and ephemeral storage, or the daemon
-	// pod's annotations).
+	// and DiskFreeBytes the room for pulled snapshots, as discovery sees
+	// them (PodDiscovery: the Node's allocatable memory times
+	// MemoryShare, and its ephemeral storage). A daemon that reports its
+	// capacity (GET /v1/info to an admin) refines them: placement gets the
+	// smaller of MemoryBytes and the daemon's guest memory limit, the
+	// daemon's free disk, and what it has committed (see
+	// placement.Node.CommittedBytes).
 	MemoryBytes   int64
 	DiskFreeBytes int64
+	// MemoryPinned and DiskPinned say the operator set the figure (the
+	// daemon pod's annotations): it is used as is, whatever the daemon
+	// reports.
+	MemoryPinned, DiskPinned bool
 }
 
 // Discovery finds the node daemons. PodDiscovery finds the pods of the
@@ -107,10 +114,10 @@ func (d *PodDiscovery) Discover(ctx context.Context) ([]NodeEndpoint, error) {
 			}
 		}
 		if v, err := strconv.ParseInt(p.Annotations[AnnotationMemoryBytes], 10, 64); err == nil && v >= 0 {
-			ep.MemoryBytes = v
+			ep.MemoryBytes, ep.MemoryPinned = v, true
 		}
 		if v, err := strconv.ParseInt(p.Annotations[AnnotationDiskFreeBytes], 10, 64); err == nil && v >= 0 {
-			ep.DiskFreeBytes = v
+			ep.DiskFreeBytes, ep.DiskPinned = v, true
 		}
 		out = append(out, ep)
 	}

@@ -33,6 +33,16 @@ type apiInfo struct {
 	Limits     struct {
 		MaxSandboxes int `json:"max_sandboxes"`
 	} `json:"limits"`
+	// Capacity is reported to admin tokens only (the controller's).
+	Capacity *apiCapacity `json:"capacity,omitempty"`
+}
+
+// apiCapacity is the part of Info's capacity the controller reads.
+type apiCapacity struct {
+	GuestMemoryCommittedBytes int64 `json:"guest_memory_committed_bytes"`
+	GuestMemoryLimitBytes     int64 `json:"guest_memory_limit_bytes"`
+	HostMemoryTotalBytes      int64 `json:"host_memory_total_bytes"`
+	DiskFreeBytes             int64 `json:"disk_free_bytes"`
 }
 
 // apiSnapshot is the part of the Snapshot schema the controller reads.

@@ -28,7 +28,8 @@ const (
 
 // NodeView polls every node's forkd daemon into a placement.Cluster. Each
 // round it asks Discovery for the daemons, then each daemon for its health
-// (GET /v1/healthz, /v1/info) and snapshots (GET /v1/snapshots). A node
+// (GET /v1/healthz, /v1/info: its features and, to the controller's
+// admin token, its capacity) and snapshots (GET /v1/snapshots). A node
 // that fails FailureThreshold rounds in a row, whether its daemon does not
 // answer or discovery no longer lists it, is removed from the cluster and
 // OnNodeLost is called: its sandboxes died with it (or with its daemon's
@@ -71,6 +72,9 @@ type nodeRecord struct {
 	// snapshots are the ready snapshots it holds, by tag.
 	snapshots map[string]apiSnapshot
 	features  map[string]bool
+	// capacity is what the daemon last reported of its room (nil: it
+	// reports none: an older daemon, or a token without the admin role).
+	capacity *apiCapacity
 }
 
 func (v *NodeView) threshold() int {
@@ -178,6 +182,7 @@ type pollResult struct {
 	err       error
 	snapshots map[string]apiSnapshot
 	features  map[string]bool
+	capacity  *apiCapacity
 }
 
 // PollOnce runs one round: discovery, then every daemon concurrently.
@@ -204,7 +209,7 @@ func (v *NodeView) PollOnce(ctx context.Context) error {
 			}
 			nr := &nodeRecord{ep: ep, client: &NodeClient{Base: ep.URL, Token: v.Token, HTTP: hc}}
 			if r != nil { // a new daemon pod on a known node
-				nr.up, nr.failures, nr.snapshots, nr.features = r.up, r.failures, r.snapshots, r.features
+				nr.up, nr.failures, nr.snapshots, nr.features, nr.capacity = r.up, r.failures, r.snapshots, r.features, r.capacity
 			}
 			r = nr
 			v.nodes[ep.Node] = r
@@ -248,7 +253,7 @@ func (v *NodeView) PollOnce(ctx context.Context) error {
 				ups = append(ups, res.node)
 			}
 			r.up, r.failures = true, 0
-			r.snapshots, r.features = res.snapshots, res.features
+			r.snapshots, r.features, r.capacity = res.snapshots, res.features, res.capacity
 			v.Cluster.SetNode(r.node(true))
 			continue
 		}
@@ -298,13 +303,30 @@ func (r *nodeRecord) node(ready bool) placement.Node {
 		tags = append(tags, tag)
 	}
 	sort.Strings(tags)
-	return placement.Node{
+	n := placement.Node{
 		Name:          r.ep.Node,
 		Ready:         ready,
 		MemoryBytes:   r.ep.MemoryBytes,
 		DiskFreeBytes: r.ep.DiskFreeBytes,
 		Snapshots:     tags,
 	}
+	if c := r.capacity; c != nil {
+		n.CommittedBytes = c.GuestMemoryCommittedBytes
+		if !r.ep.MemoryPinned {
+			// The daemon refuses forks past its limit (none: its RAM).
+			limit := c.GuestMemoryLimitBytes
+			if limit <= 0 {
+				limit = c.HostMemoryTotalBytes
+			}
+			if limit > 0 && (n.MemoryBytes <= 0 || limit < n.MemoryBytes) {
+				n.MemoryBytes = limit
+			}
+		}
+		if !r.ep.DiskPinned {
+			n.DiskFreeBytes = c.DiskFreeBytes
+		}
+	}
+	return n
 }
 
 // pollNode asks one daemon for its health, features and snapshots.
@@ -328,6 +350,7 @@ func (v *NodeView) pollNode(ctx context.Context, node string, c *NodeClient) pol
 	for _, f := range info.Features {
 		res.features[f] = true
 	}
+	res.capacity = info.Capacity
 	snaps, err := c.Snapshots(ctx)
 	if err != nil {
 		res.err = err

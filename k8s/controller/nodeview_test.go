@@ -107,3 +107,44 @@ func TestPodDiscovery(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeViewUsesDaemonCapacity: a daemon reporting its capacity caps the
+// node's room at its guest memory limit and takes what it committed
+// outside placement off it; a figure pinned by the operator stays.
+func TestNodeViewUsesDaemonCapacity(t *testing.T) {
+	si := newStandIn(t, map[string]int{"py": 1024})
+	si.mu.Lock()
+	si.capacity = map[string]any{
+		"guest_memory_committed_bytes": 3 * gib, "guest_memory_pooled_bytes": 0, "guest_memory_limit_bytes": 4 * gib,
+		"host_memory_total_bytes": 16 * gib, "host_memory_available_bytes": 10 * gib,
+		"disk_total_bytes": 100 * gib, "disk_free_bytes": 40 * gib, "sandboxes_running": 3,
+	}
+	si.mu.Unlock()
+	for _, c := range []struct {
+		name   string
+		ep     NodeEndpoint
+		fits   int64 // the largest sandbox that still fits
+		diskGB int64
+	}{
+		{"daemon's limit", NodeEndpoint{MemoryBytes: 8 * gib, DiskFreeBytes: 500 * gib}, gib, 40},
+		{"pinned by annotation", NodeEndpoint{MemoryBytes: 8 * gib, DiskFreeBytes: 500 * gib, MemoryPinned: true, DiskPinned: true}, 5 * gib, 500},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ep := c.ep
+			ep.Node, ep.URL = "n1", si.srv.URL
+			v := &NodeView{Cluster: placement.New(), Discovery: StaticDiscovery{ep}, Token: si.token, Log: testr.New(t)}
+			if err := v.PollOnce(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := v.Cluster.Place(placement.Request{Key: "big", Snapshot: "py", MemoryBytes: c.fits + gib}); err == nil {
+				t.Fatalf("a %d GiB sandbox was placed: the room is %d GiB", c.fits/gib+1, c.fits/gib)
+			}
+			if _, err := v.Cluster.Place(placement.Request{Key: "ok", Snapshot: "py", MemoryBytes: c.fits}); err != nil {
+				t.Fatalf("a %d GiB sandbox did not fit: %v", c.fits/gib, err)
+			}
+			if _, err := v.Cluster.Place(placement.Request{Key: "pull", Snapshot: "other", MemoryBytes: 0, Pullable: true, SnapshotBytes: (c.diskGB + 1) * gib}); err == nil {
+				t.Fatalf("a snapshot of %d GB was sent to pull onto %d GB free", c.diskGB+1, c.diskGB)
+			}
+		})
+	}
+}

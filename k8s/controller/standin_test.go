@@ -40,6 +40,8 @@ type standIn struct {
 	deletes   []string   // ids of DELETE /v1/sandboxes/{id}
 	idem      map[string]idemEntry
 	next      int
+	// capacity, when set, is GET /v1/info's capacity (the daemon's room).
+	capacity map[string]any
 }
 
 type standInSandbox struct {
@@ -146,13 +148,17 @@ func (s *standIn) serve(w http.ResponseWriter, r *http.Request) {
 	case r.Method == http.MethodGet && path == "/v1/healthz":
 		writeJSON(w, 200, map[string]string{"status": "ok"})
 	case r.Method == http.MethodGet && path == "/v1/info":
-		writeJSON(w, 200, map[string]any{
+		info := map[string]any{
 			"version": "stand-in", "api_version": "v1", "vmm": "cloud-hypervisor", "vmm_version": "v0",
 			"accel": "kvm", "features": []string{"fork", "idempotency", "lifetimes", "network.egress"},
 			"limits": map[string]any{"max_fork_count": 100, "max_sandboxes": 0, "max_timeout_s": 604800,
 				"default_timeout_s": 3600, "dead_retention_s": 3600, "pool_size": 0},
 			"caller": map[string]any{"tenant": "default", "role": "admin"},
-		})
+		}
+		if s.capacity != nil {
+			info["capacity"] = s.capacity
+		}
+		writeJSON(w, 200, info)
 	case r.Method == http.MethodGet && path == "/v1/snapshots":
 		s.listSnapshots(w, r)
 	case r.Method == http.MethodPost && path == "/v1/sandboxes":

@@ -26,6 +26,14 @@ type Node struct {
 	Ready bool
 	// MemoryBytes is the memory forkd may give sandboxes on the node.
 	MemoryBytes int64
+	// CommittedBytes is the guest memory the daemon reports committed
+	// (sandboxes running and starting), those placed here included. What
+	// it holds beyond placement's reservations when reported (sandboxes
+	// forked on the node directly, not through the controller) is taken
+	// from the node's room until the next report. A fork placed but not
+	// started when the report was read hides as much of that until then;
+	// the daemon's own admission (429) is the backstop.
+	CommittedBytes int64
 	// DiskFreeBytes is the room left for pulled snapshots.
 	DiskFreeBytes int64
 	// Snapshots are the tags of the snapshots the node holds.
@@ -57,6 +65,9 @@ type Decision struct {
 type node struct {
 	Node
 	reserved int64
+	// foreign is what the daemon had committed beyond reserved when it
+	// last reported.
+	foreign int64
 	// pulling are the tags placement sent here to be pulled, until the
 	// node reports holding them.
 	pulling map[string]struct{}
@@ -65,7 +76,7 @@ type node struct {
 	sandboxes map[string]struct{}
 }
 
-func (n *node) free() int64 { return n.MemoryBytes - n.reserved }
+func (n *node) free() int64 { return n.MemoryBytes - n.reserved - n.foreign }
 
 // nodeSet is a set of nodes iterated as a slice: a decision walks one, so
 // iteration is what must be fast; adding and removing are O(1).
@@ -157,6 +168,7 @@ func (c *Cluster) SetNode(info Node) {
 	}
 	n.Node = info
 	n.Snapshots = append([]string(nil), info.Snapshots...)
+	n.foreign = max(0, info.CommittedBytes-n.reserved)
 }
 
 // RemoveNode forgets a node and returns the keys of the sandboxes that were

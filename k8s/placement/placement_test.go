@@ -124,6 +124,32 @@ func TestShrunkNodeIsNotChosen(t *testing.T) {
 	}
 }
 
+// TestCommittedOnTheNodeCounts: memory a daemon reports committed beyond
+// what placement reserved there (sandboxes forked on the node directly)
+// leaves less room; committed memory of the controller's own sandboxes is
+// not counted twice.
+func TestCommittedOnTheNodeCounts(t *testing.T) {
+	c := New()
+	c.SetNode(Node{Name: "a", Ready: true, MemoryBytes: 8 * gib, CommittedBytes: 6 * gib, Snapshots: []string{"py"}})
+	c.SetNode(Node{Name: "b", Ready: true, MemoryBytes: 4 * gib, Snapshots: []string{"py"}})
+	if d := mustPlace(t, c, Request{Key: "s1", Snapshot: "py", MemoryBytes: 3 * gib}); d.Node != "b" {
+		t.Fatalf("placed on %q, want b: a has 2 GiB left after 6 committed by others", d.Node)
+	}
+	// b reports the controller's own sandbox as committed: 1 GiB left,
+	// not 4 - 3 - 3 < 0.
+	c.SetNode(Node{Name: "b", Ready: true, MemoryBytes: 4 * gib, CommittedBytes: 3 * gib, Snapshots: []string{"py"}})
+	if d := mustPlace(t, c, Request{Key: "s2", Snapshot: "py", MemoryBytes: gib}); d.Node != "a" {
+		t.Fatalf("placed on %q, want a (2 GiB free against b's 1)", d.Node)
+	}
+	// a's new reservation counts on top of what others committed there.
+	if d := mustPlace(t, c, Request{Key: "s3", Snapshot: "py", MemoryBytes: gib}); d.Node != "a" {
+		t.Fatalf("placed on %q, want a (1 GiB free, ties with b, sorts first)", d.Node)
+	}
+	if _, err := c.Place(Request{Key: "s4", Snapshot: "py", MemoryBytes: 2 * gib}); !errors.Is(err, ErrNoCapacity) {
+		t.Fatalf("a 2 GiB sandbox placed with at most 1 GiB left anywhere: %v", err)
+	}
+}
+
 // TestConcurrentPlacementsNeverOvercommit places from many goroutines at
 // once; run with -race.
 func TestConcurrentPlacementsNeverOvercommit(t *testing.T) {
