@@ -96,7 +96,7 @@ func TestPodDiscovery(t *testing.T) {
 	}
 	want := []NodeEndpoint{
 		{Node: "w1", URL: "https://10.0.0.5:7070", MemoryBytes: 8 * gib, DiskFreeBytes: 100 * gib},
-		{Node: "w2", URL: "https://10.0.0.6:7070", MemoryBytes: gib},
+		{Node: "w2", URL: "https://10.0.0.6:7070", MemoryBytes: gib, MemoryPinned: true},
 	}
 	if len(eps) != len(want) {
 		t.Fatalf("endpoints %+v, want %+v", eps, want)

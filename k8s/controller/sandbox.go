@@ -30,6 +30,11 @@ const (
 	MetaUID       = "forkd.dev/uid"
 )
 
+// AnnotationForkMetadata on a Sandbox is a JSON object of strings the fork
+// carries as metadata besides the controller's own (which win): the
+// cluster gateway puts a fork request's metadata there.
+const AnnotationForkMetadata = "forkd.dev/fork-metadata"
+
 // Condition reasons the controller sets besides those of the API package.
 const (
 	ReasonPlaced       = "Placed"

@@ -2,7 +2,9 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 	"time"
@@ -28,15 +30,18 @@ func idempotencyKey(sb *v1.Sandbox) string { return "k8s-" + string(sb.UID) }
 // forkRequest is the fork body for a sandbox; pull forks the snapshot's
 // image reference instead of its tag (the daemon pulls it first).
 func forkRequest(sb *v1.Sandbox, pull bool) apiForkRequest {
-	req := apiForkRequest{
-		Tag:   sb.Spec.Snapshot.Tag,
-		Count: 1,
-		Metadata: map[string]string{
-			MetaNamespace: sb.Namespace,
-			MetaName:      sb.Name,
-			MetaUID:       string(sb.UID),
-		},
+	req := apiForkRequest{Tag: sb.Spec.Snapshot.Tag, Count: 1, Metadata: map[string]string{}}
+	if a := sb.Annotations[AnnotationForkMetadata]; a != "" {
+		// Not an object of strings: left out (the gateway writes it
+		// checked; a hand-made one is not worth failing the fork).
+		var m map[string]string
+		if json.Unmarshal([]byte(a), &m) == nil {
+			maps.Copy(req.Metadata, m)
+		}
 	}
+	req.Metadata[MetaNamespace] = sb.Namespace
+	req.Metadata[MetaName] = sb.Name
+	req.Metadata[MetaUID] = string(sb.UID)
 	if pull && sb.Spec.Snapshot.Image != "" {
 		req.Tag = sb.Spec.Snapshot.Image
 	}

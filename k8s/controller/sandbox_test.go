@@ -169,6 +169,9 @@ func TestForkRequestBody(t *testing.T) {
 	sb.Spec.Resources = v1.Resources{CPU: &cpu, Memory: &mem}
 	sb.Spec.Network = &v1.NetworkPolicy{Mode: v1.NetworkAllow, Allow: []string{"example.com", "203.0.113.7:443/tcp"}, MaxConnections: 64, RateMbit: 100}
 	sb.Spec.Lifecycle = &v1.Lifecycle{TimeoutSeconds: &timeout, IdleTimeoutSeconds: &idle}
+	// The gateway's metadata goes along; it cannot override the
+	// controller's own keys.
+	sb.Annotations = map[string]string{AnnotationForkMetadata: `{"run":"r1","` + MetaName + `":"spoofed"}`}
 	e.create(sb)
 	e.reconcile("body")
 
@@ -183,7 +186,7 @@ func TestForkRequestBody(t *testing.T) {
 	if b.Network == nil || b.Network.Mode != "allow" || len(b.Network.Allow) != 2 || *b.Network.MaxConnections != 64 || *b.Network.RateMbit != 100 {
 		t.Errorf("fork network %+v", b.Network)
 	}
-	want := map[string]string{MetaNamespace: "default", MetaName: "body", MetaUID: "uid-body"}
+	want := map[string]string{MetaNamespace: "default", MetaName: "body", MetaUID: "uid-body", "run": "r1"}
 	for k, v := range want {
 		if b.Metadata[k] != v {
 			t.Errorf("metadata %s = %q, want %q", k, b.Metadata[k], v)

@@ -5,6 +5,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"flag"
@@ -25,6 +26,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/forkd-dev/forkd/k8s/controller"
+	"github.com/forkd-dev/forkd/k8s/gateway"
 )
 
 func main() {
@@ -51,6 +53,11 @@ func run() error {
 		metricsAddr  = flag.String("metrics-bind-address", ":8080", "metrics endpoint (0: off)")
 		probeAddr    = flag.String("health-probe-bind-address", ":8081", "healthz and readyz endpoint")
 		leaderElect  = flag.Bool("leader-elect", true, "elect a leader, so only one replica acts")
+		gwListen     = flag.String("gateway-listen", "", "serve forkd's REST API for the whole cluster on HOST:PORT (empty: off); the SDKs and forkd --host work against it unchanged")
+		gwTokens     = flag.String("gateway-token-file", "/etc/forkd/gateway/tokens.json", "the gateway's callers: a token store in forkd's tokens.json format (forkd token create --token-file); a token's tenant is the namespace of its sandboxes")
+		gwNamespace  = flag.String("gateway-namespace", "default", "namespace of the sandboxes of admin tokens (which have no tenant)")
+		gwCert       = flag.String("gateway-tls-cert", "", "PEM certificate for --gateway-listen (required off loopback)")
+		gwKey        = flag.String("gateway-tls-key", "", "PEM private key for --gateway-listen")
 	)
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
@@ -99,7 +106,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	if _, err := controller.Setup(mgr, controller.Options{
+	parts, err := controller.Setup(mgr, controller.Options{
 		Discovery: &controller.PodDiscovery{
 			Client: mgr.GetClient(), Namespace: *namespace, Selector: sel,
 			Port: *port, Scheme: *scheme, MemoryShare: *memoryShare,
@@ -110,8 +117,27 @@ func run() error {
 		FailureThreshold:        *threshold,
 		DefaultMemoryBytes:      mem.Value(),
 		MaxConcurrentReconciles: *workers,
-	}); err != nil {
+	})
+	if err != nil {
 		return err
+	}
+	if *gwListen != "" {
+		toks, err := gateway.LoadTokens(*gwTokens)
+		if err != nil {
+			return fmt.Errorf("--gateway-token-file: %w", err)
+		}
+		if err := gateway.AddIndexes(context.Background(), mgr.GetFieldIndexer().IndexField); err != nil {
+			return err
+		}
+		if err := mgr.Add(&gateway.Server{
+			Gateway: &gateway.Gateway{
+				Client: mgr.GetClient(), Nodes: parts.Nodes, Tokens: toks, DefaultNamespace: *gwNamespace,
+				Version: "forkd-controller", Log: ctrl.Log.WithName("gateway"),
+			},
+			Addr: *gwListen, CertFile: *gwCert, KeyFile: *gwKey,
+		}); err != nil {
+			return err
+		}
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
