@@ -57,6 +57,8 @@ func typed(apiVersion, kind string) (any, error) {
 		return &corev1.ServiceAccount{}, nil
 	case "v1/Secret":
 		return &corev1.Secret{}, nil
+	case "v1/Service":
+		return &corev1.Service{}, nil
 	case "rbac.authorization.k8s.io/v1/ClusterRole":
 		return &rbacv1.ClusterRole{}, nil
 	case "rbac.authorization.k8s.io/v1/ClusterRoleBinding":
@@ -139,7 +141,7 @@ func TestPlainManifestsDecode(t *testing.T) {
 	for _, o := range objs {
 		kinds[o.kind]++
 	}
-	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment", "DaemonSet", "CustomResourceDefinition"} {
+	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment", "DaemonSet", "CustomResourceDefinition", "Service"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %s in deploy/manifests", k)
 		}
@@ -154,6 +156,9 @@ func TestPlainManifestsDecode(t *testing.T) {
 		}
 	}
 	for _, o := range objs {
+		if svc, ok := o.obj.(*corev1.Service); ok {
+			checkService(t, o, svc, objs)
+		}
 		switch x := o.obj.(type) {
 		case *appsv1.DaemonSet:
 			checkSelector(t, o, x.Spec.Selector.MatchLabels, x.Spec.Template.Labels)
@@ -327,4 +332,36 @@ func normalize(t *testing.T, raw map[string]any) map[string]any {
 		t.Fatal(err)
 	}
 	return m
+}
+
+// checkService: a Service selects the pods of a Deployment in its
+// namespace, and each targetPort names one of their container ports.
+func checkService(t *testing.T, o object, svc *corev1.Service, objs []object) {
+	t.Helper()
+	for _, d := range objs {
+		dep, ok := d.obj.(*appsv1.Deployment)
+		if !ok || dep.Namespace != svc.Namespace {
+			continue
+		}
+		selects := len(svc.Spec.Selector) > 0
+		for k, v := range svc.Spec.Selector {
+			selects = selects && dep.Spec.Template.Labels[k] == v
+		}
+		if !selects {
+			continue
+		}
+		named := map[string]bool{}
+		for _, c := range dep.Spec.Template.Spec.Containers {
+			for _, p := range c.Ports {
+				named[p.Name] = true
+			}
+		}
+		for _, p := range svc.Spec.Ports {
+			if p.TargetPort.StrVal == "" || !named[p.TargetPort.StrVal] {
+				t.Errorf("%s: Service %s port %s targets %q, which Deployment %s's containers do not name", o.file, svc.Name, p.Name, p.TargetPort.String(), dep.Name)
+			}
+		}
+		return
+	}
+	t.Errorf("%s: Service %s selects no Deployment's pods in %s", o.file, svc.Name, svc.Namespace)
 }
