@@ -1,8 +1,10 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -18,35 +20,68 @@ import (
 	v1 "github.com/forkd-dev/forkd/k8s/api/v1alpha1"
 )
 
-// Labels on the Sandboxes a claim creates.
+// Labels on the Sandboxes of claims and pools. A pool's unclaimed
+// Sandboxes carry LabelPool (its name: the pool's selector); a claim's,
+// LabelClaim; both, LabelTemplate. Taking a Sandbox from a pool swaps
+// LabelPool for LabelClaim.
 const (
 	LabelClaim    = "forkd.dev/claim"
+	LabelPool     = "forkd.dev/pool"
 	LabelTemplate = "forkd.dev/template"
 )
 
-// Claim condition reasons.
+// Claim condition types and reasons.
 const (
 	ReasonTemplateNotFound = "TemplateNotFound"
 	ReasonSandboxGone      = "SandboxGone"
 	ReasonNameTaken        = "NameTaken"
-	ReasonNotImplemented   = "NotImplemented"
-	// ConditionWarmPool reports on the claim's warmPoolRef: pools are not
-	// served yet, the claim forks.
+	// ReasonSandboxLost: the claim's Sandbox was lost with its node and
+	// lostPolicy is Fail.
+	ReasonSandboxLost = "SandboxLost"
+	// ConditionReplacing is True while the claim replaces a Sandbox lost
+	// with its node by a new one (status.sandbox.name) that may not exist
+	// yet; False, reason Replaced, once it does (until the next loss).
+	ConditionReplacing = "Replacing"
+	// ReasonReplacing: Ready is False while the replacement is made.
+	ReasonReplacing = "Replacing"
+	// ReasonReplaced: the replacement exists.
+	ReasonReplaced = "Replaced"
+
+	// ConditionWarmPool says where the claim's Sandbox came from: True,
+	// taken from a pool; False, forked (with why none was taken).
 	ConditionWarmPool = "WarmPool"
+	// ReasonTakenFromPool: the claim took a ready Sandbox of a pool.
+	ReasonTakenFromPool = "TakenFromPool"
+	// ReasonNoneReady: its pools had no ready Sandbox for it; it forked.
+	ReasonNoneReady = "NoneReady"
+	// ReasonNoPool: no pool of its template in its namespace; it forked.
+	ReasonNoPool = "NoPool"
+	// ReasonPoolNotFound: warmPoolRef names no pool; it forked.
+	ReasonPoolNotFound = "PoolNotFound"
+	// ReasonPoolTemplateMismatch: warmPoolRef's pool forks another
+	// template; it forked.
+	ReasonPoolTemplateMismatch = "PoolTemplateMismatch"
 )
 
-// ClaimReconciler binds each SandboxClaim to a Sandbox: it creates one,
-// named as the claim and owned by it (so deleting the claim deletes the
-// Sandbox, and the Sandbox's finalizer its microVM), from the claim's
-// template, with the claim's lifecycle over the template's; then it
-// copies the Sandbox's node, id and endpoint into the claim's status and
-// mirrors its readiness.
+// ClaimReconciler binds each SandboxClaim to a Sandbox it controls (so
+// deleting the claim deletes the Sandbox, and the Sandbox's finalizer its
+// microVM): a Running one taken from a warm pool (warmPoolRef, else any
+// pool of the claim's template in its namespace) when one is ready, else
+// one it creates, named as the claim, from its template with the claim's
+// lifecycle over the template's. Then it copies the Sandbox's node, id and
+// endpoint into the claim's status and mirrors its readiness.
 //
-// Not yet: taking a ready Sandbox from a warm pool (the claim always
-// forks; a claim naming a pool says so in its WarmPool condition), and
-// replacing a Sandbox lost with its node.
+// A Sandbox lost with its node is replaced under lostPolicy Replace: a new
+// Sandbox, named claimName-rN, freshly forked where placement finds room
+// (the lost node is out of placement), and the lost one deleted (its
+// finalizer asks nothing of a lost node). Under Fail the claim stays
+// Ready False, reason SandboxLost.
 type ClaimReconciler struct {
 	Client client.Client
+	// Reader, when set, reads the claim's own Sandboxes before it binds
+	// one (the manager's API reader): a cache that has not yet seen the
+	// claim take a Sandbox must not make it take a second.
+	Reader client.Reader
 	Scheme *runtime.Scheme
 	Log    logr.Logger
 }
@@ -61,42 +96,112 @@ func (r *ClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		return ctrl.Result{}, nil // the owner reference takes the Sandbox
 	}
 	orig := claim.Status.DeepCopy()
-	if claim.Spec.WarmPoolRef != nil {
-		r.setCondition(&claim, ConditionWarmPool, metav1.ConditionFalse, ReasonNotImplemented,
-			fmt.Sprintf("warm pool %q not used: the controller does not serve pools yet; the claim forks", claim.Spec.WarmPoolRef.Name))
-	}
-
-	var sb v1.Sandbox
-	nn := types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}
-	if claim.Status.Sandbox.Name != "" {
-		nn.Name = claim.Status.Sandbox.Name
-	}
-	err := r.Client.Get(ctx, nn, &sb)
-	switch {
-	case apierrors.IsNotFound(err) && claim.Status.Sandbox.Name != "":
-		// Bound once, now gone (shutdownPolicy Delete, or deleted by
-		// hand): the claim is over; it does not fork again.
-		r.setCondition(&claim, v1.ConditionReady, metav1.ConditionFalse, ReasonSandboxGone,
-			fmt.Sprintf("Sandbox %s no longer exists", nn.Name))
-		return ctrl.Result{}, r.updateStatus(ctx, &claim, orig)
-	case apierrors.IsNotFound(err):
-		created, res, err := r.create(ctx, &claim)
-		if created == nil {
-			if uerr := r.updateStatus(ctx, &claim, orig); uerr != nil && err == nil {
-				err = uerr
-			}
-			return res, err
+	sb, res, err := r.boundSandbox(ctx, &claim)
+	if sb == nil {
+		if uerr := r.updateStatus(ctx, &claim, orig); uerr != nil && err == nil {
+			err = uerr
 		}
-		sb = *created
-	case err != nil:
-		return ctrl.Result{}, err
+		return res, err
 	}
-	if !metav1.IsControlledBy(&sb, &claim) {
+	if !metav1.IsControlledBy(sb, &claim) {
 		r.setCondition(&claim, v1.ConditionReady, metav1.ConditionFalse, ReasonNameTaken,
 			fmt.Sprintf("a Sandbox named %s exists and is not this claim's", sb.Name))
 		return ctrl.Result{RequeueAfter: time.Minute}, r.updateStatus(ctx, &claim, orig)
 	}
+	if sb.Status.Phase == v1.SandboxLost {
+		return r.lost(ctx, &claim, sb, orig)
+	}
+	r.mirror(&claim, sb)
+	return ctrl.Result{}, r.updateStatus(ctx, &claim, orig)
+}
 
+// boundSandbox returns the claim's Sandbox: the one its status names,
+// else one it already controls, else one taken from a pool, else a new
+// one. A nil Sandbox means there is none now (the conditions say why).
+func (r *ClaimReconciler) boundSandbox(ctx context.Context, claim *v1.SandboxClaim) (*v1.Sandbox, ctrl.Result, error) {
+	name := claim.Status.Sandbox.Name
+	if name == "" {
+		return r.bind(ctx, claim)
+	}
+	if replacing(claim) {
+		if err := r.deleteLost(ctx, claim, name); err != nil {
+			return nil, ctrl.Result{}, err
+		}
+	}
+	var sb v1.Sandbox
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: name}, &sb)
+	switch {
+	case replacing(claim) && apierrors.IsNotFound(err):
+		created, res, err := r.create(ctx, claim, name)
+		if created != nil {
+			r.replaced(claim)
+		}
+		return created, res, err
+	case apierrors.IsNotFound(err):
+		// Bound once, now gone (shutdownPolicy Delete, or deleted by
+		// hand): the claim is over; it does not fork again.
+		r.setCondition(claim, v1.ConditionReady, metav1.ConditionFalse, ReasonSandboxGone,
+			fmt.Sprintf("Sandbox %s no longer exists", name))
+		return nil, ctrl.Result{}, nil
+	case err != nil:
+		return nil, ctrl.Result{}, err
+	}
+	if replacing(claim) {
+		r.replaced(claim)
+	}
+	return &sb, ctrl.Result{}, nil
+}
+
+// bind finds or makes the Sandbox of a claim that has none in its status.
+func (r *ClaimReconciler) bind(ctx context.Context, claim *v1.SandboxClaim) (*v1.Sandbox, ctrl.Result, error) {
+	// Taken or created by an earlier reconcile whose status write was lost.
+	mine, err := r.ownSandboxes(ctx, claim, r.reader())
+	if err != nil {
+		return nil, ctrl.Result{}, err
+	}
+	for _, sb := range mine {
+		if live(sb.Status.Phase) {
+			return sb, ctrl.Result{}, nil
+		}
+	}
+	if len(mine) > 0 {
+		return mine[0], ctrl.Result{}, nil
+	}
+	sb, err := r.takeFromPool(ctx, claim)
+	if sb != nil || err != nil {
+		return sb, ctrl.Result{}, err
+	}
+	return r.create(ctx, claim, claim.Name)
+}
+
+func (r *ClaimReconciler) reader() client.Reader {
+	if r.Reader != nil {
+		return r.Reader
+	}
+	return r.Client
+}
+
+// ownSandboxes lists the Sandboxes labelled with the claim and controlled
+// by it, not being deleted, by name.
+func (r *ClaimReconciler) ownSandboxes(ctx context.Context, claim *v1.SandboxClaim, rd client.Reader) ([]*v1.Sandbox, error) {
+	var list v1.SandboxList
+	if err := rd.List(ctx, &list, client.InNamespace(claim.Namespace), client.MatchingLabels{LabelClaim: claim.Name}); err != nil {
+		return nil, err
+	}
+	var out []*v1.Sandbox
+	for i := range list.Items {
+		sb := &list.Items[i]
+		if metav1.IsControlledBy(sb, claim) && sb.DeletionTimestamp.IsZero() {
+			out = append(out, sb)
+		}
+	}
+	slices.SortFunc(out, func(a, b *v1.Sandbox) int { return cmp.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// mirror copies where the Sandbox runs into the claim and its readiness
+// into the claim's Ready condition.
+func (r *ClaimReconciler) mirror(claim *v1.SandboxClaim, sb *v1.Sandbox) {
 	claim.Status.Sandbox = v1.ClaimedSandbox{
 		Name:      sb.Name,
 		NodeName:  sb.Status.NodeName,
@@ -104,18 +209,17 @@ func (r *ClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		Endpoint:  sb.Status.Endpoint,
 	}
 	if sb.Status.Phase == v1.SandboxRunning {
-		r.setCondition(&claim, v1.ConditionReady, metav1.ConditionTrue, v1.ReasonForked,
+		r.setCondition(claim, v1.ConditionReady, metav1.ConditionTrue, v1.ReasonForked,
 			fmt.Sprintf("Sandbox %s runs as %s on node %s", sb.Name, sb.Status.SandboxID, sb.Status.NodeName))
-	} else {
-		reason, msg := "SandboxNotReady", fmt.Sprintf("Sandbox %s is %s", sb.Name, phaseOrPending(sb.Status.Phase))
-		if c := meta.FindStatusCondition(sb.Status.Conditions, v1.ConditionReady); c != nil && c.Status == metav1.ConditionFalse {
-			reason, msg = c.Reason, msg+": "+c.Message
-		} else if c := meta.FindStatusCondition(sb.Status.Conditions, v1.ConditionPlaced); c != nil && c.Status == metav1.ConditionFalse {
-			reason, msg = c.Reason, msg+": "+c.Message
-		}
-		r.setCondition(&claim, v1.ConditionReady, metav1.ConditionFalse, reason, msg)
+		return
 	}
-	return ctrl.Result{}, r.updateStatus(ctx, &claim, orig)
+	reason, msg := "SandboxNotReady", fmt.Sprintf("Sandbox %s is %s", sb.Name, phaseOrPending(sb.Status.Phase))
+	if c := meta.FindStatusCondition(sb.Status.Conditions, v1.ConditionReady); c != nil && c.Status == metav1.ConditionFalse {
+		reason, msg = c.Reason, msg+": "+c.Message
+	} else if c := meta.FindStatusCondition(sb.Status.Conditions, v1.ConditionPlaced); c != nil && c.Status == metav1.ConditionFalse {
+		reason, msg = c.Reason, msg+": "+c.Message
+	}
+	r.setCondition(claim, v1.ConditionReady, metav1.ConditionFalse, reason, msg)
 }
 
 func phaseOrPending(p v1.SandboxPhase) v1.SandboxPhase {
@@ -125,9 +229,9 @@ func phaseOrPending(p v1.SandboxPhase) v1.SandboxPhase {
 	return p
 }
 
-// create makes the claim's Sandbox from its template. A nil Sandbox means
-// it could not (the claim's conditions say why).
-func (r *ClaimReconciler) create(ctx context.Context, claim *v1.SandboxClaim) (*v1.Sandbox, ctrl.Result, error) {
+// create makes the claim's Sandbox, named name, from its template. A nil
+// Sandbox means it could not (the claim's conditions say why).
+func (r *ClaimReconciler) create(ctx context.Context, claim *v1.SandboxClaim, name string) (*v1.Sandbox, ctrl.Result, error) {
 	var tmpl v1.SandboxTemplate
 	tn := types.NamespacedName{Namespace: claim.Namespace, Name: claim.Spec.TemplateRef.Name}
 	if err := r.Client.Get(ctx, tn, &tmpl); err != nil {
@@ -138,20 +242,9 @@ func (r *ClaimReconciler) create(ctx context.Context, claim *v1.SandboxClaim) (*
 		}
 		return nil, ctrl.Result{}, err
 	}
-	sb := &v1.Sandbox{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      claim.Name,
-			Namespace: claim.Namespace,
-			Labels:    map[string]string{LabelClaim: claim.Name, LabelTemplate: tmpl.Name},
-		},
-		Spec: v1.SandboxSpec{SandboxBlueprint: *tmpl.Spec.SandboxBlueprint.DeepCopy()},
-	}
-	switch {
-	case claim.Spec.Lifecycle != nil:
-		sb.Spec.Lifecycle = claim.Spec.Lifecycle.DeepCopy()
-	case tmpl.Spec.Lifecycle != nil:
-		sb.Spec.Lifecycle = tmpl.Spec.Lifecycle.DeepCopy()
-	}
+	sb := sandboxFromTemplate(&tmpl, claim.Spec.Lifecycle)
+	sb.Name, sb.Namespace = name, claim.Namespace
+	sb.Labels = map[string]string{LabelClaim: claim.Name, LabelTemplate: tmpl.Name}
 	if err := controllerutil.SetControllerReference(claim, sb, r.Scheme); err != nil {
 		return nil, ctrl.Result{}, err
 	}
@@ -159,12 +252,26 @@ func (r *ClaimReconciler) create(ctx context.Context, claim *v1.SandboxClaim) (*
 		if !apierrors.IsAlreadyExists(err) {
 			return nil, ctrl.Result{}, err
 		}
-		// Created by an earlier reconcile whose status write was lost.
+		// Created by an earlier reconcile whose status write was lost (or
+		// someone else's: Reconcile checks the owner).
 		if err := r.Client.Get(ctx, client.ObjectKeyFromObject(sb), sb); err != nil {
 			return nil, ctrl.Result{}, err
 		}
 	}
 	return sb, ctrl.Result{}, nil
+}
+
+// sandboxFromTemplate is a Sandbox of the template's blueprint with lc as
+// its lifecycle, else the template's; the caller names and labels it.
+func sandboxFromTemplate(tmpl *v1.SandboxTemplate, lc *v1.Lifecycle) *v1.Sandbox {
+	sb := &v1.Sandbox{Spec: v1.SandboxSpec{SandboxBlueprint: *tmpl.Spec.SandboxBlueprint.DeepCopy()}}
+	switch {
+	case lc != nil:
+		sb.Spec.Lifecycle = lc.DeepCopy()
+	case tmpl.Spec.Lifecycle != nil:
+		sb.Spec.Lifecycle = tmpl.Spec.Lifecycle.DeepCopy()
+	}
+	return sb
 }
 
 func (r *ClaimReconciler) setCondition(c *v1.SandboxClaim, typ string, status metav1.ConditionStatus, reason, msg string) {
@@ -184,7 +291,7 @@ func (r *ClaimReconciler) updateStatus(ctx context.Context, c *v1.SandboxClaim, 
 // equalClaimStatus compares two statuses, ignoring condition times
 // (SetStatusCondition keeps a condition's time while its status holds).
 func equalClaimStatus(a, b *v1.SandboxClaimStatus) bool {
-	if a.Sandbox != b.Sandbox || len(a.Conditions) != len(b.Conditions) {
+	if a.Sandbox != b.Sandbox || a.Replacements != b.Replacements || len(a.Conditions) != len(b.Conditions) {
 		return false
 	}
 	for i := range a.Conditions {

@@ -94,7 +94,7 @@ func TestClaimLifecycleOverridesTemplate(t *testing.T) {
 	if got := *e.get("c").Spec.Lifecycle.TimeoutSeconds; got != 30 {
 		t.Fatalf("timeout %d, want the claim's 30", got)
 	}
-	wantCondition(t, e.getClaim("c").Status.Conditions, ConditionWarmPool, metav1.ConditionFalse, ReasonNotImplemented)
+	wantCondition(t, e.getClaim("c").Status.Conditions, ConditionWarmPool, metav1.ConditionFalse, ReasonPoolNotFound)
 }
 
 func TestClaimMissingTemplate(t *testing.T) {

@@ -31,6 +31,7 @@ type testEnv struct {
 	nodes   *NodeView
 	sbr     *SandboxReconciler
 	claims  *ClaimReconciler
+	pools   *WarmPoolReconciler
 	standIn map[string]*standIn
 	disc    *mutableDiscovery
 	now     time.Time
@@ -55,8 +56,8 @@ func newTestEnv(t *testing.T, specs ...nodeSpec) *testEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := fake.NewClientBuilder().WithScheme(scheme).
-		WithStatusSubresource(&v1.Sandbox{}, &v1.SandboxClaim{}, &v1.SandboxWarmPool{}).Build()
+	c := withUIDs(fake.NewClientBuilder().WithScheme(scheme).
+		WithStatusSubresource(&v1.Sandbox{}, &v1.SandboxClaim{}, &v1.SandboxWarmPool{}).Build())
 	e := &testEnv{t: t, ctx: context.Background(), client: c, standIn: map[string]*standIn{},
 		disc: &mutableDiscovery{}, now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
 	for _, s := range specs {
@@ -72,6 +73,7 @@ func newTestEnv(t *testing.T, specs ...nodeSpec) *testEnv {
 		Now: func() time.Time { return e.now }}
 	e.nodes.OnNodeUp, e.nodes.OnNodeLost = e.sbr.BindNode, e.sbr.MarkNodeLost
 	e.claims = &ClaimReconciler{Client: c, Scheme: scheme, Log: log}
+	e.pools = &WarmPoolReconciler{Client: c, Scheme: scheme, Log: log}
 	e.poll()
 	return e
 }

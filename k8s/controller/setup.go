@@ -1,10 +1,11 @@
 // Package controller is forkd's Kubernetes controller: it keeps a view of
 // the nodes' forkd daemons (NodeView, polling each daemon's REST API into
 // a placement.Cluster), forks each Sandbox on the node placement picks
-// (SandboxReconciler), and binds each SandboxClaim to a Sandbox made from
-// its template (ClaimReconciler). It talks to the daemons over their REST
-// API (internal/api/openapi.yaml) with its own small JSON structs: this
-// module does not import the daemon's.
+// (SandboxReconciler), keeps each SandboxWarmPool's unclaimed Sandboxes
+// (WarmPoolReconciler), and binds each SandboxClaim to a Sandbox, taken
+// from a pool or made from its template (ClaimReconciler). It talks to
+// the daemons over their REST API (internal/api/openapi.yaml) with its own
+// small JSON structs: this module does not import the daemon's.
 package controller
 
 import (
@@ -57,9 +58,10 @@ type Controllers struct {
 	Nodes     *NodeView
 	Sandboxes *SandboxReconciler
 	Claims    *ClaimReconciler
+	Pools     *WarmPoolReconciler
 }
 
-// Setup adds the node view and both reconcilers to mgr.
+// Setup adds the node view and the three reconcilers to mgr.
 func Setup(mgr ctrl.Manager, o Options) (*Controllers, error) {
 	if o.Discovery == nil {
 		return nil, fmt.Errorf("controller setup: no discovery of the node daemons")
@@ -84,7 +86,8 @@ func Setup(mgr ctrl.Manager, o Options) (*Controllers, error) {
 	}
 	nodes.OnNodeUp = sbr.BindNode
 	nodes.OnNodeLost = sbr.MarkNodeLost
-	cr := &ClaimReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Log: log.WithName("claim")}
+	cr := &ClaimReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Log: log.WithName("claim")}
+	pr := &WarmPoolReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Log: log.WithName("warmpool")}
 
 	if err := mgr.Add(nodes); err != nil {
 		return nil, err
@@ -107,5 +110,14 @@ func Setup(mgr ctrl.Manager, o Options) (*Controllers, error) {
 		Complete(cr); err != nil {
 		return nil, err
 	}
-	return &Controllers{Cluster: cluster, Nodes: nodes, Sandboxes: sbr, Claims: cr}, nil
+	// A claim taking a pool's Sandbox changes its controller: Owns wakes
+	// both the claim and the pool, which forks a replacement.
+	if err := ctrl.NewControllerManagedBy(mgr).
+		For(&v1.SandboxWarmPool{}).
+		Owns(&v1.Sandbox{}).
+		Named("sandboxwarmpool").
+		Complete(pr); err != nil {
+		return nil, err
+	}
+	return &Controllers{Cluster: cluster, Nodes: nodes, Sandboxes: sbr, Claims: cr, Pools: pr}, nil
 }
