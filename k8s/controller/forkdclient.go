@@ -245,6 +245,35 @@ func (c *NodeClient) Fork(ctx context.Context, key string, req apiForkRequest) (
 	return out, err
 }
 
+// apiPullRequest is the PullSnapshotRequest schema (POST
+// /v1/snapshots/pull).
+type apiPullRequest struct {
+	Ref string `json:"ref"`
+	Tag string `json:"tag,omitempty"`
+}
+
+// PullSnapshot is POST /v1/snapshots/pull: the node fetches ref and
+// keeps it under tag, answering once it is pulled (201). A 409 means the
+// tag is held already (a pull for another sandbox won) or this key's
+// pull is still running: the tag being ready tells them apart, and only
+// the first is no error.
+func (c *NodeClient) PullSnapshot(ctx context.Context, key, ref, tag string) error {
+	hdr := http.Header{}
+	if key != "" {
+		hdr.Set("Idempotency-Key", key)
+		hdr.Set("X-Request-Id", requestID(key))
+	}
+	err := c.do(ctx, http.MethodPost, "/v1/snapshots/pull", hdr, apiPullRequest{Ref: ref, Tag: tag}, nil)
+	if statusOf(err) != http.StatusConflict {
+		return err
+	}
+	var snap apiSnapshot
+	if gerr := c.do(ctx, http.MethodGet, "/v1/snapshots/"+url.PathEscape(tag), nil, nil, &snap); gerr == nil && (snap.State == "" || snap.State == "ready") {
+		return nil
+	}
+	return err
+}
+
 // Sandbox is GET /v1/sandboxes/{id}.
 func (c *NodeClient) Sandbox(ctx context.Context, id string) (apiSandbox, error) {
 	var s apiSandbox

@@ -55,8 +55,8 @@ const (
 //   - Placed, no sandboxID: POST /v1/sandboxes on the node with the
 //     Idempotency-Key k8s-UID, so a retry after a lost answer gets the
 //     first fork; a node that does not hold the snapshot (Decision.Pull)
-//     is sent the snapshot's image as the fork's tag: the daemon pulls
-//     it, then forks (phase Pulling meanwhile).
+//     first pulls the snapshot's image under its tag (POST
+//     /v1/snapshots/pull; phase Pulling meanwhile), then forks it.
 //   - Running: GET /v1/sandboxes/{id} every ResyncInterval; a sandbox the
 //     node no longer runs is Ended.
 //   - lifecycle.shutdownTime passed: DELETE on the node, phase Ended

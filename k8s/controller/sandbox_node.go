@@ -27,9 +27,8 @@ import (
 // first answer.
 func idempotencyKey(sb *v1.Sandbox) string { return "k8s-" + string(sb.UID) }
 
-// forkRequest is the fork body for a sandbox; pull forks the snapshot's
-// image reference instead of its tag (the daemon pulls it first).
-func forkRequest(sb *v1.Sandbox, pull bool) apiForkRequest {
+// forkRequest is the fork body for a sandbox.
+func forkRequest(sb *v1.Sandbox) apiForkRequest {
 	req := apiForkRequest{Tag: sb.Spec.Snapshot.Tag, Count: 1, Metadata: map[string]string{}}
 	if a := sb.Annotations[AnnotationForkMetadata]; a != "" {
 		// Not an object of strings: left out (the gateway writes it
@@ -42,9 +41,6 @@ func forkRequest(sb *v1.Sandbox, pull bool) apiForkRequest {
 	req.Metadata[MetaNamespace] = sb.Namespace
 	req.Metadata[MetaName] = sb.Name
 	req.Metadata[MetaUID] = string(sb.UID)
-	if pull && sb.Spec.Snapshot.Image != "" {
-		req.Tag = sb.Spec.Snapshot.Image
-	}
 	if lc := sb.Spec.Lifecycle; lc != nil {
 		req.TimeoutSeconds = lc.TimeoutSeconds
 		if lc.IdleTimeoutSeconds != nil {
@@ -78,7 +74,14 @@ func (r *SandboxReconciler) fork(ctx context.Context, key string, sb *v1.Sandbox
 	}
 	fctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	resp, err := c.Fork(fctx, idempotencyKey(sb), forkRequest(sb, pull))
+	if pull {
+		// Under the template's tag, so the node then reports holding it
+		// and placement sends later sandboxes there as to any holder.
+		if err := c.PullSnapshot(fctx, "k8s-pull-"+string(sb.UID), sb.Spec.Snapshot.Image, sb.Spec.Snapshot.Tag); err != nil {
+			return r.forkFailed(ctx, key, sb, pull, err)
+		}
+	}
+	resp, err := c.Fork(fctx, idempotencyKey(sb), forkRequest(sb))
 	if err != nil {
 		return r.forkFailed(ctx, key, sb, pull, err)
 	}

@@ -340,8 +340,47 @@ func TestPullForksTheImageReference(t *testing.T) {
 		t.Fatalf("status %+v", got.Status)
 	}
 	wantCondition(t, got.Status.Conditions, v1.ConditionPlaced, metav1.ConditionTrue, v1.ReasonPulling)
-	if tag := e.standIn["n1"].lastFork().Body.Tag; tag != sb.Spec.Snapshot.Image {
-		t.Fatalf("fork tag %q, want the image reference", tag)
+	si := e.standIn["n1"]
+	if tag := si.lastFork().Body.Tag; tag != "py" {
+		t.Fatalf("fork tag %q, want the template's tag py, pulled first", tag)
+	}
+	si.mu.Lock()
+	pulls := append([]string(nil), si.pulls...)
+	si.mu.Unlock()
+	if len(pulls) != 1 || pulls[0] != sb.Spec.Snapshot.Image+" as py" {
+		t.Fatalf("pulls %q, want the image under the template's tag", pulls)
+	}
+	// The node now reports holding py: the next sandbox goes there as to
+	// any holder, with no pull.
+	e.poll()
+	sb2 := newSandbox("pull2", "py")
+	sb2.Spec.Snapshot.Image = sb.Spec.Snapshot.Image
+	e.create(sb2)
+	e.reconcile("pull2")
+	got = e.get("pull2")
+	wantCondition(t, got.Status.Conditions, v1.ConditionPlaced, metav1.ConditionTrue, ReasonPlaced)
+	if got.Status.Phase != v1.SandboxRunning || len(si.pulls) != 1 {
+		t.Fatalf("second sandbox: status %+v, pulls %q", got.Status, si.pulls)
+	}
+}
+
+// TestFailedPullPlacesAgain: a registry that lacks the image fails the
+// pull; the node stops being sent sandboxes to wait for it and the
+// sandbox is placed again.
+func TestFailedPullPlacesAgain(t *testing.T) {
+	e := newTestEnv(t, nodeSpec{name: "n1", memory: 8 * gib})
+	e.standIn["n1"].pullFails = true
+	sb := newSandbox("nopull", "py")
+	sb.Spec.Snapshot.Image = "registry.example.com/snaps/py:v1"
+	e.create(sb)
+	e.reconcile("nopull")
+	got := e.get("nopull")
+	if got.Status.NodeName != "" || got.Status.Phase != v1.SandboxPending || got.Status.SandboxID != "" {
+		t.Fatalf("status after a failed pull %+v", got.Status)
+	}
+	wantCondition(t, got.Status.Conditions, v1.ConditionPlaced, metav1.ConditionFalse, ReasonPullFailed)
+	if forks, _, _ := e.standIn["n1"].counts(); forks != 0 {
+		t.Fatalf("%d forks after a failed pull", forks)
 	}
 }
 

@@ -42,6 +42,10 @@ type standIn struct {
 	next      int
 	// capacity, when set, is GET /v1/info's capacity (the daemon's room).
 	capacity map[string]any
+	// pulls are the POST /v1/snapshots/pull calls (REF as TAG); with
+	// pullFails every pull is a 404 from the registry.
+	pulls     []string
+	pullFails bool
 }
 
 type standInSandbox struct {
@@ -82,6 +86,7 @@ type standInForkRequest struct {
 
 var (
 	requestIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+	tagPattern       = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
 	refPattern       = regexp.MustCompile(`^[a-z0-9.-]+(:[0-9]+)?/.+(:[^/]+|@sha256:[0-9a-f]{64})$`)
 )
 
@@ -161,6 +166,16 @@ func (s *standIn) serve(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 200, info)
 	case r.Method == http.MethodGet && path == "/v1/snapshots":
 		s.listSnapshots(w, r)
+	case r.Method == http.MethodPost && path == "/v1/snapshots/pull":
+		s.pull(w, r)
+	case r.Method == http.MethodGet && strings.HasPrefix(path, "/v1/snapshots/"):
+		tag := path[len("/v1/snapshots/"):]
+		mib, ok := s.snapshots[tag]
+		if !ok {
+			problem(w, 404, "not_found", "snapshot "+tag+" not found")
+			return
+		}
+		writeJSON(w, 200, map[string]any{"tag": tag, "memory_mib": mib, "disk_bytes": 0, "state": "ready"})
 	case r.Method == http.MethodPost && path == "/v1/sandboxes":
 		s.fork(w, r)
 	case r.Method == http.MethodGet && path == "/v1/sandboxes":
@@ -302,6 +317,36 @@ func (s *standIn) fork(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	w.Write(resp)
+}
+
+// pull answers POST /v1/snapshots/pull as the daemon does: a registry
+// reference kept under tag (or a ref-- tag), 409 when the tag is held.
+func (s *standIn) pull(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Ref string `json:"ref"`
+		Tag string `json:"tag"`
+	}
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil || !refPattern.MatchString(req.Ref) || req.Tag != "" && !tagPattern.MatchString(req.Tag) {
+		s.violation(w, "pull body does not follow PullSnapshotRequest: %+v (%v)", req, err)
+		return
+	}
+	s.pulls = append(s.pulls, req.Ref+" as "+req.Tag)
+	if s.pullFails {
+		problem(w, 404, "not_found", "registry: "+req.Ref+" not found")
+		return
+	}
+	tag := req.Tag
+	if tag == "" {
+		tag = "ref--" + fmt.Sprintf("%x", len(req.Ref))
+	}
+	if _, ok := s.snapshots[tag]; ok {
+		problem(w, 409, "already_exists", "snapshot "+tag+" exists")
+		return
+	}
+	s.snapshots[tag] = 256
+	writeJSON(w, 201, map[string]any{"tag": tag, "memory_mib": 256, "disk_bytes": 0, "state": "ready"})
 }
 
 func (s *standIn) listSandboxes(w http.ResponseWriter, r *http.Request) {
