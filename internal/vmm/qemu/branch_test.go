@@ -18,6 +18,7 @@ import (
 	"github.com/forkd-dev/forkd/internal/netns"
 	"github.com/forkd-dev/forkd/internal/testutil/testguest"
 	"github.com/forkd-dev/forkd/internal/vmm"
+	"github.com/forkd-dev/forkd/internal/vmm/qemu/migstream"
 )
 
 // The tests in this file branch running clones of real TCG microVMs.
@@ -208,30 +209,30 @@ func TestBranchPrefixMatchesQEMU(t *testing.T) {
 	}
 	// Header, configuration and start section, up to the start footer:
 	// its length and the start section's header.
-	startEnd := func(b []byte) (int, sectionHeader) {
-		sr := newStreamReader(strings.NewReader(string(b)))
-		sr.header()
-		sr.u8()
-		sr.config()
-		ty, _ := sr.u8()
-		h, err := sr.sectionHeader(ty)
-		if err != nil || h.Name != ramSectionName {
-			t.Fatalf("first section %+v, %v; want %s", h, err, ramSectionName)
+	startEnd := func(b []byte) (int, migstream.SectionHeader) {
+		sr := migstream.NewReader(strings.NewReader(string(b)))
+		sr.Header()
+		sr.SectionType()
+		sr.Config()
+		ty, _ := sr.SectionType()
+		h, err := sr.SectionHeader(ty)
+		if err != nil || h.Name != migstream.RAMSection {
+			t.Fatalf("first section %+v, %v; want %s", h, err, migstream.RAMSection)
 		}
 		for {
-			rec, err := sr.record()
+			rec, err := sr.Record()
 			if err != nil {
 				t.Fatal(err)
 			}
-			if rec.Flags&ramFlagEOS != 0 {
+			if rec.Flags&migstream.FlagEOS != 0 {
 				break
 			}
-			if rec.Flags&ramFlagMemSize != 0 {
-				sr.blockList(rec.Offset, true)
+			if rec.Flags&migstream.FlagMemSize != 0 {
+				sr.BlockList(rec.Offset, true)
 			}
 		}
-		sr.footer(h.ID)
-		return int(sr.n), h
+		sr.Footer(h.ID)
+		return int(sr.Offset()), h
 	}
 	tmpl, err := os.ReadFile(f.state)
 	if err != nil {
@@ -241,9 +242,9 @@ func TestBranchPrefixMatchesQEMU(t *testing.T) {
 	// The ram section's id is QEMU's registration order, which differs
 	// between versions (see ramSectionID): use the template's.
 	var buf strings.Builder
-	sw := newStreamWriter(&buf)
+	sw := migstream.NewWriter(&buf)
 	writeBranchPrefix(sw, ramHdr.ID, blocks, nil)
-	sw.flush()
+	sw.Flush()
 	ours := []byte(buf.String())
 	k, _ := startEnd(ours)
 	if n != k || string(tmpl[:n]) != string(ours[:k]) {
@@ -821,7 +822,7 @@ func assertCapOff(t *testing.T, m *Machine) {
 		if c.Capability == "background-snapshot" && c.State {
 			t.Error("background-snapshot left on")
 		}
-		if c.Capability == capIgnoreShared && !c.State {
+		if c.Capability == migstream.CapIgnoreShared && !c.State {
 			t.Error("x-ignore-shared switched off")
 		}
 	}

@@ -215,3 +215,45 @@ func TestMemIDSurvivesTheFile(t *testing.T) {
 		t.Fatalf("loaded %+v with nothing to load it from", got)
 	}
 }
+
+func TestParseRAMBlocks(t *testing.T) {
+	out := "              Block Name    PSize              Offset               Used              Total\r\n" +
+		"                     mem    4 KiB  0x0000000000000000 0x0000000010000000 0x0000000010000000\r\n" +
+		"    /rom@etc/acpi/tables    4 KiB  0x0000000010040000 0x0000000000001000 0x0000000000200000\r\n" +
+		"                 pc.bios    4 KiB  0x0000000010000000 0x0000000000010000 0x0000000000010000\r\n"
+	b, err := parseRAMBlocks(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []hmpRAMBlock{
+		{"mem", 0, 256 << 20, 256 << 20},
+		{"/rom@etc/acpi/tables", 0x10040000, 0x1000, 0x200000},
+		{"pc.bios", 0x10000000, 0x10000, 0x10000},
+	}
+	if !slices.Equal(b, want) {
+		t.Errorf("got %+v", b)
+	}
+	// QEMU 8.0 and later add HVA and RO columns (10.0.2 here).
+	out10 := "              Block Name    PSize              Offset               Used              Total                HVA  RO\r\n" +
+		"                     mem    4 KiB  0x0000000000000000 0x0000000010000000 0x0000000010000000 0x00007fd857fff000  rw\r\n" +
+		"    /rom@etc/acpi/tables    4 KiB  0x0000000010040000 0x0000000000001000 0x0000000000200000 0x00007fd871e00000  ro\r\n" +
+		"                 pc.bios    4 KiB  0x0000000010000000 0x0000000000010000 0x0000000000010000 0x00007fd872200000  rw\r\n"
+	if b, err := parseRAMBlocks(out10); err != nil || !slices.Equal(b, want) {
+		t.Errorf("QEMU 10 format: got %+v, %v", b, err)
+	}
+	if _, err := parseRAMBlocks("nothing"); err == nil {
+		t.Error("no error for garbage")
+	}
+}
+
+func TestParseMapsLine(t *testing.T) {
+	m, ok := parseMapsLine("7f9e8bfff000-7f9e9bfff000 rw-p 00001000 fe:00 9977865                    /tmp/a b.mem")
+	if !ok || m.Start != 0x7f9e8bfff000 || m.End != 0x7f9e9bfff000 || m.Offset != 0x1000 || m.Major != 0xfe || m.Minor != 0 ||
+		m.Inode != 9977865 || m.Path != "/tmp/a b.mem" || m.Perms != "rw-p" {
+		t.Errorf("%+v %v", m, ok)
+	}
+	m, ok = parseMapsLine("7f9ee2a00000-7f9ee2a01000 rw-p 00000000 00:00 0 ")
+	if !ok || m.Path != "" || m.size() != 0x1000 {
+		t.Errorf("%+v %v", m, ok)
+	}
+}

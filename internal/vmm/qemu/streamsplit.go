@@ -1,11 +1,10 @@
 package qemu
 
-// Splitting a migration stream (stream.go) into a memory file and a state
-// file, for live branches (branch_live.go), and the sparse memory file
-// writer that branches of every mode use.
+// Splitting a migration stream (package migstream) into a memory file and
+// a state file, for live branches (branch_live.go), and the sparse memory
+// file writer that branches of every mode use.
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"io"
@@ -14,7 +13,24 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/forkd-dev/forkd/internal/fsutil"
+	"github.com/forkd-dev/forkd/internal/vmm/qemu/migstream"
 )
+
+const (
+	// memBlockName is the RAM block of guest memory: the id of the
+	// memory-backend object the driver creates (args.go).
+	memBlockName = "mem"
+
+	// pageSize is the guest's page size, that of the stream's page
+	// records and of the host pages the branch code copies.
+	pageSize = migstream.PageSize
+)
+
+// streamErr is an error about a migration stream's content: it wraps
+// migstream.ErrFormat, like the errors of the stream's reader.
+func streamErr(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", migstream.ErrFormat, fmt.Sprintf(format, args...))
+}
 
 // Bounds on what a migration stream from QEMU may ask this process to
 // hold or write, beyond guest memory (which is the machine's size).
@@ -37,7 +53,7 @@ const (
 // memBlock has exactly its memory size, the others together at most
 // maxOtherRAMBytes, no name twice. It returns the blocks' lengths and the
 // others' total.
-func checkBlockList(blocks []ramBlockInfo, memBlock string, memSize int64) (lengths map[string]uint64, other uint64, err error) {
+func checkBlockList(blocks []migstream.BlockInfo, memBlock string, memSize int64) (lengths map[string]uint64, other uint64, err error) {
 	lengths = make(map[string]uint64, len(blocks))
 	for _, b := range blocks {
 		if _, dup := lengths[b.Name]; dup {
@@ -63,7 +79,7 @@ func checkBlockList(blocks []ramBlockInfo, memBlock string, memSize int64) (leng
 
 // checkPage checks that a page record read at byte at names a block of
 // the block list (lengths; nil before it) and an offset inside it.
-func checkPage(rec ramRecord, at int64, lengths map[string]uint64) error {
+func checkPage(rec migstream.Record, at int64, lengths map[string]uint64) error {
 	if lengths == nil {
 		return streamErr("page record at byte %d (RAM block %q) before the block list", at, rec.Block)
 	}
@@ -244,8 +260,8 @@ type splitStats struct {
 	MemBytes    int64 // bytes written to the memory file
 	ZeroPages   int64 // zero records of the memory block
 	OtherPages  int64 // page records of other blocks (ROMs), kept in the state
-	Blocks      []ramBlockInfo
-	Config      streamConfig
+	Blocks      []migstream.BlockInfo
+	Config      migstream.Config
 }
 
 // splitStream turns a migration stream with guest RAM in it into what a
@@ -263,16 +279,16 @@ type splitStats struct {
 // kept in one section twice their size, the device state
 // maxDeviceStateBytes.
 func splitStream(r io.Reader, mem *os.File, state io.Writer, memBlock string, memSize int64) (st splitStats, err error) {
-	sr := newStreamReader(r)
-	sw := newStreamWriter(state)
+	sr := migstream.NewReader(r)
+	sw := migstream.NewWriter(state)
 	defer func() {
-		st.StreamBytes = sr.n
-		st.StateBytes = sw.n
+		st.StreamBytes = sr.Offset()
+		st.StateBytes = sw.Offset()
 	}()
-	if err := sr.header(); err != nil {
+	if err := sr.Header(); err != nil {
 		return st, err
 	}
-	sw.header()
+	sw.Header()
 	var (
 		mw       *memWriter
 		ramID    uint32
@@ -280,56 +296,57 @@ func splitStream(r io.Reader, mem *os.File, state io.Writer, memBlock string, me
 		lengths  map[string]uint64 // of the RAM blocks, from the block list
 		other    uint64            // bytes of the blocks other than memBlock
 		sect     bytes.Buffer      // the records a section keeps
-		sectW    = &streamWriter{w: bufio.NewWriter(&sect)}
+		sectW    = migstream.NewWriter(&sect)
 		finished bool
 	)
 	for !finished {
-		t, err := sr.u8()
+		t, err := sr.SectionType()
 		if err != nil {
 			return st, err
 		}
 		switch t {
-		case secConfiguration:
-			if st.Config, err = sr.config(); err != nil {
+		case migstream.SectionConfiguration:
+			if st.Config, err = sr.Config(); err != nil {
 				return st, err
 			}
-			sw.config(st.Config)
-		case secStart, secPart, secEnd:
-			h, err := sr.sectionHeader(t)
+			sw.Config(st.Config)
+		case migstream.SectionStart, migstream.SectionPart, migstream.SectionEnd:
+			h, err := sr.SectionHeader(t)
 			if err != nil {
 				return st, err
 			}
 			switch {
-			case t == secStart && h.Name == ramSectionName && !haveRAM:
-				if h.Version != ramSectionVersion {
-					return st, streamErr("ram section version %d, want %d", h.Version, ramSectionVersion)
+			case t == migstream.SectionStart && h.Name == migstream.RAMSection && !haveRAM:
+				if h.Version != migstream.RAMSectionVersion {
+					return st, streamErr("ram section version %d, want %d", h.Version, migstream.RAMSectionVersion)
 				}
 				ramID, haveRAM = h.ID, true
-			case t != secStart && haveRAM && h.ID == ramID:
+			case t != migstream.SectionStart && haveRAM && h.ID == ramID:
 			default:
 				return st, streamErr("section %d (%q, type %d): only the ram handler's iterative sections are supported", h.ID, h.Name, t)
 			}
+			// The records the section keeps go to sect first: a part
+			// section with none of them is left out.
 			sect.Reset()
-			sectW.w.Reset(&sect)
-			sectW.last = sw.last
-			sectStart := sectW.n
+			sectW.Reset(&sect)
+			sectW.ContinueFrom(sw)
 			kept := false
 			for {
-				at := sr.n
-				rec, err := sr.record()
+				at := sr.Offset()
+				rec, err := sr.Record()
 				if err != nil {
 					return st, err
 				}
-				flags := rec.Flags &^ ramFlagContinue
-				if flags == ramFlagEOS {
+				flags := rec.Flags &^ migstream.FlagContinue
+				if flags == migstream.FlagEOS {
 					break
 				}
-				if flags == ramFlagMemSize {
+				if flags == migstream.FlagMemSize {
 					if rec.Offset > uint64(memSize)+maxOtherRAMBytes {
 						return st, streamErr("RAM total (MEM_SIZE record at byte %d) of %d bytes: more than the machine's %d bytes of memory and %d of other blocks",
 							at, rec.Offset, memSize, uint64(maxOtherRAMBytes))
 					}
-					blocks, err := sr.blockList(rec.Offset, st.Config.ignoreShared())
+					blocks, err := sr.BlockList(rec.Offset, st.Config.IgnoreShared())
 					if err != nil {
 						return st, err
 					}
@@ -344,7 +361,7 @@ func splitStream(r io.Reader, mem *os.File, state io.Writer, memBlock string, me
 						return st, err
 					}
 					mw = newMemWriter(mem, memSize, false)
-					sectW.blockList(blocks, st.Config.ignoreShared())
+					sectW.BlockList(blocks, st.Config.IgnoreShared())
 					kept = true
 					continue
 				}
@@ -352,7 +369,7 @@ func splitStream(r io.Reader, mem *os.File, state io.Writer, memBlock string, me
 					return st, err
 				}
 				if rec.Block == memBlock {
-					if flags == ramFlagZero {
+					if flags == migstream.FlagZero {
 						st.ZeroPages++
 						err = mw.fill(int64(rec.Offset), rec.Fill)
 					} else {
@@ -365,54 +382,44 @@ func splitStream(r io.Reader, mem *os.File, state io.Writer, memBlock string, me
 				}
 				st.OtherPages++
 				kept = true
-				if flags == ramFlagZero {
-					sectW.pageHeader(rec.Block, rec.Offset, ramFlagZero)
-					sectW.u8(rec.Fill)
-				} else {
-					sectW.pageHeader(rec.Block, rec.Offset, ramFlagPage)
-					sectW.write(rec.Data)
-				}
-				if n := sectW.n - sectStart; uint64(n) > 2*other+sectionSlackBytes {
+				sectW.Record(rec)
+				if n := sectW.Offset(); uint64(n) > 2*other+sectionSlackBytes {
 					return st, streamErr("section %d keeps %d bytes of pages of RAM blocks other than %q, more than twice their %d bytes: a page sent over and over",
 						h.ID, n, memBlock, other)
 				}
 			}
-			hasFooter, err := sr.footer(h.ID)
+			hasFooter, err := sr.Footer(h.ID)
 			if err != nil {
 				return st, err
 			}
-			if !kept && t == secPart {
+			if !kept && t == migstream.SectionPart {
 				continue // nothing left of it
 			}
-			if err := sectW.flush(); err != nil {
+			if err := sectW.Flush(); err != nil {
 				return st, err
 			}
-			sw.sectionHeader(h)
-			sw.write(sect.Bytes())
-			sw.last = sectW.last
-			sw.eos()
+			sw.SectionHeader(h)
+			sw.Write(sect.Bytes())
+			sw.ContinueFrom(sectW)
+			sw.EOS()
 			if hasFooter {
-				sw.footer(h.ID)
+				sw.Footer(h.ID)
 			}
-		case secFull, secEOF:
+		case migstream.SectionFull, migstream.SectionEOF:
 			// Device state from here on, in a form only QEMU can read:
 			// copy it as it is.
-			sw.u8(t)
-			if err := sw.flush(); err != nil {
-				return st, err
-			}
-			k, err := io.CopyN(state, sr.r, maxDeviceStateBytes+1)
-			sr.n += k
-			sw.n += k
+			from := sr.Offset() - 1
+			sw.WriteByte(t)
+			_, err := io.CopyN(sw, sr, maxDeviceStateBytes+1)
 			if err == nil {
-				return st, streamErr("device state (from byte %d) longer than %d bytes", sr.n-k-1, maxDeviceStateBytes)
+				return st, streamErr("device state (from byte %d) longer than %d bytes", from, maxDeviceStateBytes)
 			}
 			if err != io.EOF {
 				return st, err
 			}
 			finished = true
 		default:
-			return st, streamErr("section type %#x at byte %d", t, sr.n-1)
+			return st, streamErr("section type %#x at byte %d", t, sr.Offset()-1)
 		}
 	}
 	if mw == nil {
@@ -422,5 +429,5 @@ func splitStream(r io.Reader, mem *os.File, state io.Writer, memBlock string, me
 		return st, err
 	}
 	st.MemPages, st.MemBytes = mw.pages, mw.bytes
-	return st, sw.flush()
+	return st, sw.Flush()
 }
