@@ -72,10 +72,11 @@ integration: build
 # scripts/k8s-testenv.sh builds from the Go module proxy once and caches in
 # ~/.cache/forkd/k8s (cold on 2 cores: 12-17 minutes, and about 9 more to
 # compile the test modules; with both caches warm: about 25 seconds).
-test-k8s:
+# test/k8s/e2e runs bin/forkd as the nodes' daemons, hence build.
+test-k8s: build
 	@for m in $(K8S_MODULES); do (cd $$m && echo "go vet ($$m)" && $(GO) vet ./...) || exit 1; done
 	assets=$$(./scripts/k8s-testenv.sh) && for m in $(K8S_MODULES); do \
-		(cd $$m && KUBEBUILDER_ASSETS=$$assets $(GO) test -race -count=1 -timeout 20m ./...) || exit 1; done
+		(cd $$m && KUBEBUILDER_ASSETS=$$assets $(GO) test -race -count=1 -timeout 30m ./...) || exit 1; done
 
 # test-k8s is not yet part of test: on a fresh clone it adds 20-26
 # minutes (docs/KUBERNETES.md) to CI's ~20; it joins once its cold cost

@@ -67,7 +67,12 @@ const (
 //
 // Node loss is the NodeView's: OnNodeLost marks the node's Sandboxes Lost.
 type SandboxReconciler struct {
-	Client  client.Client
+	Client client.Client
+	// Reader reads a Sandbox not forked yet past the cache (the manager's
+	// APIReader; nil: Client): a cache behind the reconciler's own status
+	// writes would have it place or fork again, which the idempotency key
+	// makes harmless but not free (a replayed fork, a conflict, a backoff).
+	Reader  client.Reader
 	Cluster *placement.Cluster
 	Nodes   *NodeView
 	// DefaultMemoryBytes is reserved for a sandbox whose blueprint sets no
@@ -101,7 +106,11 @@ func durationOr(d, def time.Duration) time.Duration {
 func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	key := req.String()
 	var sb v1.Sandbox
-	if err := r.Client.Get(ctx, req.NamespacedName, &sb); err != nil {
+	err := r.Client.Get(ctx, req.NamespacedName, &sb)
+	if err == nil && sb.Status.SandboxID == "" && sb.DeletionTimestamp.IsZero() && r.Reader != nil {
+		err = r.Reader.Get(ctx, req.NamespacedName, &sb)
+	}
+	if err != nil {
 		if apierrors.IsNotFound(err) {
 			r.Cluster.Release(key)
 			return ctrl.Result{}, nil

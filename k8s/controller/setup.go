@@ -9,6 +9,7 @@
 package controller
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 
 	v1 "github.com/forkd-dev/forkd/k8s/api/v1alpha1"
@@ -79,6 +81,7 @@ func Setup(mgr ctrl.Manager, o Options) (*Controllers, error) {
 	}
 	sbr := &SandboxReconciler{
 		Client:             mgr.GetClient(),
+		Reader:             mgr.GetAPIReader(),
 		Cluster:            cluster,
 		Nodes:              nodes,
 		DefaultMemoryBytes: o.DefaultMemoryBytes,
@@ -91,6 +94,12 @@ func Setup(mgr ctrl.Manager, o Options) (*Controllers, error) {
 
 	if err := mgr.Add(nodes); err != nil {
 		return nil, err
+	}
+	// Claims and pools read templates, which nothing watches: start that
+	// informer with the cache, not on the first claim's read (which would
+	// wait for it to sync, about a second of that claim's start).
+	if _, err := mgr.GetCache().GetInformer(context.Background(), &v1.SandboxTemplate{}, cache.BlockUntilSynced(false)); err != nil {
+		return nil, fmt.Errorf("controller setup: template informer: %w", err)
 	}
 	workers := o.MaxConcurrentReconciles
 	if workers <= 0 {
