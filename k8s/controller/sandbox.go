@@ -187,7 +187,7 @@ func (r *SandboxReconciler) place(ctx context.Context, key string, sb *v1.Sandbo
 		reason, msg = ReasonPinned, "spec.nodeName"
 	} else {
 		var err error
-		d, err = r.Cluster.Place(placement.Request{
+		d, err = r.placeTimed(sb, placement.Request{
 			Key:         key,
 			Snapshot:    sb.Spec.Snapshot.Tag,
 			MemoryBytes: mem,

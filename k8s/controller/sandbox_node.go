@@ -99,6 +99,7 @@ func (r *SandboxReconciler) fork(ctx context.Context, key string, sb *v1.Sandbox
 		// same sandbox back.
 		return ctrl.Result{}, err
 	}
+	observeRunning(sb, resp.TotalMs)
 	return r.requeueRunning(sb), nil
 }
 
