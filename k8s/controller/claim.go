@@ -238,7 +238,7 @@ func (r *ClaimReconciler) create(ctx context.Context, claim *v1.SandboxClaim, na
 		if apierrors.IsNotFound(err) {
 			r.setCondition(claim, v1.ConditionReady, metav1.ConditionFalse, ReasonTemplateNotFound,
 				fmt.Sprintf("SandboxTemplate %s not found", tn.Name))
-			return nil, ctrl.Result{RequeueAfter: 30 * time.Second}, nil
+			return nil, ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 		}
 		return nil, ctrl.Result{}, err
 	}

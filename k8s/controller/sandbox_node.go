@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/forkd-dev/forkd/k8s/api/v1alpha1"
 )
@@ -220,7 +221,7 @@ func live(p v1.SandboxPhase) bool { return p != v1.SandboxLost && p != v1.Sandbo
 // MarkNodeLost marks every live Sandbox on node Lost (NodeView.OnNodeLost).
 func (r *SandboxReconciler) MarkNodeLost(ctx context.Context, node string, _ []string) {
 	var list v1.SandboxList
-	if err := r.Client.List(ctx, &list); err != nil {
+	if err := r.Client.List(ctx, &list, client.MatchingFields{IndexNodeName: node}); err != nil {
 		// Each Sandbox's own reconcile finds the node unknown and marks
 		// it then.
 		r.Log.Error(err, "listing the Sandboxes of a lost node", "node", node)
@@ -253,7 +254,7 @@ func (r *SandboxReconciler) MarkNodeLost(ctx context.Context, node string, _ []s
 // learns them before it places anything new there.
 func (r *SandboxReconciler) BindNode(ctx context.Context, node string) {
 	var list v1.SandboxList
-	if err := r.Client.List(ctx, &list); err != nil {
+	if err := r.Client.List(ctx, &list, client.MatchingFields{IndexNodeName: node}); err != nil {
 		r.Log.Error(err, "listing Sandboxes to rebuild a node's reservations", "node", node)
 		return
 	}
@@ -266,4 +267,19 @@ func (r *SandboxReconciler) BindNode(ctx context.Context, node string) {
 			}
 		}
 	}
+}
+
+// IndexNodeName indexes Sandboxes by status.nodeName, so a node's
+// Sandboxes are found without listing every one (a node lost or back
+// after a restart: O(its sandboxes), not O(all of them), which at 1,000
+// nodes and 30,000 Sandboxes took minutes; docs/SCALE.md).
+const IndexNodeName = "status.nodeName"
+
+// NodeNameOf is the index function of IndexNodeName.
+func NodeNameOf(o client.Object) []string {
+	sb, ok := o.(*v1.Sandbox)
+	if !ok || sb.Status.NodeName == "" {
+		return nil
+	}
+	return []string{sb.Status.NodeName}
 }

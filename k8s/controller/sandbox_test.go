@@ -57,7 +57,8 @@ func newTestEnv(t *testing.T, specs ...nodeSpec) *testEnv {
 		t.Fatal(err)
 	}
 	c := withUIDs(fake.NewClientBuilder().WithScheme(scheme).
-		WithStatusSubresource(&v1.Sandbox{}, &v1.SandboxClaim{}, &v1.SandboxWarmPool{}).Build())
+		WithStatusSubresource(&v1.Sandbox{}, &v1.SandboxClaim{}, &v1.SandboxWarmPool{}).
+		WithIndex(&v1.Sandbox{}, IndexNodeName, NodeNameOf).Build())
 	e := &testEnv{t: t, ctx: context.Background(), client: c, standIn: map[string]*standIn{},
 		disc: &mutableDiscovery{}, now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
 	for _, s := range specs {

@@ -95,6 +95,9 @@ func Setup(mgr ctrl.Manager, o Options) (*Controllers, error) {
 	if err := mgr.Add(nodes); err != nil {
 		return nil, err
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1.Sandbox{}, IndexNodeName, NodeNameOf); err != nil {
+		return nil, fmt.Errorf("controller setup: index Sandboxes by node: %w", err)
+	}
 	// Claims and pools read templates, which nothing watches: start that
 	// informer with the cache, not on the first claim's read (which would
 	// wait for it to sync, about a second of that claim's start).
@@ -116,6 +119,7 @@ func Setup(mgr ctrl.Manager, o Options) (*Controllers, error) {
 		For(&v1.SandboxClaim{}).
 		Owns(&v1.Sandbox{}).
 		Named("sandboxclaim").
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
 		Complete(cr); err != nil {
 		return nil, err
 	}
