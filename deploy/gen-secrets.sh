@@ -21,33 +21,36 @@ name=${SERVER_NAME:-forkd-node}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-token="forkd_$(openssl rand 32 | openssl base64 -A | tr '+/' '-_' | tr -d '=')"
-sum=$(printf %s "$token" | sha256sum | cut -d' ' -f1)
-now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-store="{\"version\":2,\"tokens\":[{\"name\":\"forkd-controller\",\"sha256\":\"$sum\",\"created\":\"$now\",\"role\":\"admin\",\"tenant\":\"\"}]}"
+# newtoken: a random bearer token.
+newtoken() { printf 'forkd_%s' "$(openssl rand 32 | openssl base64 -A | tr '+/' '-_' | tr -d '=')"; }
+# store NAME TOKEN ROLE TENANT: a one-token store in forkd's tokens.json
+# format (its SHA-256 only).
+store() {
+  printf '{"version":2,"tokens":[{"name":"%s","sha256":"%s","created":"%s","role":"%s","tenant":"%s"}]}' \
+    "$1" "$(printf %s "$2" | sha256sum | cut -d' ' -f1)" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$3" "$4"
+}
+# cert OUT CN SAN: a key and a server certificate for SAN (subjectAltName
+# entries), signed by the CA: OUT.key, OUT.crt.
+cert() {
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$2" \
+    -keyout "$tmp/$1.key" -out "$tmp/$1.csr" 2>/dev/null
+  printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\n' "$3" > "$tmp/$1.ext"
+  openssl x509 -req -in "$tmp/$1.csr" -CA "$tmp/ca.crt" -CAkey "$tmp/ca.key" -CAcreateserial \
+    -days 825 -extfile "$tmp/$1.ext" -out "$tmp/$1.crt" 2>/dev/null
+}
 
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 \
   -subj "/CN=forkd-node-ca" -keyout "$tmp/ca.key" -out "$tmp/ca.crt" 2>/dev/null
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$name" \
-  -keyout "$tmp/tls.key" -out "$tmp/tls.csr" 2>/dev/null
-printf 'subjectAltName=DNS:%s\nextendedKeyUsage=serverAuth\n' "$name" > "$tmp/ext"
-openssl x509 -req -in "$tmp/tls.csr" -CA "$tmp/ca.crt" -CAkey "$tmp/ca.key" -CAcreateserial \
-  -days 825 -extfile "$tmp/ext" -out "$tmp/tls.crt" 2>/dev/null
-
-gw="forkd_$(openssl rand 32 | openssl base64 -A | tr '+/' '-_' | tr -d '=')"
-gwsum=$(printf %s "$gw" | sha256sum | cut -d' ' -f1)
-gwstore="{\"version\":2,\"tokens\":[{\"name\":\"default\",\"sha256\":\"$gwsum\",\"created\":\"$now\",\"role\":\"user\",\"tenant\":\"default\"}]}"
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=forkd-gateway" \
-  -keyout "$tmp/gw.key" -out "$tmp/gw.csr" 2>/dev/null
-printf 'subjectAltName=DNS:forkd-gateway,DNS:forkd-gateway.%s.svc,DNS:forkd-gateway.%s.svc.cluster.local\nextendedKeyUsage=serverAuth\n' "$ns" "$ns" > "$tmp/gwext"
-openssl x509 -req -in "$tmp/gw.csr" -CA "$tmp/ca.crt" -CAkey "$tmp/ca.key" -CAcreateserial \
-  -days 825 -extfile "$tmp/gwext" -out "$tmp/gw.crt" 2>/dev/null
+token=$(newtoken)
+store forkd-controller "$token" admin "" > "$tmp/tokens.json"
+cert tls "$name" "DNS:$name"
+gw=$(newtoken)
+store default "$gw" user default > "$tmp/gwtokens.json"
+cert gw forkd-gateway "DNS:forkd-gateway,DNS:forkd-gateway.$ns.svc,DNS:forkd-gateway.$ns.svc.cluster.local"
 
 b64() { base64 < "$1" | tr -d '\n'; }
 printf %s "$gw" > "$tmp/gwtoken"
-printf %s "$gwstore" > "$tmp/gwtokens.json"
 printf %s "$token" > "$tmp/token"
-printf %s "$store" > "$tmp/tokens.json"
 cat <<YAML
 apiVersion: v1
 kind: Secret
