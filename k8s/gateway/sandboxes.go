@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -239,7 +240,7 @@ func (g *Gateway) describe(ctx context.Context, sb *v1.Sandbox) (json.RawMessage
 	if !ok || !live(sb) {
 		return json.Marshal(fromObject(sb))
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, nc.Base+"/v1/sandboxes/"+sb.Status.SandboxID, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(nc.Base, "/")+"/v1/sandboxes/"+url.PathEscape(sb.Status.SandboxID), nil)
 	if err != nil {
 		return nil, err
 	}
