@@ -88,9 +88,12 @@ func hugetlbfsDir(t *testing.T, extra int) string {
 // diff layer holds only the 4 KiB pages that changed (not whole 2 MiB
 // copies), and a pool too small for another sandbox is a clear error.
 func TestLiveBranchOnHugetlbfs(t *testing.T) {
-	// 256 MiB guests: 128 pages per image (3) and per running or pooled
-	// VMM (each reserves its guest memory; up to 9 at once here).
-	mnt := hugetlbfsDir(t, 1600)
+	// 256 MiB guests: 128 pages per memory image (one per forked tag: 4)
+	// and per running or pooled VMM (each reserves its guest memory): the
+	// source, two pooled per forked tag (8) and a grandchild, 10 at once
+	// once every pool has refilled, as on a quiet host. 14 x 128 = 1,792
+	// pages, and a margin.
+	mnt := hugetlbfsDir(t, 2048)
 	memDir := filepath.Join(mnt, "mem")
 	c := newCLI(t)
 	c.env = append(c.env, "FORKD_LIVE_BRANCH=1", "FORKD_MEMORY_DIR="+memDir)
