@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -262,32 +263,38 @@ func (b *brancher) live(ctx context.Context) (err error) {
 // cleans up), and the check fails. That is retried (retryCleanup): a
 // memory QEMU really cannot write-protect is refused before (liveSupport).
 func (m *Machine) enableBackgroundSnapshot(ctx context.Context) error {
-	return m.retryCleanup(ctx, "not compatible", func() error {
+	return m.retryCleanup(ctx, func() error {
 		return m.qmp.Execute(ctx, "migrate-set-capabilities", backgroundSnapshot(true), nil)
-	})
+	}, "not compatible")
 }
 
 // startMigration starts the live branch's migration to the spool. In
 // the same window as above, QEMU 10 may still hold the earlier
 // migration's yank instance and refuse a new one ("duplicate yank
-// instance", before it takes the fd): retried too.
+// instance", before it takes the fd), or still count the earlier one as
+// running ("There's a migration process in progress": seen right after an
+// adopted machine's orphan background snapshot completed, when no
+// conversion of this daemon's stood between the two): retried too. A
+// migration really running is not: the caller waited for it to end
+// (waitLive, settleAdoptedMigration).
 func (m *Machine) startMigration(ctx context.Context, spool *handover) error {
-	return m.retryCleanup(ctx, "duplicate yank instance", func() error {
+	return m.retryCleanup(ctx, func() error {
 		return spool.migrate(ctx, "migrate")
-	})
+	}, "duplicate yank instance", "migration process in progress")
 }
 
 // retryCleanup runs call until it succeeds, fails with another error than
-// a QMP error whose description holds match (what an earlier migration
-// still cleaning up causes), or compatRetry has passed.
-func (m *Machine) retryCleanup(ctx context.Context, match string, call func() error) error {
+// a QMP error whose description holds one of matches (what an earlier
+// migration still cleaning up causes), or compatRetry has passed.
+func (m *Machine) retryCleanup(ctx context.Context, call func() error, matches ...string) error {
 	deadline := time.Now().Add(compatRetry)
 	t := time.NewTicker(pollInterval)
 	defer t.Stop()
 	for {
 		err := call()
 		var qe *qmp.Error
-		if err == nil || !errors.As(err, &qe) || !strings.Contains(qe.Desc, match) || time.Now().After(deadline) {
+		if err == nil || !errors.As(err, &qe) || !slices.ContainsFunc(matches, func(s string) bool { return strings.Contains(qe.Desc, s) }) ||
+			time.Now().After(deadline) {
 			return err
 		}
 		m.d.log.Debug("refused while an earlier migration may still be cleaning up, trying again", "id", m.cfg.ID, "err", qe.Desc)
