@@ -274,7 +274,9 @@ func TestForkIdempotentAndUndone(t *testing.T) {
 		t.Fatalf("bob's fork with alice's key: %d %s", st, b)
 	}
 
-	k2 := newKit(t, time.Second) // a fork that cannot run fails in 1 s
+	// A fork that cannot run fails when its deadline passes; 5 s leaves the
+	// stand-in controller room to record NoCapacity on a loaded machine.
+	k2 := newKit(t, 5*time.Second)
 	st, b := k2.call("alice", "POST", "/v1/sandboxes", `{"tag":"full","count":2}`)
 	if st != http.StatusTooManyRequests || !strings.Contains(string(b), "no ready node has room") {
 		t.Fatalf("fork with no room: %d %s", st, b)
