@@ -227,8 +227,9 @@ func (c *Client) Execute(ctx context.Context, cmd string, args, result any) erro
 func (c *Client) ExecuteWithFiles(ctx context.Context, cmd string, args, result any, files ...*os.File) error {
 	c.mu.Lock()
 	if c.readErr != nil || c.closed {
+		err := c.closedErr()
 		c.mu.Unlock()
-		return c.closedErr()
+		return err
 	}
 	c.nextID++
 	id := strconv.FormatUint(c.nextID, 10)
@@ -262,7 +263,10 @@ func (c *Client) ExecuteWithFiles(ctx context.Context, cmd string, args, result 
 	select {
 	case r, ok := <-ch:
 		if !ok {
-			return fmt.Errorf("qmp %s: %w", cmd, c.closedErr())
+			c.mu.Lock()
+			err := c.closedErr()
+			c.mu.Unlock()
+			return fmt.Errorf("qmp %s: %w", cmd, err)
 		}
 		if r.err != nil {
 			r.err.Command = cmd
@@ -363,6 +367,7 @@ func (c *Client) abandon(reason error) {
 	c.closeErr = c.conn.Close()
 }
 
+// closedErr says why the session ended; c.mu must be held.
 func (c *Client) closedErr() error {
 	if c.broken != nil {
 		return fmt.Errorf("%w: %v", ErrClosed, c.broken)
