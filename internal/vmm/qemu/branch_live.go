@@ -211,7 +211,7 @@ func (b *brancher) live(ctx context.Context) (err error) {
 		return err
 	}
 	tStart := time.Now()
-	err = m.startMigration(ctx, spoolFile)
+	err = spoolFile.migrate(ctx, "migrate")
 	if err == nil {
 		err = hook("migrate") // tests: as though ctx cut the reply off
 	}
@@ -255,32 +255,20 @@ func (b *brancher) live(ctx context.Context) (err error) {
 	return nil
 }
 
-// enableBackgroundSnapshot switches background-snapshot on. QEMU checks
-// then that it can write-protect guest RAM, by registering a userfaultfd
-// on it; right after an earlier background snapshot completed (this
-// daemon's, or an orphan an adopted machine finished) the earlier one may
-// still be registered for a moment (QEMU 10 reports "completed" before it
-// cleans up), and the check fails. That is retried (retryCleanup): a
-// memory QEMU really cannot write-protect is refused before (liveSupport).
+// enableBackgroundSnapshot switches background-snapshot on, once the
+// previous migration (this daemon's, or an orphan an adopted machine
+// finished) is cleaned up (awaitMigrationCleanup). QEMU checks then that
+// it can write-protect guest RAM by registering a userfaultfd on it; a
+// memory QEMU really cannot write-protect is refused before
+// (liveSupport), so "not compatible" here is retried briefly
+// (retryCleanup) in case a write-protection is still being released.
 func (m *Machine) enableBackgroundSnapshot(ctx context.Context) error {
+	if err := m.awaitMigrationCleanup(ctx); err != nil {
+		return err
+	}
 	return m.retryCleanup(ctx, func() error {
 		return m.qmp.Execute(ctx, "migrate-set-capabilities", backgroundSnapshot(true), nil)
 	}, "not compatible")
-}
-
-// startMigration starts the live branch's migration to the spool. In
-// the same window as above, QEMU 10 may still hold the earlier
-// migration's yank instance and refuse a new one ("duplicate yank
-// instance", before it takes the fd), or still count the earlier one as
-// running ("There's a migration process in progress": seen right after an
-// adopted machine's orphan background snapshot completed, when no
-// conversion of this daemon's stood between the two): retried too. A
-// migration really running is not: the caller waited for it to end
-// (waitLive, settleAdoptedMigration).
-func (m *Machine) startMigration(ctx context.Context, spool *handover) error {
-	return m.retryCleanup(ctx, func() error {
-		return spool.migrate(ctx, "migrate")
-	}, "duplicate yank instance", "migration process in progress")
 }
 
 // retryCleanup runs call until it succeeds, fails with another error than

@@ -148,6 +148,8 @@ func (f *fakeMonitor) execute(cmd string, raw json.RawMessage, fd int) (any, str
 		return map[string]any{"status": "running", "running": true}, ""
 	case "query-migrate":
 		return map[string]any{"status": "completed"}, ""
+	case "query-yank":
+		return []any{map[string]string{"type": "chardev", "id": "qmp"}}, ""
 	case "query-version":
 		maj, min, mic := 0, 0, 0
 		fmt.Sscanf(f.version, "%d.%d.%d", &maj, &min, &mic)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/errdefs"
@@ -122,6 +123,9 @@ func (m *Machine) Snapshot(ctx context.Context, spec vmm.SnapshotSpec) (_ vmm.Sn
 		}
 	}()
 
+	if err := m.awaitMigrationCleanup(ctx); err != nil {
+		return vmm.SnapshotResult{}, err
+	}
 	h, err := m.handOverFile(ctx, spec.StateFile, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, stateFD)
 	if err != nil {
 		return vmm.SnapshotResult{}, m.failure("hand over state file", err)
@@ -215,4 +219,47 @@ func (m *Machine) migrationEnded(info migrationInfo, what string) (bool, error) 
 		return true, fmt.Errorf("qemu %s: %s %s: %s: %w", m.cfg.ID, what, info.Status, desc, errdefs.ErrInternal)
 	}
 	return false, nil
+}
+
+// awaitMigrationCleanup returns once QEMU has cleaned up after its last
+// outgoing migration, so a new one may start. QEMU reports "completed"
+// before its cleanup runs (in a bottom half of the main loop), and the
+// cleanup unregisters the migration's yank instance last. A `migrate`
+// sent in between is refused with "duplicate yank instance", and, worse,
+// QEMU 10 has by then already set its state to "setup" and leaves it
+// there: every later migrate is refused with "There's a migration
+// process in progress" until a migrate_cancel (seen on an adopted
+// machine whose orphan background snapshot had just completed). So every
+// outgoing migration waits here first, for the yank instance to be gone.
+// It costs one query-yank when nothing is pending.
+func (m *Machine) awaitMigrationCleanup(ctx context.Context) error {
+	t := time.NewTicker(pollInterval)
+	defer t.Stop()
+	giveUp := time.NewTimer(liveCleanupTimeout)
+	defer giveUp.Stop()
+	for {
+		var instances []yankInstance
+		if err := m.qmp.Execute(ctx, "query-yank", nil, &instances); err != nil {
+			return m.failure("query-yank", err)
+		}
+		if !slices.ContainsFunc(instances, func(i yankInstance) bool { return i.Type == "migration" }) {
+			return nil
+		}
+		select {
+		case <-t.C:
+		case <-m.done:
+			return m.failure("migration cleanup", m.exitDetail())
+		case <-ctx.Done():
+			return fmt.Errorf("qemu %s: the previous migration is still being cleaned up (%w); try again shortly: %w",
+				m.cfg.ID, context.Cause(ctx), errdefs.ErrUnavailable)
+		case <-giveUp.C:
+			return fmt.Errorf("qemu %s: the previous migration has not been cleaned up after %v; try again shortly: %w",
+				m.cfg.ID, liveCleanupTimeout, errdefs.ErrUnavailable)
+		}
+	}
+}
+
+// yankInstance is one entry of query-yank's answer.
+type yankInstance struct {
+	Type string `json:"type"`
 }
