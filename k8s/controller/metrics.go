@@ -28,10 +28,11 @@ const (
 	// adds to a fork: from the placement decision to the Running status
 	// written, less the fork time the node reports (ForkResponse
 	// total_ms), labelled pull (true: the node pulled the snapshot
-	// first). It holds the Placed status write, the fork request's round
-	// trip and the Running status write; not the wait in the work queue
-	// before the decision. A sandbox placed by an earlier controller, or
-	// pinned, is not counted.
+	// first). It holds the Placed status write (none for a Sandbox its
+	// claim created bound, see Preplace: then the Create instead), the
+	// fork request's round trip and the Running status write; not the
+	// wait in the work queue before the decision. A sandbox placed by an
+	// earlier controller, or pinned by its author, is not counted.
 	MetricStartOverheadSeconds = "forkd_controller_sandbox_start_overhead_seconds"
 )
 
@@ -63,9 +64,10 @@ const (
 	placeError      = "error"
 )
 
-// placeTimed is Cluster.Place, timed into MetricPlacementSeconds; a
-// decision also starts the sandbox's clock for MetricStartOverheadSeconds.
-func (r *SandboxReconciler) placeTimed(sb *v1.Sandbox, req placement.Request) (placement.Decision, error) {
+// placeTimed is Cluster.Place, timed into MetricPlacementSeconds. It
+// returns when the decision began: the caller starts the sandbox's clock
+// for MetricStartOverheadSeconds (starts.begin) once it knows its UID.
+func (r *SandboxReconciler) placeTimed(req placement.Request) (placement.Decision, time.Time, error) {
 	began := time.Now()
 	d, err := r.Cluster.Place(req)
 	took := time.Since(began)
@@ -79,10 +81,7 @@ func (r *SandboxReconciler) placeTimed(sb *v1.Sandbox, req placement.Request) (p
 		result = placePull
 	}
 	placementSeconds.WithLabelValues(result).Observe(took.Seconds())
-	if err == nil {
-		starts.begin(sb.UID, began, d.Pull)
-	}
-	return d, err
+	return d, began, err
 }
 
 // observeRunning ends a sandbox's clock once its Running status is

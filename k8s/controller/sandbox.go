@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -162,14 +163,29 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	return r.check(ctx, key, &sb)
 }
 
-// place picks the node and records it in the status before any fork.
+// place picks the node and records it before any fork: in the status,
+// or, for a Sandbox bound in its spec (spec.nodeName: pinned by its
+// author, or by its claim, see Preplace) to a node that holds its
+// snapshot, in the spec already, so the fork's status write records the
+// rest and none is made before it.
 func (r *SandboxReconciler) place(ctx context.Context, key string, sb *v1.Sandbox) (bool, ctrl.Result, error) {
 	retry := ctrl.Result{RequeueAfter: durationOr(r.RetryInterval, 15*time.Second)}
 	mem := r.memoryFor(sb)
 	var d placement.Decision
 	reason, msg := ReasonPlaced, ""
-	if pin := sb.Spec.NodeName; pin != "" {
-		if r.Nodes.State(pin) != NodeUp {
+	pin := sb.Spec.NodeName
+	if pin != "" {
+		switch r.Nodes.State(pin) {
+		case NodeUp:
+		case NodeUnknown:
+			if r.Nodes.Settled() {
+				// As Kubernetes' pod GC treats a Pod bound to a node that
+				// does not exist: its claim, if any, may replace it.
+				return false, ctrl.Result{}, r.setLostWith(ctx, key, sb,
+					fmt.Sprintf("spec.nodeName %q: no forkd daemon runs there (a node gone, or never in the cluster)", pin))
+			}
+			fallthrough
+		default:
 			r.setCondition(sb, v1.ConditionPlaced, metav1.ConditionFalse, ReasonNodeNotReady,
 				fmt.Sprintf("spec.nodeName %q: no forkd daemon there has answered yet", pin))
 			return false, retry, r.updateStatus(ctx, sb)
@@ -186,13 +202,17 @@ func (r *SandboxReconciler) place(ctx context.Context, key string, sb *v1.Sandbo
 		}
 		reason, msg = ReasonPinned, "spec.nodeName"
 	} else {
+		var began time.Time
 		var err error
-		d, err = r.placeTimed(sb, placement.Request{
+		d, began, err = r.placeTimed(placement.Request{
 			Key:         key,
 			Snapshot:    sb.Spec.Snapshot.Tag,
 			MemoryBytes: mem,
 			Pullable:    sb.Spec.Snapshot.Image != "",
 		})
+		if err == nil {
+			starts.begin(sb.UID, began, d.Pull)
+		}
 		if errors.Is(err, placement.ErrNoCapacity) {
 			sb.Status.Phase = v1.SandboxPending
 			r.setCondition(sb, v1.ConditionPlaced, metav1.ConditionFalse, v1.ReasonNoCapacity, err.Error())
@@ -211,6 +231,9 @@ func (r *SandboxReconciler) place(ctx context.Context, key string, sb *v1.Sandbo
 	}
 	r.setCondition(sb, v1.ConditionPlaced, metav1.ConditionTrue, reason,
 		fmt.Sprintf("node %s chosen by %s (%d bytes reserved; pull first: %v)", d.Node, msg, mem, d.Pull))
+	if pin != "" && !d.Pull {
+		return true, ctrl.Result{}, nil // the spec records the node
+	}
 	if err := r.updateStatus(ctx, sb); err != nil {
 		// The status (and so the decision) was not recorded: forget it,
 		// the next reconcile places again.
@@ -218,6 +241,43 @@ func (r *SandboxReconciler) place(ctx context.Context, key string, sb *v1.Sandbo
 		return false, ctrl.Result{}, err
 	}
 	return true, ctrl.Result{}, nil
+}
+
+// Preplace places a Sandbox its creator (a claim) is about to create:
+// when a ready node holding its snapshot has room, it reserves the room
+// there and names the node in spec.nodeName, so the Sandbox is created
+// bound, as a Pod the scheduler has bound, and its fork needs no status
+// write before it (see place): one apiserver write fewer on the way to a
+// running claim. Otherwise (a node would pull first, or none has room)
+// the Sandbox is created unbound and Reconcile places it, with its
+// conditions. created must be called with Create's error: a failed
+// Create gives the room back.
+func (r *SandboxReconciler) Preplace(sb *v1.Sandbox) (created func(error)) {
+	if sb.Spec.NodeName != "" {
+		return func(error) {}
+	}
+	key := types.NamespacedName{Namespace: sb.Namespace, Name: sb.Name}.String()
+	d, began, err := r.placeTimed(placement.Request{Key: key, Snapshot: sb.Spec.Snapshot.Tag, MemoryBytes: r.memoryFor(sb)})
+	if err != nil {
+		return func(error) {}
+	}
+	if d.Pull {
+		// A node already pulling it: Reconcile places it with the
+		// Pulling phase shown.
+		r.Cluster.Release(key)
+		return func(error) {}
+	}
+	sb.Spec.NodeName = d.Node
+	return func(err error) {
+		switch {
+		case err == nil:
+			starts.begin(sb.UID, began, false)
+		case apierrors.IsAlreadyExists(err):
+			// Place answered the existing Sandbox's reservation.
+		default:
+			r.Cluster.Release(key)
+		}
+	}
 }
 
 // memoryFor is what placement reserves for a sandbox: its blueprint's
@@ -281,8 +341,8 @@ func (r *SandboxReconciler) finalize(ctx context.Context, key string, sb *v1.San
 		r.Cluster.Release(key)
 		return ctrl.Result{}, nil
 	}
-	if sb.Status.Phase != v1.SandboxLost && sb.Status.Phase != v1.SandboxEnded && sb.Status.NodeName != "" {
-		switch r.Nodes.State(sb.Status.NodeName) {
+	if node := BoundNode(sb); sb.Status.Phase != v1.SandboxLost && sb.Status.Phase != v1.SandboxEnded && node != "" {
+		switch r.Nodes.State(node) {
 		case NodeUp:
 			if err := r.deleteOnNode(ctx, sb); err != nil {
 				return ctrl.Result{}, err

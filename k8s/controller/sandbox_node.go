@@ -182,10 +182,11 @@ func (r *SandboxReconciler) check(ctx context.Context, key string, sb *v1.Sandbo
 // the fork's answer was never recorded, every sandbox the node holds with
 // this object's UID in its metadata. A lost node has nothing to delete.
 func (r *SandboxReconciler) deleteOnNode(ctx context.Context, sb *v1.Sandbox) error {
-	if sb.Status.NodeName == "" {
+	node := BoundNode(sb)
+	if node == "" {
 		return nil
 	}
-	c, ok := r.Nodes.Client(sb.Status.NodeName)
+	c, ok := r.Nodes.Client(node)
 	if !ok {
 		return nil
 	}
@@ -208,11 +209,26 @@ func (r *SandboxReconciler) deleteOnNode(ctx context.Context, sb *v1.Sandbox) er
 
 // setLost marks one Sandbox Lost with its node.
 func (r *SandboxReconciler) setLost(ctx context.Context, key string, sb *v1.Sandbox) error {
+	return r.setLostWith(ctx, key, sb, fmt.Sprintf("node %s stopped reporting; the sandbox is gone with it", BoundNode(sb)))
+}
+
+// setLostWith marks one Sandbox Lost with its node, saying msg.
+func (r *SandboxReconciler) setLostWith(ctx context.Context, key string, sb *v1.Sandbox, msg string) error {
 	r.Cluster.Release(key)
+	sb.Status.NodeName = BoundNode(sb)
 	sb.Status.Phase = v1.SandboxLost
-	r.setCondition(sb, v1.ConditionReady, metav1.ConditionFalse, v1.ReasonNodeLost,
-		fmt.Sprintf("node %s stopped reporting; the sandbox is gone with it", sb.Status.NodeName))
+	r.setCondition(sb, v1.ConditionReady, metav1.ConditionFalse, v1.ReasonNodeLost, msg)
 	return r.updateStatus(ctx, sb)
+}
+
+// BoundNode is the node a Sandbox is bound to: its status's, else its
+// spec's (a Sandbox created bound may fork there before its status names
+// the node, see SandboxReconciler.place).
+func BoundNode(sb *v1.Sandbox) string {
+	if sb.Status.NodeName != "" {
+		return sb.Status.NodeName
+	}
+	return sb.Spec.NodeName
 }
 
 // live says a phase still has a microVM (or is making one) on its node.
@@ -229,7 +245,7 @@ func (r *SandboxReconciler) MarkNodeLost(ctx context.Context, node string, _ []s
 	}
 	for i := range list.Items {
 		sb := &list.Items[i]
-		if sb.Status.NodeName != node || !live(sb.Status.Phase) {
+		if BoundNode(sb) != node || !live(sb.Status.Phase) {
 			continue
 		}
 		nn := types.NamespacedName{Namespace: sb.Namespace, Name: sb.Name}
@@ -238,7 +254,7 @@ func (r *SandboxReconciler) MarkNodeLost(ctx context.Context, node string, _ []s
 			if err := r.Client.Get(ctx, nn, &cur); err != nil {
 				return err
 			}
-			if cur.Status.NodeName != node || !live(cur.Status.Phase) {
+			if BoundNode(&cur) != node || !live(cur.Status.Phase) {
 				return nil
 			}
 			return r.setLost(ctx, nn.String(), &cur)
@@ -260,7 +276,7 @@ func (r *SandboxReconciler) BindNode(ctx context.Context, node string) {
 	}
 	for i := range list.Items {
 		sb := &list.Items[i]
-		if sb.Status.NodeName == node && live(sb.Status.Phase) && sb.DeletionTimestamp.IsZero() {
+		if BoundNode(sb) == node && live(sb.Status.Phase) && sb.DeletionTimestamp.IsZero() {
 			key := types.NamespacedName{Namespace: sb.Namespace, Name: sb.Name}.String()
 			if err := r.Cluster.Bind(key, node, r.memoryFor(sb)); err != nil {
 				r.Log.Error(err, "rebinding a Sandbox", "sandbox", key)
@@ -269,7 +285,8 @@ func (r *SandboxReconciler) BindNode(ctx context.Context, node string) {
 	}
 }
 
-// IndexNodeName indexes Sandboxes by status.nodeName, so a node's
+// IndexNodeName indexes Sandboxes by the node they are bound to
+// (BoundNode: status.nodeName, else spec.nodeName), so a node's
 // Sandboxes are found without listing every one (a node lost or back
 // after a restart: O(its sandboxes), not O(all of them), which at 1,000
 // nodes and 30,000 Sandboxes took minutes; docs/SCALE.md).
@@ -278,8 +295,8 @@ const IndexNodeName = "status.nodeName"
 // NodeNameOf is the index function of IndexNodeName.
 func NodeNameOf(o client.Object) []string {
 	sb, ok := o.(*v1.Sandbox)
-	if !ok || sb.Status.NodeName == "" {
+	if !ok || BoundNode(sb) == "" {
 		return nil
 	}
-	return []string{sb.Status.NodeName}
+	return []string{BoundNode(sb)}
 }

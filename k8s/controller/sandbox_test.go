@@ -73,7 +73,7 @@ func newTestEnv(t *testing.T, specs ...nodeSpec) *testEnv {
 	e.sbr = &SandboxReconciler{Client: c, Cluster: cluster, Nodes: e.nodes, Log: log,
 		Now: func() time.Time { return e.now }}
 	e.nodes.OnNodeUp, e.nodes.OnNodeLost = e.sbr.BindNode, e.sbr.MarkNodeLost
-	e.claims = &ClaimReconciler{Client: c, Scheme: scheme, Log: log}
+	e.claims = &ClaimReconciler{Client: c, Scheme: scheme, Preplacer: e.sbr, Log: log}
 	e.pools = &WarmPoolReconciler{Client: c, Scheme: scheme, Log: log}
 	e.poll()
 	return e

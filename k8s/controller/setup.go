@@ -89,7 +89,7 @@ func Setup(mgr ctrl.Manager, o Options) (*Controllers, error) {
 	}
 	nodes.OnNodeUp = sbr.BindNode
 	nodes.OnNodeLost = sbr.MarkNodeLost
-	cr := &ClaimReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Log: log.WithName("claim")}
+	cr := &ClaimReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Preplacer: sbr, Log: log.WithName("claim")}
 	pr := &WarmPoolReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Log: log.WithName("warmpool")}
 
 	if err := mgr.Add(nodes); err != nil {

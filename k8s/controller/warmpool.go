@@ -164,6 +164,7 @@ func (r *WarmPoolReconciler) fill(ctx context.Context, pool *v1.SandboxWarmPool,
 		if err := controllerutil.SetControllerReference(pool, sb, r.Scheme); err != nil {
 			return ctrl.Result{}, err
 		}
+		controllerutil.AddFinalizer(sb, Finalizer)
 		if err := r.Client.Create(ctx, sb); err != nil {
 			return ctrl.Result{}, fmt.Errorf("warm pool %s: creating a Sandbox: %w", key, err)
 		}

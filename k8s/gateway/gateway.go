@@ -38,6 +38,10 @@ type Gateway struct {
 	Client client.Client
 	Nodes  Nodes
 	Tokens *Tokens
+	// Preplacer, when set, binds each Sandbox to a node before it is
+	// created (controller.SandboxReconciler.Preplace): a status write
+	// fewer before its fork.
+	Preplacer controller.Preplacer
 	// DefaultNamespace holds the sandboxes of tokens without a tenant
 	// (admins).
 	DefaultNamespace string

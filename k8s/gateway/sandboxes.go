@@ -94,7 +94,12 @@ func (g *Gateway) fork(w http.ResponseWriter, r *http.Request, c caller) {
 	var names []string
 	for i := range req.Count {
 		sb := sandboxFor(c.namespace, group, i, req)
+		created := func(error) {}
+		if g.Preplacer != nil {
+			created = g.Preplacer.Preplace(sb)
+		}
 		err := g.Client.Create(r.Context(), sb)
+		created(err)
 		if apierrors.IsAlreadyExists(err) && r.Header.Get("Idempotency-Key") != "" {
 			err = nil // a retry: the first request's object
 		}
@@ -138,6 +143,8 @@ func sandboxFor(namespace, group string, i int, req forkRequest) *v1.Sandbox {
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: namespace, Name: group + "-" + strconv.Itoa(i),
 			Labels: map[string]string{LabelFork: group},
+			// So the controller has no write to make for it.
+			Finalizers: []string{controller.Finalizer},
 		},
 	}
 	sb.Spec.Snapshot.Tag = req.Tag
