@@ -36,7 +36,7 @@ DEB_VERSION ?= $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null) &
 NFPM      ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
 DIST_NAME := forkd-$(DEB_VERSION)-linux-amd64
 
-.PHONY: all build deps test-deps quickstart test test-k8s test-load unit integration vet fmt bench clean install uninstall deb dist
+.PHONY: all build deps test-deps quickstart test test-k8s test-load unit integration vet fmt bench clean install uninstall deb dist images
 
 all: build
 
@@ -124,6 +124,13 @@ deb: build
 	mkdir -p dist
 	DEB_VERSION='$(DEB_VERSION)' $(NFPM) package --config packaging/nfpm.yaml --packager deb \
 		--target dist/forkd_$(DEB_VERSION)_amd64.deb
+
+# images: the node daemon's and the controller's container images as
+# docker-archive tarballs in dist/images/ (packaging/images.sh: no
+# container runtime; needs root and the Debian mirror). REGISTRY and
+# IMAGE_TAG name them (default ghcr.io/forkd-dev, the version).
+images: build deb
+	VERSION='$(VERSION)' DEB_VERSION='$(DEB_VERSION)' GO='$(GO)' ./packaging/images.sh
 
 # dist: a release tarball laid out as `make install` lays out / (extract it
 # with tar -C /, or anywhere and run usr/bin/forkd), and SHA256SUMS.
