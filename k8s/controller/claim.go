@@ -28,13 +28,20 @@ const (
 	LabelClaim    = "forkd.dev/claim"
 	LabelPool     = "forkd.dev/pool"
 	LabelTemplate = "forkd.dev/template"
+	// LabelTemplateHash is on a pool's Sandboxes: the TemplateHash of
+	// the template's spec they were forked from.
+	LabelTemplateHash = "forkd.dev/template-hash"
 )
 
 // Claim condition types and reasons.
 const (
 	ReasonTemplateNotFound = "TemplateNotFound"
-	ReasonSandboxGone      = "SandboxGone"
-	ReasonNameTaken        = "NameTaken"
+	// Warm pool Ready reasons (besides TemplateNotFound).
+	ReasonRollingOut  = "RollingOut"
+	ReasonFilling     = "Filling"
+	ReasonPoolReady   = "Ready"
+	ReasonSandboxGone = "SandboxGone"
+	ReasonNameTaken   = "NameTaken"
 	// ReasonSandboxLost: the claim's Sandbox was lost with its node and
 	// lostPolicy is Fail.
 	ReasonSandboxLost = "SandboxLost"
@@ -327,14 +334,12 @@ func (r *ClaimReconciler) updateStatus(ctx context.Context, c *v1.SandboxClaim, 
 // equalClaimStatus compares two statuses, ignoring condition times
 // (SetStatusCondition keeps a condition's time while its status holds).
 func equalClaimStatus(a, b *v1.SandboxClaimStatus) bool {
-	if a.Sandbox != b.Sandbox || a.Replacements != b.Replacements || len(a.Conditions) != len(b.Conditions) {
-		return false
-	}
-	for i := range a.Conditions {
-		x, y := a.Conditions[i], b.Conditions[i]
-		if x.Type != y.Type || x.Status != y.Status || x.Reason != y.Reason || x.Message != y.Message || x.ObservedGeneration != y.ObservedGeneration {
-			return false
-		}
-	}
-	return true
+	return a.Sandbox == b.Sandbox && a.Replacements == b.Replacements && equalConditions(a.Conditions, b.Conditions)
+}
+
+// equalConditions compares conditions, ignoring their times.
+func equalConditions(a, b []metav1.Condition) bool {
+	return slices.EqualFunc(a, b, func(x, y metav1.Condition) bool {
+		return x.Type == y.Type && x.Status == y.Status && x.Reason == y.Reason && x.Message == y.Message && x.ObservedGeneration == y.ObservedGeneration
+	})
 }

@@ -54,7 +54,25 @@ func (r *ClaimReconciler) takeFromPool(ctx context.Context, claim *v1.SandboxCla
 			otherTimeouts++
 		}
 	}
-	slices.SortFunc(candidates, func(a, b *v1.Sandbox) int { return cmp.Compare(a.Name, b.Name) })
+	// A pool rolling out a changed template still holds Sandboxes of its
+	// earlier spec: the current ones go first, then by name.
+	current := map[string]string{} // pool name -> its template hash
+	for _, p := range pools {
+		current[p.Name] = p.Status.TemplateHash
+	}
+	isCurrent := func(sb *v1.Sandbox) bool {
+		h := current[sb.Labels[LabelPool]]
+		return h != "" && sb.Labels[LabelTemplateHash] == h
+	}
+	slices.SortFunc(candidates, func(a, b *v1.Sandbox) int {
+		if ca, cb := isCurrent(a), isCurrent(b); ca != cb {
+			if ca {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(a.Name, b.Name)
+	})
 	for _, sb := range candidates {
 		taken, err := r.take(ctx, claim, sb, pools)
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 
 	v1 "github.com/forkd-dev/forkd/k8s/api/v1alpha1"
 	"github.com/forkd-dev/forkd/k8s/placement"
@@ -124,10 +125,12 @@ func Setup(mgr ctrl.Manager, o Options) (*Controllers, error) {
 		return nil, err
 	}
 	// A claim taking a pool's Sandbox changes its controller: Owns wakes
-	// both the claim and the pool, which forks a replacement.
+	// both the claim and the pool, which forks a replacement. A template
+	// changed (or created) wakes the pools forking it, which roll it out.
 	if err := ctrl.NewControllerManagedBy(mgr).
 		For(&v1.SandboxWarmPool{}).
 		Owns(&v1.Sandbox{}).
+		Watches(&v1.SandboxTemplate{}, handler.EnqueueRequestsFromMapFunc(pr.poolsOfTemplate)).
 		Named("sandboxwarmpool").
 		Complete(pr); err != nil {
 		return nil, err

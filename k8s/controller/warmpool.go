@@ -3,6 +3,9 @@ package controller
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sync"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -17,6 +21,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1 "github.com/forkd-dev/forkd/k8s/api/v1alpha1"
 )
@@ -50,7 +55,8 @@ type WarmPoolReconciler struct {
 // expectTTL is how long a created Sandbox counts before a read shows it.
 const expectTTL = time.Minute
 
-// Reconcile brings one pool to its replicas.
+// Reconcile brings one pool to its replicas of its template as it is now
+// (see rollout).
 func (r *WarmPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var pool v1.SandboxWarmPool
 	if err := r.Client.Get(ctx, req.NamespacedName, &pool); err != nil {
@@ -84,38 +90,147 @@ func (r *WarmPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	if err := r.deleteAll(ctx, dead); err != nil {
 		return ctrl.Result{}, err
 	}
+	st := pool.Status.DeepCopy()
+	var tmpl v1.SandboxTemplate
+	tn := types.NamespacedName{Namespace: pool.Namespace, Name: pool.Spec.TemplateRef.Name}
+	if err := r.Client.Get(ctx, tn, &tmpl); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, err
+		}
+		// Its Sandboxes stay (claims may take them); it forks no more.
+		st.Replicas, st.ReadyReplicas, st.UpdatedReplicas = countPool(alive, st.TemplateHash)
+		r.setCondition(&pool, st, metav1.ConditionFalse, ReasonTemplateNotFound,
+			fmt.Sprintf("SandboxTemplate %s not found: the pool forks no more sandboxes until it exists", tn.Name))
+		return ctrl.Result{RequeueAfter: 30 * time.Second}, r.updateStatus(ctx, &pool, st)
+	}
+	hash := TemplateHash(&tmpl)
+	var current, outdated []*v1.Sandbox
+	for _, sb := range alive {
+		if sb.Labels[LabelTemplateHash] == hash {
+			current = append(current, sb)
+		} else {
+			outdated = append(outdated, sb)
+		}
+	}
 	pending := r.created.pending(req.NamespacedName, func(name string) bool {
 		return slices.ContainsFunc(owned, func(sb *v1.Sandbox) bool { return sb.Name == name }) || r.noLongerPooled(ctx, &pool, name)
 	})
 
-	var res ctrl.Result
 	want := int(pool.Spec.Replicas)
-	switch have := len(alive) + pending; {
+	switch have := len(current) + pending; {
 	case have < want:
-		res, err = r.fill(ctx, &pool, want-have)
-	case have > want && len(alive) > 0:
-		// The surplus goes not-Running first, then by name (the same
-		// choice every time, so a stale read deletes nothing twice).
-		slices.SortFunc(alive, func(a, b *v1.Sandbox) int {
-			if ra, rb := a.Status.Phase == v1.SandboxRunning, b.Status.Phase == v1.SandboxRunning; ra != rb {
-				if ra {
-					return 1
-				}
-				return -1
-			}
-			return cmp.Compare(b.Name, a.Name)
-		})
-		n := min(have-want, len(alive))
-		err = r.deleteAll(ctx, alive[:n])
-		alive = alive[n:]
+		var made []*v1.Sandbox
+		made, err = r.fill(ctx, &pool, &tmpl, hash, want-have)
+		current = append(current, made...)
+	case have > want && len(current) > 0:
+		n := min(have-want, len(current))
+		sortSurplusFirst(current)
+		err = r.deleteAll(ctx, current[:n])
+		current = current[n:]
 	}
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if uerr := r.updateStatus(ctx, &pool, alive); uerr != nil {
-		return ctrl.Result{}, uerr
+	if outdated, err = r.rollout(ctx, want, current, outdated); err != nil {
+		return ctrl.Result{}, err
 	}
-	return res, nil
+
+	st.TemplateHash = hash
+	st.Replicas, st.ReadyReplicas, st.UpdatedReplicas = countPool(append(current, outdated...), hash)
+	switch {
+	case len(outdated) > 0:
+		r.setCondition(&pool, st, metav1.ConditionFalse, ReasonRollingOut,
+			fmt.Sprintf("%d of %d sandboxes fork SandboxTemplate %s as it is now; the %d others go as new ones run",
+				st.UpdatedReplicas, st.Replicas, tmpl.Name, len(outdated)))
+	case int(st.ReadyReplicas) < want:
+		r.setCondition(&pool, st, metav1.ConditionFalse, ReasonFilling,
+			fmt.Sprintf("%d of %d sandboxes Running", st.ReadyReplicas, want))
+	default:
+		r.setCondition(&pool, st, metav1.ConditionTrue, ReasonPoolReady,
+			fmt.Sprintf("%d sandboxes of SandboxTemplate %s Running", st.ReadyReplicas, tmpl.Name))
+	}
+	return ctrl.Result{}, r.updateStatus(ctx, &pool, st)
+}
+
+// rollout deletes outdated Sandboxes (forked from an earlier spec of the
+// template) as the current ones run: those not Running at once, Running
+// ones only while Running ones of either kind exceed want, so a pool
+// keeps serving claims through a template change. It returns the
+// outdated ones left.
+func (r *WarmPoolReconciler) rollout(ctx context.Context, want int, current, outdated []*v1.Sandbox) ([]*v1.Sandbox, error) {
+	running := func(sbs []*v1.Sandbox) int {
+		n := 0
+		for _, sb := range sbs {
+			if sb.Status.Phase == v1.SandboxRunning {
+				n++
+			}
+		}
+		return n
+	}
+	sortSurplusFirst(outdated)
+	n := len(outdated) - running(outdated) // not Running: sorted first
+	if excess := running(current) + running(outdated) - want; excess > 0 {
+		n += min(excess, running(outdated))
+	}
+	if err := r.deleteAll(ctx, outdated[:n]); err != nil {
+		return outdated, err
+	}
+	return outdated[n:], nil
+}
+
+// sortSurplusFirst orders Sandboxes as the surplus goes: not Running
+// first, then by name, descending (the same choice every time, so a stale
+// read deletes nothing twice).
+func sortSurplusFirst(sbs []*v1.Sandbox) {
+	slices.SortFunc(sbs, func(a, b *v1.Sandbox) int {
+		if ra, rb := a.Status.Phase == v1.SandboxRunning, b.Status.Phase == v1.SandboxRunning; ra != rb {
+			if ra {
+				return 1
+			}
+			return -1
+		}
+		return cmp.Compare(b.Name, a.Name)
+	})
+}
+
+// countPool counts live Sandboxes, those Running, and those of hash.
+func countPool(sbs []*v1.Sandbox, hash string) (replicas, ready, updated int32) {
+	for _, sb := range sbs {
+		replicas++
+		if sb.Status.Phase == v1.SandboxRunning {
+			ready++
+		}
+		if hash != "" && sb.Labels[LabelTemplateHash] == hash {
+			updated++
+		}
+	}
+	return replicas, ready, updated
+}
+
+// TemplateHash identifies a template's spec: what a pool's Sandboxes are
+// forked from, compared to roll a changed template out (as a Deployment's
+// pod-template-hash).
+func TemplateHash(tmpl *v1.SandboxTemplate) string {
+	b, _ := json.Marshal(tmpl.Spec)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:5])
+}
+
+// poolsOfTemplate maps a SandboxTemplate to the pools in its namespace
+// that fork it.
+func (r *WarmPoolReconciler) poolsOfTemplate(ctx context.Context, o client.Object) []reconcile.Request {
+	var pools v1.SandboxWarmPoolList
+	if err := r.Client.List(ctx, &pools, client.InNamespace(o.GetNamespace())); err != nil {
+		r.Log.Error(err, "listing the warm pools of a template", "template", o.GetName())
+		return nil
+	}
+	var out []reconcile.Request
+	for _, p := range pools.Items {
+		if p.Spec.TemplateRef.Name == o.GetName() {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&p)})
+		}
+	}
+	return out
 }
 
 // poolSandboxes lists the Sandboxes labelled with the pool and controlled
@@ -144,33 +259,27 @@ func (r *WarmPoolReconciler) noLongerPooled(ctx context.Context, pool *v1.Sandbo
 	return !metav1.IsControlledBy(&sb, pool)
 }
 
-// fill creates n Sandboxes from the pool's template.
-func (r *WarmPoolReconciler) fill(ctx context.Context, pool *v1.SandboxWarmPool, n int) (ctrl.Result, error) {
-	var tmpl v1.SandboxTemplate
-	tn := types.NamespacedName{Namespace: pool.Namespace, Name: pool.Spec.TemplateRef.Name}
-	if err := r.Client.Get(ctx, tn, &tmpl); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.Log.Info("warm pool's template not found", "pool", pool.Name, "template", tn.Name)
-			return ctrl.Result{RequeueAfter: 30 * time.Second}, nil
-		}
-		return ctrl.Result{}, err
-	}
+// fill creates n Sandboxes from the pool's template, whose spec hashes
+// to hash, and returns those it created.
+func (r *WarmPoolReconciler) fill(ctx context.Context, pool *v1.SandboxWarmPool, tmpl *v1.SandboxTemplate, hash string, n int) ([]*v1.Sandbox, error) {
 	key := client.ObjectKeyFromObject(pool)
+	var made []*v1.Sandbox
 	for range n {
-		sb := sandboxFromTemplate(&tmpl, nil)
+		sb := sandboxFromTemplate(tmpl, nil)
 		sb.Namespace = pool.Namespace
 		sb.GenerateName = pool.Name + "-"
-		sb.Labels = map[string]string{LabelPool: pool.Name, LabelTemplate: tmpl.Name}
+		sb.Labels = map[string]string{LabelPool: pool.Name, LabelTemplate: tmpl.Name, LabelTemplateHash: hash}
 		if err := controllerutil.SetControllerReference(pool, sb, r.Scheme); err != nil {
-			return ctrl.Result{}, err
+			return made, err
 		}
 		controllerutil.AddFinalizer(sb, Finalizer)
 		if err := r.Client.Create(ctx, sb); err != nil {
-			return ctrl.Result{}, fmt.Errorf("warm pool %s: creating a Sandbox: %w", key, err)
+			return made, fmt.Errorf("warm pool %s: creating a Sandbox: %w", key, err)
 		}
 		r.created.add(key, sb.Name)
+		made = append(made, sb)
 	}
-	return ctrl.Result{}, nil
+	return made, nil
 }
 
 // deleteAll deletes Sandboxes as they were read: a Sandbox changed since
@@ -207,21 +316,23 @@ func (r *WarmPoolReconciler) deleteOrphans(ctx context.Context, pool types.Names
 	return r.deleteAll(ctx, orphans)
 }
 
-// updateStatus writes replicas, readyReplicas and the selector if changed.
-func (r *WarmPoolReconciler) updateStatus(ctx context.Context, pool *v1.SandboxWarmPool, live []*v1.Sandbox) error {
-	st := v1.SandboxWarmPoolStatus{
-		Replicas: int32(len(live)),
-		Selector: labels.SelectorFromSet(labels.Set{LabelPool: pool.Name}).String(),
-	}
-	for _, sb := range live {
-		if sb.Status.Phase == v1.SandboxRunning {
-			st.ReadyReplicas++
-		}
-	}
-	if pool.Status == st {
+// setCondition sets the pool's Ready condition in st.
+func (r *WarmPoolReconciler) setCondition(pool *v1.SandboxWarmPool, st *v1.SandboxWarmPoolStatus, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{
+		Type: v1.ConditionReady, Status: status, Reason: reason, Message: msg, ObservedGeneration: pool.Generation,
+	})
+}
+
+// updateStatus writes st, with the selector, if it differs from the
+// pool's (condition times aside).
+func (r *WarmPoolReconciler) updateStatus(ctx context.Context, pool *v1.SandboxWarmPool, st *v1.SandboxWarmPoolStatus) error {
+	st.Selector = labels.SelectorFromSet(labels.Set{LabelPool: pool.Name}).String()
+	old := pool.Status
+	if old.Replicas == st.Replicas && old.ReadyReplicas == st.ReadyReplicas && old.UpdatedReplicas == st.UpdatedReplicas &&
+		old.Selector == st.Selector && old.TemplateHash == st.TemplateHash && equalConditions(old.Conditions, st.Conditions) {
 		return nil
 	}
-	pool.Status = st
+	pool.Status = *st
 	return r.Client.Status().Update(ctx, pool)
 }
 

@@ -29,6 +29,26 @@ type SandboxWarmPoolStatus struct {
 	// selector selects the pool's Sandboxes (for the scale subresource).
 	// +optional
 	Selector string `json:"selector,omitempty"`
+
+	// templateHash identifies the template's spec the pool forks now; its
+	// Sandboxes carry it in the label forkd.dev/template-hash.
+	// +optional
+	TemplateHash string `json:"templateHash,omitempty"`
+
+	// updatedReplicas is how many of its sandboxes were forked from the
+	// template's spec as it is now. A changed template is rolled out:
+	// new sandboxes are forked, and the old ones deleted as the new ones
+	// run (claims meanwhile take new ones first).
+	// +optional
+	UpdatedReplicas int32 `json:"updatedReplicas,omitempty"`
+
+	// conditions: Ready (True: replicas sandboxes of the current
+	// template run; False with reason TemplateNotFound, RollingOut or
+	// Filling).
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // SandboxWarmPool keeps forked sandboxes ready for claims. On forkd a pool
