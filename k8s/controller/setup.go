@@ -57,8 +57,11 @@ type Options struct {
 
 // Controllers are the parts Setup made.
 type Controllers struct {
-	Cluster   *placement.Cluster
-	Nodes     *NodeView
+	Cluster *placement.Cluster
+	Nodes   *NodeView
+	// Daemons finds the node daemons without the NodeView, on any
+	// replica (the cluster gateway's).
+	Daemons   *AddressBook
 	Sandboxes *SandboxReconciler
 	Claims    *ClaimReconciler
 	Pools     *WarmPoolReconciler
@@ -135,5 +138,6 @@ func Setup(mgr ctrl.Manager, o Options) (*Controllers, error) {
 		Complete(pr); err != nil {
 		return nil, err
 	}
-	return &Controllers{Cluster: cluster, Nodes: nodes, Sandboxes: sbr, Claims: cr, Pools: pr}, nil
+	book := &AddressBook{Discovery: o.Discovery, Token: o.Token, HTTP: o.HTTP}
+	return &Controllers{Cluster: cluster, Nodes: nodes, Daemons: book, Sandboxes: sbr, Claims: cr, Pools: pr}, nil
 }

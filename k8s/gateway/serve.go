@@ -10,14 +10,21 @@ import (
 	"time"
 )
 
-// Server serves a Gateway on Addr: a manager.Runnable, so it runs on the
-// elected controller (whose node view it proxies through) and stops with
-// it. Off loopback it needs CertFile and KeyFile: tokens travel in it.
+// Server serves a Gateway on Addr: a manager.Runnable that runs on every
+// replica, elected or not (NeedLeaderElection), so the Service in front
+// of the controller's replicas reaches a gateway on each; it reads
+// Sandboxes from the replica's cache, creates them for the elected
+// replica to place and fork, and finds the daemons through an
+// AddressBook. Off loopback it needs CertFile and KeyFile: tokens travel
+// in it.
 type Server struct {
 	Gateway           *Gateway
 	Addr              string
 	CertFile, KeyFile string
 }
+
+// NeedLeaderElection says the gateway serves on every replica.
+func (s *Server) NeedLeaderElection() bool { return false }
 
 // Start listens and serves until ctx ends, then shuts down gracefully
 // (open streams get 30 s).

@@ -131,7 +131,7 @@ func run() error {
 		}
 		if err := mgr.Add(&gateway.Server{
 			Gateway: &gateway.Gateway{
-				Client: mgr.GetClient(), Nodes: parts.Nodes, Tokens: toks, DefaultNamespace: *gwNamespace, Preplacer: parts.Sandboxes,
+				Client: mgr.GetClient(), Nodes: parts.Daemons, Tokens: toks, DefaultNamespace: *gwNamespace, Preplacer: parts.Sandboxes,
 				Version: "forkd-controller", Log: ctrl.Log.WithName("gateway"),
 			},
 			Addr: *gwListen, CertFile: *gwCert, KeyFile: *gwKey,

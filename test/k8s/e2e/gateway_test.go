@@ -46,7 +46,7 @@ func startGateway(ctx context.Context, t *testing.T, mgr ctrl.Manager, parts *co
 		t.Fatal(err)
 	}
 	g := &gateway.Gateway{
-		Client: mgr.GetClient(), Nodes: parts.Nodes, Tokens: toks, DefaultNamespace: claimNS,
+		Client: mgr.GetClient(), Nodes: parts.Daemons, Preplacer: parts.Sandboxes, Tokens: toks, DefaultNamespace: claimNS,
 		ReadyTimeout: readyTimeout, Version: "e2e", Log: ctrl.Log.WithName("gateway"),
 	}
 	srv := httptest.NewServer(g.Handler())

@@ -1,0 +1,55 @@
+package controller
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// AddressBook gives a client for each node's daemon as Discovery finds it
+// (PodDiscovery reading the manager's cache), without polling the
+// daemons: what the cluster gateway needs on every replica, where the
+// NodeView, which polls them for placement, runs on the elected one
+// only. A lookup is served from the last discovery while it is younger
+// than MaxAge (default 5 s); a node it does not name makes a fresh one,
+// at most once a second.
+type AddressBook struct {
+	Discovery Discovery
+	// Token and HTTP are the NodeView's (Options.Token, Options.HTTP).
+	Token  string
+	HTTP   *http.Client
+	MaxAge time.Duration
+
+	mu      sync.Mutex
+	at      time.Time
+	clients map[string]*NodeClient
+}
+
+// missRefresh is how soon after a discovery a miss may make another.
+const missRefresh = time.Second
+
+// Client returns a client for node's daemon, or false when discovery
+// finds none there.
+func (b *AddressBook) Client(node string) (*NodeClient, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	age := time.Since(b.at)
+	c, ok := b.clients[node]
+	if b.clients != nil && (age < missRefresh || (ok && age < durationOr(b.MaxAge, 5*time.Second))) {
+		return c, ok
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	eps, err := b.Discovery.Discover(ctx)
+	if err != nil {
+		return c, ok // the last known, if any
+	}
+	b.clients = make(map[string]*NodeClient, len(eps))
+	for _, ep := range eps {
+		b.clients[ep.Node] = &NodeClient{Base: ep.URL, Token: b.Token, HTTP: b.HTTP}
+	}
+	b.at = time.Now()
+	c, ok = b.clients[node]
+	return c, ok
+}
