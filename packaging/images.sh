@@ -48,7 +48,9 @@ labels=(--label "org.opencontainers.image.source=https://github.com/forkd-dev/fo
   --label "org.opencontainers.image.title=forkd-controller" "${labels[@]}"
 
 # The node daemon: Debian with forkd's .deb installed by apt, so the image
-# holds exactly what the package depends on.
+# holds exactly what the package depends on. The package lists stay: the
+# daemon finds the guest kernel and busybox through apt when it builds a
+# recipe's image (a node that only pulls snapshots never does).
 deb=dist/forkd_${DEB_VERSION}_amd64.deb
 [ -f "$deb" ] || { echo "images: $deb missing: run make deb (make images does)" >&2; exit 1; }
 command -v mmdebstrap >/dev/null || { echo "images: mmdebstrap missing: apt-get install mmdebstrap" >&2; exit 1; }
@@ -56,8 +58,9 @@ cp "$deb" "$work/forkd.deb"
 mmdebstrap --quiet --variant=minbase --mode=root --format=tar \
   --include=ca-certificates,debian-archive-keyring \
   --customize-hook="copy-in $work/forkd.deb /tmp" \
-  --customize-hook='chroot "$1" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -t bookworm-backports /tmp/forkd.deb qemu-system-x86 qemu-system-data qemu-system-common busybox-static' \
-  --customize-hook='rm -f "$1/tmp/forkd.deb"; rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin' \
+  --customize-hook='chroot "$1" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o=Dpkg::Use-Pty=0 --no-install-recommends -t bookworm-backports /tmp/forkd.deb qemu-system-x86 qemu-system-data qemu-system-common busybox-static' \
+  --customize-hook='rm -f "$1/tmp/forkd.deb" "$1"/var/cache/apt/*.bin' \
+  --skip=cleanup/apt/lists \
   bookworm "$work/rootfs.tar" \
   "deb $MIRROR bookworm main" "deb $MIRROR bookworm-updates main" "deb $MIRROR bookworm-backports main"
 "$work/mkimage" --out "$out/forkd-$TAG.tar" --tag "$REGISTRY/forkd:$TAG" \

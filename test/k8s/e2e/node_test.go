@@ -204,7 +204,7 @@ func startNode(t *testing.T, name string, i int, creds *credentials, id string) 
 	// host running several daemons needs (own dirs and namespace prefix),
 	// --stop-sandboxes so that stopping it leaves no VMM behind, one
 	// pooled VMM (TCG on 2 cores), and debug logs for the fork's time.
-	n.cmd = exec.Command("nsenter", "--net="+n.netns, "--", n.forkd, "serve",
+	n.cmd = daemonCommand(t, n, []string{n.dataDir, n.runDir, creds.dir}, "serve",
 		"--data-dir", n.dataDir, "--run-dir", n.runDir,
 		"--netns-prefix", fmt.Sprintf("fe%s%d-", id, i),
 		"--listen", net.JoinHostPort(n.ip, "7070"),
