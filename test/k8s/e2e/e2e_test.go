@@ -3,7 +3,6 @@ package e2e_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -142,7 +141,7 @@ func TestControllerWithRealDaemons(t *testing.T) {
 		t.Errorf("sandbox %s has netns %q, guest_ip %q: want its own network", sb.SandboxID, info.Netns, info.GuestIP)
 	}
 	t.Logf("claim created -> Ready (node %s, %s): %v; daemon's POST /v1/sandboxes: %v (sandbox ready_ms %.1f, pooled %v); "+
-		"controller overhead over the single-host fork: %v (issue target <= 50ms; Ready polled every 20 ms)",
+		"controller overhead over the single-host fork: %v (issue target <= 50ms; Ready seen by a watch)",
 		sb.NodeName, sb.SandboxID, readyIn.Round(time.Millisecond), fork.Round(100*time.Microsecond), info.ReadyMs, info.Pooled,
 		(readyIn - fork).Round(time.Millisecond))
 
@@ -332,8 +331,8 @@ func startController(ctx context.Context, t *testing.T, cfg *rest.Config, scheme
 
 // claimAndWait creates a claim of the template and waits until it is Ready
 // on the node want; it returns the claim and the time from create to Ready
-// as seen by polling the apiserver every 20 ms.
-func claimAndWait(ctx context.Context, t *testing.T, c client.Client, name, template string, want *node) (*v1.SandboxClaim, time.Duration) {
+// as a watch on the claim sees it (opened before the create).
+func claimAndWait(ctx context.Context, t *testing.T, c client.WithWatch, name, template string, want *node) (*v1.SandboxClaim, time.Duration) {
 	t.Helper()
 	claim := &v1.SandboxClaim{
 		ObjectMeta: metav1.ObjectMeta{Namespace: claimNS, Name: name},
@@ -344,26 +343,40 @@ func claimAndWait(ctx context.Context, t *testing.T, c client.Client, name, temp
 	if err := c.List(ctx, &v1.SandboxClaimList{}, client.InNamespace(claimNS)); err != nil {
 		t.Fatal(err)
 	}
+	w, err := c.Watch(ctx, &v1.SandboxClaimList{}, client.InNamespace(claimNS), client.MatchingFields{"metadata.name": name})
+	if err != nil {
+		t.Fatalf("watch claim %s: %v", name, err)
+	}
+	defer w.Stop()
 	began := time.Now()
 	if err := c.Create(ctx, claim); err != nil {
 		t.Fatalf("create claim %s: %v", name, err)
 	}
-	var readyIn time.Duration
-	waitFor(t, readyTimeout, "claim "+name+" to be Ready", func() (bool, error) {
-		if err := c.Get(ctx, client.ObjectKeyFromObject(claim), claim); err != nil {
-			return false, err
+	deadline := time.NewTimer(readyTimeout)
+	defer deadline.Stop()
+	for {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatalf("the watch on claim %s ended before it was Ready", name)
+			}
+			got, isClaim := ev.Object.(*v1.SandboxClaim)
+			if !isClaim || !meta.IsStatusConditionTrue(got.Status.Conditions, v1.ConditionReady) {
+				continue
+			}
+			readyIn := time.Since(began)
+			if got.Status.Sandbox.NodeName != want.name {
+				t.Fatalf("claim %s Ready on %q, want %s (the only node holding %s): %+v",
+					name, got.Status.Sandbox.NodeName, want.name, snapshotTag, got.Status)
+			}
+			return got, readyIn
+		case <-deadline.C:
+			if err := c.Get(ctx, client.ObjectKeyFromObject(claim), claim); err != nil {
+				t.Fatalf("claim %s not Ready within %v: %v", name, readyTimeout, err)
+			}
+			t.Fatalf("claim %s not Ready within %v: %+v", name, readyTimeout, claim.Status)
 		}
-		if !meta.IsStatusConditionTrue(claim.Status.Conditions, v1.ConditionReady) {
-			return false, nil
-		}
-		readyIn = time.Since(began)
-		if claim.Status.Sandbox.NodeName != want.name {
-			return false, fmt.Errorf("claim %s Ready on %q, want %s (the only node holding %s): %+v",
-				name, claim.Status.Sandbox.NodeName, want.name, snapshotTag, claim.Status)
-		}
-		return true, nil
-	})
-	return claim, readyIn
+	}
 }
 
 // deleteClaim deletes a claim and, once it is gone, the Sandboxes it
