@@ -22,6 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+[ "$(id -u)" = 0 ] || { echo "images: the daemon's root filesystem needs root (mmdebstrap --mode=root): run sudo make images" >&2; exit 1; }
 VERSION=${VERSION:?VERSION is required (make images sets it)}
 DEB_VERSION=${DEB_VERSION:?DEB_VERSION is required (make images sets it)}
 REGISTRY=${REGISTRY:-ghcr.io/forkd-dev}
