@@ -2,9 +2,12 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -66,6 +69,7 @@ func TestClaimCreatesItsSandboxBound(t *testing.T) {
 	e := newTestEnv(t,
 		nodeSpec{name: "n1", memory: 4 * gib, snapshots: map[string]int{"py": 512}},
 		nodeSpec{name: "n2", memory: 16 * gib, snapshots: map[string]int{"js": 512}})
+	e.poll() // settled: Preplace binds only then
 	writes := e.countWrites()
 	e.createTemplate("py", "py")
 	e.create(&v1.SandboxClaim{
@@ -105,6 +109,7 @@ func TestBoundSandboxLostBeforeItsFork(t *testing.T) {
 	e := newTestEnv(t,
 		nodeSpec{name: "n1", memory: 8 * gib, snapshots: map[string]int{"py": 512}},
 		nodeSpec{name: "n2", memory: 4 * gib, snapshots: map[string]int{"py": 512}})
+	e.poll()
 	e.createTemplate("py", "py")
 	e.create(&v1.SandboxClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "default"},
@@ -159,6 +164,7 @@ func TestPinnedToAnUnknownNode(t *testing.T) {
 // the cache.
 func TestClaimReadPastTheCacheBeforeItBinds(t *testing.T) {
 	e := newTestEnv(t, nodeSpec{name: "n1", memory: 8 * gib, snapshots: map[string]int{"py": 512}})
+	e.poll()
 	e.createTemplate("py", "py")
 	e.create(&v1.SandboxClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "default"},
@@ -189,5 +195,44 @@ func TestClaimReadPastTheCacheBeforeItBinds(t *testing.T) {
 	e.reconcileClaim("job")
 	if sb := e.get("job"); sb.Spec.NodeName != "n1" {
 		t.Fatalf("Sandbox %+v, want bound to n1", sb.Spec)
+	}
+}
+
+// TestPreplaceGivesBackOnlyItsOwn: Preplace binds nothing before the node
+// view has settled, nothing for a key placed already (another Sandbox of
+// that name reserves for itself), and a failed Create gives back only
+// the room Preplace reserved.
+func TestPreplaceGivesBackOnlyItsOwn(t *testing.T) {
+	e := newTestEnv(t, nodeSpec{name: "n1", memory: 8 * gib, snapshots: map[string]int{"py": 512}})
+	early := newSandbox("early", "py")
+	e.sbr.Preplace(early)
+	if early.Spec.NodeName != "" {
+		t.Fatalf("bound to %q before the node view settled", early.Spec.NodeName)
+	}
+	e.poll()
+
+	// A Sandbox named x holds a reservation; a create of another x
+	// (a retried gateway fork, a name clash) neither binds nor frees it.
+	if _, err := e.nodes.Cluster.Place(placement.Request{Key: "default/x", Snapshot: "py", MemoryBytes: gib}); err != nil {
+		t.Fatal(err)
+	}
+	x := newSandbox("x", "py")
+	e.sbr.Preplace(x)(apierrors.NewAlreadyExists(v1.GroupVersion.WithResource("sandboxes").GroupResource(), "x"))
+	if x.Spec.NodeName != "" {
+		t.Fatalf("a Sandbox whose key is placed was bound to %q", x.Spec.NodeName)
+	}
+	if _, err := e.nodes.Cluster.Place(placement.Request{Key: "default/x", Snapshot: "py", MemoryBytes: gib, OnlyNew: true}); !errors.Is(err, placement.ErrPlaced) {
+		t.Fatalf("the other Sandbox's reservation: %v, want it still held", err)
+	}
+
+	// Its own reservation, given back when the Create fails.
+	y := newSandbox("y", "py")
+	created := e.sbr.Preplace(y)
+	if y.Spec.NodeName != "n1" {
+		t.Fatalf("y bound to %q, want n1", y.Spec.NodeName)
+	}
+	created(errors.New("apiserver away"))
+	if _, err := e.nodes.Cluster.Place(placement.Request{Key: "default/y", Snapshot: "py", MemoryBytes: gib, OnlyNew: true}); err != nil {
+		t.Fatalf("y's reservation after its failed Create: %v, want it given back", err)
 	}
 }

@@ -73,6 +73,8 @@ func (r *SandboxReconciler) placeTimed(req placement.Request) (placement.Decisio
 	took := time.Since(began)
 	result := placeHolder
 	switch {
+	case errors.Is(err, placement.ErrPlaced):
+		return d, began, err // no decision made
 	case errors.Is(err, placement.ErrNoCapacity):
 		result = placeNoCapacity
 	case err != nil:

@@ -243,40 +243,41 @@ func (r *SandboxReconciler) place(ctx context.Context, key string, sb *v1.Sandbo
 	return true, ctrl.Result{}, nil
 }
 
-// Preplace places a Sandbox its creator (a claim) is about to create:
-// when a ready node holding its snapshot has room, it reserves the room
-// there and names the node in spec.nodeName, so the Sandbox is created
-// bound, as a Pod the scheduler has bound, and its fork needs no status
-// write before it (see place): one apiserver write fewer on the way to a
-// running claim. Otherwise (a node would pull first, or none has room)
-// the Sandbox is created unbound and Reconcile places it, with its
-// conditions. created must be called with Create's error: a failed
-// Create gives the room back.
+// Preplace places a Sandbox its creator (a claim, the gateway) is about
+// to create: when a ready node holding its snapshot has room, it reserves
+// the room there and names the node in spec.nodeName, so the Sandbox is
+// created bound, as a Pod the scheduler has bound, and its fork needs no
+// status write before it (see place): one apiserver write fewer on the
+// way to a running claim. Otherwise (a node would pull first, none has
+// room, the key is placed already, or the node view has not settled: on
+// a replica not elected, or just started) the Sandbox is created unbound
+// and Reconcile places it, with its conditions. created must be called
+// with Create's error: a failed Create (AlreadyExists included: that
+// object reserves for itself) gives back the room Preplace reserved, and
+// only that.
 func (r *SandboxReconciler) Preplace(sb *v1.Sandbox) (created func(error)) {
-	if sb.Spec.NodeName != "" {
-		return func(error) {}
+	noop := func(error) {}
+	if sb.Spec.NodeName != "" || !r.Nodes.Settled() {
+		return noop
 	}
 	key := types.NamespacedName{Namespace: sb.Namespace, Name: sb.Name}.String()
-	d, began, err := r.placeTimed(placement.Request{Key: key, Snapshot: sb.Spec.Snapshot.Tag, MemoryBytes: r.memoryFor(sb)})
+	d, began, err := r.placeTimed(placement.Request{Key: key, Snapshot: sb.Spec.Snapshot.Tag, MemoryBytes: r.memoryFor(sb), OnlyNew: true})
 	if err != nil {
-		return func(error) {}
+		return noop
 	}
 	if d.Pull {
 		// A node already pulling it: Reconcile places it with the
 		// Pulling phase shown.
 		r.Cluster.Release(key)
-		return func(error) {}
+		return noop
 	}
 	sb.Spec.NodeName = d.Node
 	return func(err error) {
-		switch {
-		case err == nil:
-			starts.begin(sb.UID, began, false)
-		case apierrors.IsAlreadyExists(err):
-			// Place answered the existing Sandbox's reservation.
-		default:
+		if err != nil {
 			r.Cluster.Release(key)
+			return
 		}
+		starts.begin(sb.UID, began, false)
 	}
 }
 

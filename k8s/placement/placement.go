@@ -19,6 +19,10 @@ import (
 // ErrNoCapacity is returned when no ready node can take a sandbox.
 var ErrNoCapacity = errors.New("no node can take the sandbox")
 
+// ErrPlaced is Place's answer to a Request with OnlyNew for a key that
+// holds a reservation already.
+var ErrPlaced = errors.New("the sandbox is placed already")
+
 // Node is what a node's forkd daemon reports about itself.
 type Node struct {
 	Name string
@@ -52,6 +56,10 @@ type Request struct {
 	// SnapshotBytes is the disk that takes (0: unknown, not checked).
 	Pullable      bool
 	SnapshotBytes int64
+	// OnlyNew asks for a decision only for a key with no reservation: a
+	// placed key gets ErrPlaced instead of its first decision (a caller
+	// that may give the reservation back must not give back another's).
+	OnlyNew bool
 }
 
 // Decision is where a sandbox goes.
@@ -243,6 +251,9 @@ func (c *Cluster) Place(req Request) (Decision, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if p, ok := c.sandboxes[req.Key]; ok {
+		if req.OnlyNew {
+			return Decision{}, fmt.Errorf("place %s: %w (on node %s)", req.Key, ErrPlaced, p.n.Name)
+		}
 		return Decision{Node: p.n.Name, Pull: p.pull}, nil
 	}
 	fits := func(n *node) bool { return n.Ready && n.free() >= req.MemoryBytes }
