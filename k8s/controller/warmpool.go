@@ -106,9 +106,17 @@ func (r *WarmPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	hash := TemplateHash(&tmpl)
 	var current, outdated []*v1.Sandbox
 	for _, sb := range alive {
-		if sb.Labels[LabelTemplateHash] == hash {
+		switch {
+		case sb.Labels[LabelTemplateHash] == hash:
 			current = append(current, sb)
-		} else {
+		case sb.Labels[LabelTemplateHash] == "" && pool.Status.TemplateHash == "":
+			// Forked before pools hashed their template (an upgrade):
+			// taken as the template's current spec, and labelled so.
+			if err := r.adopt(ctx, sb, hash); err != nil {
+				return ctrl.Result{}, err
+			}
+			current = append(current, sb)
+		default:
 			outdated = append(outdated, sb)
 		}
 	}
@@ -152,11 +160,28 @@ func (r *WarmPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	return ctrl.Result{}, r.updateStatus(ctx, &pool, st)
 }
 
+// adopt labels a Sandbox of the pool with hash (a merge patch of its
+// labels alone).
+func (r *WarmPoolReconciler) adopt(ctx context.Context, sb *v1.Sandbox, hash string) error {
+	before := sb.DeepCopy()
+	if sb.Labels == nil {
+		sb.Labels = map[string]string{}
+	}
+	sb.Labels[LabelTemplateHash] = hash
+	if err := r.Client.Patch(ctx, sb, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("warm pool: labelling Sandbox %s with its template's hash: %w", sb.Name, err)
+	}
+	return nil
+}
+
 // rollout deletes outdated Sandboxes (forked from an earlier spec of the
 // template) as the current ones run: those not Running at once, Running
 // ones only while Running ones of either kind exceed want, so a pool
-// keeps serving claims through a template change. It returns the
-// outdated ones left.
+// keeps serving claims through a template change. When a current one
+// cannot be placed for want of room, one Running outdated one goes
+// anyway, to make room (a Deployment's maxUnavailable of 1): otherwise a
+// full cluster would hold the rollout for ever. It returns the outdated
+// ones left.
 func (r *WarmPoolReconciler) rollout(ctx context.Context, want int, current, outdated []*v1.Sandbox) ([]*v1.Sandbox, error) {
 	running := func(sbs []*v1.Sandbox) int {
 		n := 0
@@ -171,11 +196,19 @@ func (r *WarmPoolReconciler) rollout(ctx context.Context, want int, current, out
 	n := len(outdated) - running(outdated) // not Running: sorted first
 	if excess := running(current) + running(outdated) - want; excess > 0 {
 		n += min(excess, running(outdated))
+	} else if n < len(outdated) && slices.ContainsFunc(current, noRoom) {
+		n++
 	}
 	if err := r.deleteAll(ctx, outdated[:n]); err != nil {
 		return outdated, err
 	}
 	return outdated[n:], nil
+}
+
+// noRoom says placement found no room for a Sandbox.
+func noRoom(sb *v1.Sandbox) bool {
+	c := meta.FindStatusCondition(sb.Status.Conditions, v1.ConditionPlaced)
+	return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1.ReasonNoCapacity
 }
 
 // sortSurplusFirst orders Sandboxes as the surplus goes: not Running

@@ -118,3 +118,68 @@ func TestWarmPoolTemplateMissing(t *testing.T) {
 		t.Fatalf("%d Sandboxes left, status %+v; want the one kept", cur, p.Status)
 	}
 }
+
+// TestWarmPoolRolloutOnAFullNode: with no room for the new Sandboxes, the
+// pool lets one old Running Sandbox go at a time (a maxUnavailable of 1)
+// rather than wait for ever.
+func TestWarmPoolRolloutOnAFullNode(t *testing.T) {
+	e := newTestEnv(t, nodeSpec{name: "n1", memory: 1 * gib, snapshots: map[string]int{"py": 512, "py2": 512}})
+	e.createTemplate("py", "py")
+	e.createPool("pool", "py", 2)
+	e.fillPool("pool")
+	var tmpl v1.SandboxTemplate
+	if err := e.client.Get(e.ctx, types.NamespacedName{Namespace: "default", Name: "py"}, &tmpl); err != nil {
+		t.Fatal(err)
+	}
+	tmpl.Spec.Snapshot.Tag = "py2"
+	if err := e.client.Update(e.ctx, &tmpl); err != nil {
+		t.Fatal(err)
+	}
+	// Each round is what the manager does on the events: the pool, then
+	// every Sandbox (the order of the list varies: run to completion).
+	for range 12 {
+		e.reconcilePool("pool")
+		e.reconcileSandboxes()
+		e.reconcilePool("pool")
+		if cur, old := e.poolSplit("pool", "py2"); cur == 2 && old == 0 && e.getPool("pool").Status.ReadyReplicas == 2 {
+			break
+		}
+	}
+	p := e.getPool("pool")
+	if cur, old := e.poolSplit("pool", "py2"); cur != 2 || old != 0 || p.Status.ReadyReplicas != 2 {
+		t.Fatalf("on a full node: %d new, %d old, status %+v; want the rollout done", cur, old, p.Status)
+	}
+	wantCondition(t, p.Status.Conditions, v1.ConditionReady, metav1.ConditionTrue, ReasonPoolReady)
+}
+
+// TestWarmPoolAdoptsUnhashedSandboxes: Sandboxes a pool forked before
+// pools hashed their template are taken as current and labelled, not
+// rolled out (which would fork the whole pool again on an upgrade).
+func TestWarmPoolAdoptsUnhashedSandboxes(t *testing.T) {
+	e := newTestEnv(t, nodeSpec{name: "n1", memory: 8 * gib, snapshots: map[string]int{"py": 512}})
+	e.createTemplate("py", "py")
+	e.createPool("pool", "py", 2)
+	e.fillPool("pool")
+	// As an older controller left them.
+	for _, sb := range e.sandboxes(client.MatchingLabels{LabelPool: "pool"}) {
+		delete(sb.Labels, LabelTemplateHash)
+		if err := e.client.Update(e.ctx, &sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := e.getPool("pool")
+	p.Status = v1.SandboxWarmPoolStatus{Replicas: 2, ReadyReplicas: 2}
+	if err := e.client.Status().Update(e.ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	e.reconcilePool("pool")
+	hash := e.getPool("pool").Status.TemplateHash
+	for _, sb := range e.sandboxes(client.MatchingLabels{LabelPool: "pool"}) {
+		if sb.Labels[LabelTemplateHash] != hash || !sb.DeletionTimestamp.IsZero() {
+			t.Fatalf("Sandbox %s: labels %v, deleting %v; want kept and labelled %s", sb.Name, sb.Labels, !sb.DeletionTimestamp.IsZero(), hash)
+		}
+	}
+	if f, _, _ := e.standIn["n1"].counts(); f != 2 {
+		t.Fatalf("%d forks, want the first 2 only", f)
+	}
+}
