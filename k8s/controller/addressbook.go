@@ -13,7 +13,8 @@ import (
 // NodeView, which polls them for placement, runs on the elected one
 // only. A lookup is served from the last discovery while it is younger
 // than MaxAge (default 5 s); a node it does not name makes a fresh one,
-// at most once a second.
+// at most once a second; a failed discovery keeps the last answer and is
+// not retried for a second either.
 type AddressBook struct {
 	Discovery Discovery
 	// Token and HTTP are the NodeView's (Options.Token, Options.HTTP).
@@ -36,12 +37,13 @@ func (b *AddressBook) Client(node string) (*NodeClient, bool) {
 	defer b.mu.Unlock()
 	age := time.Since(b.at)
 	c, ok := b.clients[node]
-	if b.clients != nil && (age < missRefresh || (ok && age < durationOr(b.MaxAge, 5*time.Second))) {
+	if !b.at.IsZero() && (age < missRefresh || (ok && age < durationOr(b.MaxAge, 5*time.Second))) {
 		return c, ok
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	eps, err := b.Discovery.Discover(ctx)
+	b.at = time.Now() // a failure too: not rediscovered on every lookup
 	if err != nil {
 		return c, ok // the last known, if any
 	}
@@ -49,7 +51,6 @@ func (b *AddressBook) Client(node string) (*NodeClient, bool) {
 	for _, ep := range eps {
 		b.clients[ep.Node] = &NodeClient{Base: ep.URL, Token: b.Token, HTTP: b.HTTP}
 	}
-	b.at = time.Now()
 	c, ok = b.clients[node]
 	return c, ok
 }

@@ -54,4 +54,10 @@ func TestAddressBook(t *testing.T) {
 	if c, ok := b.Client("n1"); !ok || c.Base != "https://198.51.100.2:7070" {
 		t.Fatalf("n1 with discovery failing: %+v %v; want the last known", c, ok)
 	}
+	calls := d.calls.Load()
+	b.Client("n1")
+	b.Client("n9")
+	if d.calls.Load() != calls {
+		t.Fatalf("%d discoveries within a second of a failed one, want none", d.calls.Load()-calls)
+	}
 }
