@@ -193,6 +193,11 @@ func (b *brancher) live(ctx context.Context) (err error) {
 	if err != nil {
 		return m.failure("hand over the stream spool", err)
 	}
+	// Not in enableBackgroundSnapshot: its QMP errors mean "live branches
+	// unsupported", this one's do not.
+	if err := m.awaitMigrationCleanup(ctx); err != nil {
+		return err
+	}
 	err = m.enableBackgroundSnapshot(ctx)
 	if err == nil {
 		err = hook("capabilities") // tests: as though ctx cut the reply off
@@ -255,17 +260,14 @@ func (b *brancher) live(ctx context.Context) (err error) {
 	return nil
 }
 
-// enableBackgroundSnapshot switches background-snapshot on, once the
-// previous migration (this daemon's, or an orphan an adopted machine
-// finished) is cleaned up (awaitMigrationCleanup). QEMU checks then that
-// it can write-protect guest RAM by registering a userfaultfd on it; a
-// memory QEMU really cannot write-protect is refused before
-// (liveSupport), so "not compatible" here is retried briefly
+// enableBackgroundSnapshot switches background-snapshot on; the caller
+// has waited for the previous migration (this daemon's, or an orphan an
+// adopted machine finished) to be cleaned up (awaitMigrationCleanup).
+// QEMU checks then that it can write-protect guest RAM by registering a
+// userfaultfd on it; a memory QEMU really cannot write-protect is refused
+// before (liveSupport), so "not compatible" here is retried briefly
 // (retryCleanup) in case a write-protection is still being released.
 func (m *Machine) enableBackgroundSnapshot(ctx context.Context) error {
-	if err := m.awaitMigrationCleanup(ctx); err != nil {
-		return err
-	}
 	return m.retryCleanup(ctx, func() error {
 		return m.qmp.Execute(ctx, "migrate-set-capabilities", backgroundSnapshot(true), nil)
 	}, "not compatible")

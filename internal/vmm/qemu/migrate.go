@@ -235,7 +235,7 @@ func (m *Machine) migrationEnded(info migrationInfo, what string) (bool, error) 
 func (m *Machine) awaitMigrationCleanup(ctx context.Context) error {
 	t := time.NewTicker(pollInterval)
 	defer t.Stop()
-	giveUp := time.NewTimer(liveCleanupTimeout)
+	giveUp := time.NewTimer(migrationCleanupTimeout)
 	defer giveUp.Stop()
 	for {
 		var instances []yankInstance
@@ -254,10 +254,15 @@ func (m *Machine) awaitMigrationCleanup(ctx context.Context) error {
 				m.cfg.ID, context.Cause(ctx), errdefs.ErrUnavailable)
 		case <-giveUp.C:
 			return fmt.Errorf("qemu %s: the previous migration has not been cleaned up after %v; try again shortly: %w",
-				m.cfg.ID, liveCleanupTimeout, errdefs.ErrUnavailable)
+				m.cfg.ID, migrationCleanupTimeout, errdefs.ErrUnavailable)
 		}
 	}
 }
+
+// migrationCleanupTimeout bounds awaitMigrationCleanup: QEMU's cleanup
+// joins the migration thread and closes its file, which takes
+// milliseconds; half a minute is a QEMU that will not.
+const migrationCleanupTimeout = 30 * time.Second
 
 // yankInstance is one entry of query-yank's answer.
 type yankInstance struct {
