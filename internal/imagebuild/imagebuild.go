@@ -183,7 +183,7 @@ func cleanDst(dst string) (string, error) {
 }
 
 // copyFile copies exactly size bytes of src: a file that changed size
-// since it was looked at fails rather than writing a corrupt tar.
+// since it was looked at fails rather than writing a corrupt or cut tar.
 func copyFile(w io.Writer, src string, size int64) error {
 	f, err := os.Open(src)
 	if err != nil {
@@ -191,10 +191,16 @@ func copyFile(w io.Writer, src string, size int64) error {
 	}
 	defer f.Close()
 	n, err := io.Copy(w, io.LimitReader(f, size))
-	if err == nil && n != size {
-		err = fmt.Errorf("%s shrank from %d to %d bytes while being copied", src, size, n)
+	if err != nil {
+		return err
 	}
-	return err
+	if n != size {
+		return fmt.Errorf("%s shrank from %d to %d bytes while being copied: copy it again once it is written", src, size, n)
+	}
+	if k, _ := f.Read(make([]byte, 1)); k > 0 {
+		return fmt.Errorf("%s grew past %d bytes while being copied: copy it again once it is written", src, size)
+	}
+	return nil
 }
 
 // WriteArchive writes img as a docker-archive tarball at path, tagged with
