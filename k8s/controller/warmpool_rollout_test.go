@@ -10,6 +10,20 @@ import (
 	v1 "github.com/forkd-dev/forkd/k8s/api/v1alpha1"
 )
 
+// setTemplateTag changes a template's snapshot tag, as its author would.
+func (e *testEnv) setTemplateTag(name, tag string) *v1.SandboxTemplate {
+	e.t.Helper()
+	var tmpl v1.SandboxTemplate
+	if err := e.client.Get(e.ctx, types.NamespacedName{Namespace: "default", Name: name}, &tmpl); err != nil {
+		e.t.Fatal(err)
+	}
+	tmpl.Spec.Snapshot.Tag = tag
+	if err := e.client.Update(e.ctx, &tmpl); err != nil {
+		e.t.Fatal(err)
+	}
+	return &tmpl
+}
+
 // poolSplit counts a pool's live Sandboxes forked from snapshot tag and
 // from any other, and checks each carries the hash its spec came from.
 func (e *testEnv) poolSplit(pool, tag string) (current, outdated int) {
@@ -47,15 +61,8 @@ func TestWarmPoolRollsOutAChangedTemplate(t *testing.T) {
 	}
 	wantCondition(t, p.Status.Conditions, v1.ConditionReady, metav1.ConditionTrue, ReasonPoolReady)
 
-	var tmpl v1.SandboxTemplate
-	if err := e.client.Get(e.ctx, types.NamespacedName{Namespace: "default", Name: "py"}, &tmpl); err != nil {
-		t.Fatal(err)
-	}
-	tmpl.Spec.Snapshot.Tag = "py2"
-	if err := e.client.Update(e.ctx, &tmpl); err != nil {
-		t.Fatal(err)
-	}
-	if reqs := e.pools.poolsOfTemplate(e.ctx, &tmpl); len(reqs) != 1 || reqs[0].Name != "pool" {
+	tmpl := e.setTemplateTag("py", "py2")
+	if reqs := e.pools.poolsOfTemplate(e.ctx, tmpl); len(reqs) != 1 || reqs[0].Name != "pool" {
 		t.Fatalf("the template's change wakes %v, want the pool", reqs)
 	}
 
@@ -127,14 +134,7 @@ func TestWarmPoolRolloutOnAFullNode(t *testing.T) {
 	e.createTemplate("py", "py")
 	e.createPool("pool", "py", 2)
 	e.fillPool("pool")
-	var tmpl v1.SandboxTemplate
-	if err := e.client.Get(e.ctx, types.NamespacedName{Namespace: "default", Name: "py"}, &tmpl); err != nil {
-		t.Fatal(err)
-	}
-	tmpl.Spec.Snapshot.Tag = "py2"
-	if err := e.client.Update(e.ctx, &tmpl); err != nil {
-		t.Fatal(err)
-	}
+	e.setTemplateTag("py", "py2")
 	// Each round is what the manager does on the events: the pool, then
 	// every Sandbox (the order of the list varies: run to completion).
 	for range 12 {
