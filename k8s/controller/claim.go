@@ -37,9 +37,11 @@ const (
 const (
 	ReasonTemplateNotFound = "TemplateNotFound"
 	// Warm pool Ready reasons (besides TemplateNotFound).
-	ReasonRollingOut  = "RollingOut"
-	ReasonFilling     = "Filling"
-	ReasonPoolReady   = "Ready"
+	ReasonRollingOut = "RollingOut"
+	ReasonFilling    = "Filling"
+	ReasonPoolReady  = "Ready"
+	// ReasonCreated: the claim created its Sandbox (an event).
+	ReasonCreated     = "Created"
 	ReasonSandboxGone = "SandboxGone"
 	ReasonNameTaken   = "NameTaken"
 	// ReasonSandboxLost: the claim's Sandbox was lost with its node and
@@ -93,7 +95,9 @@ type ClaimReconciler struct {
 	// Preplacer, when set, binds a Sandbox to a node before it is created
 	// (SandboxReconciler.Preplace), which saves its fork a status write.
 	Preplacer Preplacer
-	Log       logr.Logger
+	// Events records which Sandbox a claim binds, and its losses.
+	Events EventRecorder
+	Log    logr.Logger
 }
 
 // Preplacer places a Sandbox about to be created (see
@@ -291,6 +295,9 @@ func (r *ClaimReconciler) create(ctx context.Context, claim *v1.SandboxClaim, na
 	}
 	err := r.Client.Create(ctx, sb)
 	created(err)
+	if err == nil {
+		record(r.Events, claim, sb, eventNormal, ReasonCreated, actionBind, "created Sandbox %s from SandboxTemplate %s", sb.Name, tmpl.Name)
+	}
 	if err != nil {
 		if !apierrors.IsAlreadyExists(err) {
 			return nil, ctrl.Result{}, err

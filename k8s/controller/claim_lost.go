@@ -39,7 +39,13 @@ func (r *ClaimReconciler) lost(ctx context.Context, claim *v1.SandboxClaim, sb *
 	if claim.Spec.LostPolicy == v1.LostPolicyFail {
 		r.mirror(claim, sb)
 		r.setCondition(claim, v1.ConditionReady, metav1.ConditionFalse, ReasonSandboxLost, msg+"; lostPolicy Fail: not replaced")
-		return ctrl.Result{}, r.updateStatus(ctx, claim, orig)
+		if err := r.updateStatus(ctx, claim, orig); err != nil {
+			return ctrl.Result{}, err
+		}
+		if !equalConditions(orig.Conditions, claim.Status.Conditions) {
+			record(r.Events, claim, sb, eventWarning, ReasonSandboxLost, actionWatch, "%s; lostPolicy Fail: not replaced", msg)
+		}
+		return ctrl.Result{}, nil
 	}
 	claim.Status.Replacements++
 	name := replacementName(claim.Name, claim.Status.Replacements)
@@ -50,6 +56,7 @@ func (r *ClaimReconciler) lost(ctx context.Context, claim *v1.SandboxClaim, sb *
 	if err := r.updateStatus(ctx, claim, orig); err != nil {
 		return ctrl.Result{}, err
 	}
+	record(r.Events, claim, sb, eventWarning, ReasonReplacing, actionBind, "%s", msg)
 	orig = claim.Status.DeepCopy()
 	_, res, err := r.boundSandbox(ctx, claim)
 	if uerr := r.updateStatus(ctx, claim, orig); uerr != nil && err == nil {

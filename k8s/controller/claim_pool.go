@@ -82,6 +82,7 @@ func (r *ClaimReconciler) takeFromPool(ctx context.Context, claim *v1.SandboxCla
 			pool := metav1.GetControllerOf(sb).Name
 			r.setCondition(claim, ConditionWarmPool, metav1.ConditionTrue, ReasonTakenFromPool,
 				fmt.Sprintf("took Sandbox %s from warm pool %s", taken.Name, pool))
+			record(r.Events, claim, taken, eventNormal, ReasonTakenFromPool, actionBind, "took Sandbox %s from warm pool %s", taken.Name, pool)
 			return taken, nil
 		}
 	}

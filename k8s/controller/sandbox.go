@@ -86,7 +86,9 @@ type SandboxReconciler struct {
 	ForkTimeout, PullTimeout, ResyncInterval, RetryInterval time.Duration
 	// Now is the clock (tests set it).
 	Now func() time.Time
-	Log logr.Logger
+	// Events records a Sandbox's placement, fork, failures and end.
+	Events EventRecorder
+	Log    logr.Logger
 }
 
 func (r *SandboxReconciler) now() time.Time {
@@ -216,6 +218,7 @@ func (r *SandboxReconciler) place(ctx context.Context, key string, sb *v1.Sandbo
 		if errors.Is(err, placement.ErrNoCapacity) {
 			sb.Status.Phase = v1.SandboxPending
 			r.setCondition(sb, v1.ConditionPlaced, metav1.ConditionFalse, v1.ReasonNoCapacity, err.Error())
+			record(r.Events, sb, nil, eventWarning, v1.ReasonNoCapacity, actionPlace, "%v", err)
 			return false, retry, r.updateStatus(ctx, sb)
 		}
 		if err != nil {
@@ -232,6 +235,7 @@ func (r *SandboxReconciler) place(ctx context.Context, key string, sb *v1.Sandbo
 	r.setCondition(sb, v1.ConditionPlaced, metav1.ConditionTrue, reason,
 		fmt.Sprintf("node %s chosen by %s (%d bytes reserved; pull first: %v)", d.Node, msg, mem, d.Pull))
 	if pin != "" && !d.Pull {
+		record(r.Events, sb, nil, eventNormal, reason, actionPlace, "node %s (%s)", d.Node, msg)
 		return true, ctrl.Result{}, nil // the spec records the node
 	}
 	if err := r.updateStatus(ctx, sb); err != nil {
@@ -240,6 +244,7 @@ func (r *SandboxReconciler) place(ctx context.Context, key string, sb *v1.Sandbo
 		r.Cluster.Release(key)
 		return false, ctrl.Result{}, err
 	}
+	record(r.Events, sb, nil, eventNormal, reason, actionPlace, "node %s (%s; pull first: %v)", d.Node, msg, d.Pull)
 	return true, ctrl.Result{}, nil
 }
 
@@ -327,6 +332,7 @@ func (r *SandboxReconciler) end(ctx context.Context, sb *v1.Sandbox, reason, msg
 	if err := r.updateStatus(ctx, sb); err != nil {
 		return ctrl.Result{}, err
 	}
+	record(r.Events, sb, nil, eventNormal, reason, actionWatch, "%s", msg)
 	if shutdownPolicy(sb) == v1.ShutdownPolicyDelete {
 		if err := r.Client.Delete(ctx, sb); err != nil && !apierrors.IsNotFound(err) {
 			return ctrl.Result{}, err

@@ -100,6 +100,7 @@ func (r *SandboxReconciler) fork(ctx context.Context, key string, sb *v1.Sandbox
 		// same sandbox back.
 		return ctrl.Result{}, err
 	}
+	record(r.Events, sb, nil, eventNormal, v1.ReasonForked, actionFork, "sandbox %s on node %s (the daemon's fork took %.1f ms)", id, sb.Status.NodeName, resp.TotalMs)
 	observeRunning(sb, resp.TotalMs)
 	return r.requeueRunning(sb), nil
 }
@@ -122,11 +123,13 @@ func (r *SandboxReconciler) forkFailed(ctx context.Context, key string, sb *v1.S
 		sb.Status.Phase = v1.SandboxPending
 		r.setCondition(sb, v1.ConditionPlaced, metav1.ConditionFalse, ReasonPullFailed,
 			fmt.Sprintf("node %s could not pull %s: %v", node, sb.Spec.Snapshot.Image, err))
+		record(r.Events, sb, nil, eventWarning, ReasonPullFailed, actionFork, "node %s could not pull %s: %v", node, sb.Spec.Snapshot.Image, err)
 		return ctrl.Result{RequeueAfter: retryAfter}, r.updateStatus(ctx, sb)
 	case st >= 400 && st < 500 && st != http.StatusTooManyRequests:
 		// Refused for good (a bad body, an unknown tag): say so, retry
 		// slowly in case the node changes (a snapshot created later).
 		r.setCondition(sb, v1.ConditionReady, metav1.ConditionFalse, ReasonForkFailed, err.Error())
+		record(r.Events, sb, nil, eventWarning, ReasonForkFailed, actionFork, "%v", err)
 		return ctrl.Result{RequeueAfter: 4 * retryAfter}, r.updateStatus(ctx, sb)
 	default:
 		// Unavailable, 429, 5xx, no answer: controller-runtime backs off.
@@ -218,7 +221,11 @@ func (r *SandboxReconciler) setLostWith(ctx context.Context, key string, sb *v1.
 	sb.Status.NodeName = BoundNode(sb)
 	sb.Status.Phase = v1.SandboxLost
 	r.setCondition(sb, v1.ConditionReady, metav1.ConditionFalse, v1.ReasonNodeLost, msg)
-	return r.updateStatus(ctx, sb)
+	if err := r.updateStatus(ctx, sb); err != nil {
+		return err
+	}
+	record(r.Events, sb, nil, eventWarning, v1.ReasonNodeLost, actionWatch, "%s", msg)
+	return nil
 }
 
 // BoundNode is the node a Sandbox is bound to: its status's, else its

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/tools/events"
+
 	"github.com/go-logr/logr/testr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -35,6 +37,7 @@ type testEnv struct {
 	standIn map[string]*standIn
 	disc    *mutableDiscovery
 	now     time.Time
+	events  *events.FakeRecorder
 }
 
 // mutableDiscovery is a StaticDiscovery a test can change.
@@ -73,7 +76,9 @@ func newTestEnv(t *testing.T, specs ...nodeSpec) *testEnv {
 	e.sbr = &SandboxReconciler{Client: c, Cluster: cluster, Nodes: e.nodes, Log: log,
 		Now: func() time.Time { return e.now }}
 	e.nodes.OnNodeUp, e.nodes.OnNodeLost = e.sbr.BindNode, e.sbr.MarkNodeLost
-	e.claims = &ClaimReconciler{Client: c, Scheme: scheme, Preplacer: e.sbr, Log: log}
+	e.events = events.NewFakeRecorder(1000)
+	e.sbr.Events = e.events
+	e.claims = &ClaimReconciler{Client: c, Scheme: scheme, Preplacer: e.sbr, Events: e.events, Log: log}
 	e.pools = &WarmPoolReconciler{Client: c, Scheme: scheme, Log: log}
 	e.poll()
 	return e

@@ -53,6 +53,9 @@ type Options struct {
 	// MaxConcurrentReconciles of the Sandbox controller (default 8): a
 	// fork that pulls holds a worker for minutes.
 	MaxConcurrentReconciles int
+	// Events records events on Sandboxes and claims (nil: none); the
+	// manager's GetEventRecorder("forkd-controller").
+	Events EventRecorder
 }
 
 // Controllers are the parts Setup made.
@@ -89,11 +92,12 @@ func Setup(mgr ctrl.Manager, o Options) (*Controllers, error) {
 		Cluster:            cluster,
 		Nodes:              nodes,
 		DefaultMemoryBytes: o.DefaultMemoryBytes,
+		Events:             o.Events,
 		Log:                log.WithName("sandbox"),
 	}
 	nodes.OnNodeUp = sbr.BindNode
 	nodes.OnNodeLost = sbr.MarkNodeLost
-	cr := &ClaimReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Preplacer: sbr, Log: log.WithName("claim")}
+	cr := &ClaimReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Preplacer: sbr, Events: o.Events, Log: log.WithName("claim")}
 	pr := &WarmPoolReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Log: log.WithName("warmpool")}
 
 	if err := mgr.Add(nodes); err != nil {

@@ -117,6 +117,7 @@ func run() error {
 		FailureThreshold:        *threshold,
 		DefaultMemoryBytes:      mem.Value(),
 		MaxConcurrentReconciles: *workers,
+		Events:                  mgr.GetEventRecorder("forkd-controller"),
 	})
 	if err != nil {
 		return err

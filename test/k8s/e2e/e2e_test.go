@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	eventsv1 "k8s.io/api/events/v1"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -140,6 +142,20 @@ func TestControllerWithRealDaemons(t *testing.T) {
 	if info.Netns == "" || info.GuestIP == "" {
 		t.Errorf("sandbox %s has netns %q, guest_ip %q: want its own network", sb.SandboxID, info.Netns, info.GuestIP)
 	}
+	// Its story, as kubectl describe shows it: events on the Sandbox.
+	waitFor(t, time.Minute, "a Forked event on Sandbox "+sb.Name, func() (bool, error) {
+		var evs eventsv1.EventList
+		if err := c.List(ctx, &evs, client.InNamespace(claimNS)); err != nil {
+			return false, err
+		}
+		for _, ev := range evs.Items {
+			if ev.Regarding.Kind == "Sandbox" && ev.Regarding.Name == sb.Name && ev.Reason == v1.ReasonForked &&
+				ev.Type == "Normal" && strings.Contains(ev.Note, sb.SandboxID) {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
 	t.Logf("claim created -> Ready (node %s, %s): %v; daemon's POST /v1/sandboxes: %v (sandbox ready_ms %.1f, pooled %v); "+
 		"controller overhead over the single-host fork: %v (issue target <= 50ms; Ready seen by a watch)",
 		sb.NodeName, sb.SandboxID, readyIn.Round(time.Millisecond), fork.Round(100*time.Microsecond), info.ReadyMs, info.Pooled,
@@ -309,6 +325,7 @@ func startController(ctx context.Context, t *testing.T, cfg *rest.Config, scheme
 		PollInterval:       time.Second,
 		FailureThreshold:   3,
 		DefaultMemoryBytes: 512 << 20,
+		Events:             mgr.GetEventRecorder("forkd-controller"),
 	})
 	if err != nil {
 		t.Fatalf("controller.Setup: %v", err)
