@@ -72,10 +72,7 @@ func TestClaimCreatesItsSandboxBound(t *testing.T) {
 	e.poll() // settled: Preplace binds only then
 	writes := e.countWrites()
 	e.createTemplate("py", "py")
-	e.create(&v1.SandboxClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "default"},
-		Spec:       v1.SandboxClaimSpec{TemplateRef: v1.LocalRef{Name: "py"}},
-	})
+	e.createClaim("job", "py")
 	e.reconcileClaim("job")
 	sb := e.get("job")
 	if sb.Spec.NodeName != "n1" || !slices.Equal(sb.Finalizers, []string{Finalizer}) {
@@ -111,10 +108,7 @@ func TestBoundSandboxLostBeforeItsFork(t *testing.T) {
 		nodeSpec{name: "n2", memory: 4 * gib, snapshots: map[string]int{"py": 512}})
 	e.poll()
 	e.createTemplate("py", "py")
-	e.create(&v1.SandboxClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "default"},
-		Spec:       v1.SandboxClaimSpec{TemplateRef: v1.LocalRef{Name: "py"}},
-	})
+	e.createClaim("job", "py")
 	e.reconcileClaim("job")
 	if n := e.get("job").Spec.NodeName; n != "n1" {
 		t.Fatalf("bound to %q, want n1 (the holder with the most room)", n)
@@ -166,10 +160,7 @@ func TestClaimReadPastTheCacheBeforeItBinds(t *testing.T) {
 	e := newTestEnv(t, nodeSpec{name: "n1", memory: 8 * gib, snapshots: map[string]int{"py": 512}})
 	e.poll()
 	e.createTemplate("py", "py")
-	e.create(&v1.SandboxClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "default"},
-		Spec:       v1.SandboxClaimSpec{TemplateRef: v1.LocalRef{Name: "py"}},
-	})
+	e.createClaim("job", "py")
 	var apiReads int
 	e.claims.Reader = interceptor.NewClient(e.client.(client.WithWatch), interceptor.Funcs{
 		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {

@@ -5,10 +5,6 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/resource"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	v1 "github.com/forkd-dev/forkd/k8s/api/v1alpha1"
 )
 
 // takeEvents drains the recorded events.
@@ -48,10 +44,7 @@ func TestEventsTellTheStory(t *testing.T) {
 		nodeSpec{name: "n2", memory: 4 * gib, snapshots: map[string]int{"py": 512}})
 	e.poll()
 	e.createTemplate("py", "py")
-	e.create(&v1.SandboxClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "default"},
-		Spec:       v1.SandboxClaimSpec{TemplateRef: v1.LocalRef{Name: "py"}},
-	})
+	e.createClaim("job", "py")
 	e.reconcileClaim("job")
 	e.reconcile("job")
 	wantEvents(t, e.takeEvents(),
