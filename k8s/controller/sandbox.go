@@ -234,15 +234,14 @@ func (r *SandboxReconciler) place(ctx context.Context, key string, sb *v1.Sandbo
 	}
 	r.setCondition(sb, v1.ConditionPlaced, metav1.ConditionTrue, reason,
 		fmt.Sprintf("node %s chosen by %s (%d bytes reserved; pull first: %v)", d.Node, msg, mem, d.Pull))
-	if pin != "" && !d.Pull {
-		record(r.Events, sb, nil, eventNormal, reason, actionPlace, "node %s (%s)", d.Node, msg)
-		return true, ctrl.Result{}, nil // the spec records the node
-	}
-	if err := r.updateStatus(ctx, sb); err != nil {
-		// The status (and so the decision) was not recorded: forget it,
-		// the next reconcile places again.
-		r.Cluster.Release(key)
-		return false, ctrl.Result{}, err
+	// Bound in the spec to a holder, the spec records the node already.
+	if pin == "" || d.Pull {
+		if err := r.updateStatus(ctx, sb); err != nil {
+			// The status (and so the decision) was not recorded: forget
+			// it, the next reconcile places again.
+			r.Cluster.Release(key)
+			return false, ctrl.Result{}, err
+		}
 	}
 	record(r.Events, sb, nil, eventNormal, reason, actionPlace, "node %s (%s; pull first: %v)", d.Node, msg, d.Pull)
 	return true, ctrl.Result{}, nil
