@@ -183,20 +183,13 @@ func (r *WarmPoolReconciler) adopt(ctx context.Context, sb *v1.Sandbox, hash str
 // full cluster would hold the rollout for ever. It returns the outdated
 // ones left.
 func (r *WarmPoolReconciler) rollout(ctx context.Context, want int, current, outdated []*v1.Sandbox) ([]*v1.Sandbox, error) {
-	running := func(sbs []*v1.Sandbox) int {
-		n := 0
-		for _, sb := range sbs {
-			if sb.Status.Phase == v1.SandboxRunning {
-				n++
-			}
-		}
-		return n
-	}
+	_, runCurrent, _ := countPool(current, "")
+	_, runOutdated, _ := countPool(outdated, "")
 	sortSurplusFirst(outdated)
-	n := len(outdated) - running(outdated) // not Running: sorted first
-	if excess := running(current) + running(outdated) - want; excess > 0 {
-		n += min(excess, running(outdated))
-	} else if n < len(outdated) && slices.ContainsFunc(current, noRoom) {
+	n := len(outdated) - int(runOutdated) // not Running: sorted first
+	if excess := int(runCurrent+runOutdated) - want; excess > 0 {
+		n += min(excess, int(runOutdated))
+	} else if runOutdated > 0 && slices.ContainsFunc(current, noRoom) {
 		n++
 	}
 	if err := r.deleteAll(ctx, outdated[:n]); err != nil {
