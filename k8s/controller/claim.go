@@ -106,6 +106,14 @@ type Preplacer interface {
 	Preplace(sb *v1.Sandbox) (created func(error))
 }
 
+// Preplace is p.Preplace(sb), or nothing to do when p is nil.
+func Preplace(p Preplacer, sb *v1.Sandbox) (created func(error)) {
+	if p == nil {
+		return func(error) {}
+	}
+	return p.Preplace(sb)
+}
+
 // Reconcile binds one claim.
 func (r *ClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var claim v1.SandboxClaim
@@ -289,19 +297,15 @@ func (r *ClaimReconciler) create(ctx context.Context, claim *v1.SandboxClaim, na
 	}
 	// With its finalizer, so its reconcile has no write to make for it.
 	controllerutil.AddFinalizer(sb, Finalizer)
-	created := func(error) {}
-	if r.Preplacer != nil {
-		created = r.Preplacer.Preplace(sb)
-	}
+	created := Preplace(r.Preplacer, sb)
 	err := r.Client.Create(ctx, sb)
 	created(err)
-	if err == nil {
+	switch {
+	case err == nil:
 		record(r.Events, claim, sb, eventNormal, ReasonCreated, actionBind, "created Sandbox %s from SandboxTemplate %s", sb.Name, tmpl.Name)
-	}
-	if err != nil {
-		if !apierrors.IsAlreadyExists(err) {
-			return nil, ctrl.Result{}, err
-		}
+	case !apierrors.IsAlreadyExists(err):
+		return nil, ctrl.Result{}, err
+	default:
 		// Created by an earlier reconcile whose status write was lost (or
 		// someone else's: Reconcile checks the owner).
 		if err := r.Client.Get(ctx, client.ObjectKeyFromObject(sb), sb); err != nil {

@@ -94,10 +94,7 @@ func (g *Gateway) fork(w http.ResponseWriter, r *http.Request, c caller) {
 	var names []string
 	for i := range req.Count {
 		sb := sandboxFor(c.namespace, group, i, req)
-		created := func(error) {}
-		if g.Preplacer != nil {
-			created = g.Preplacer.Preplace(sb)
-		}
+		created := controller.Preplace(g.Preplacer, sb)
 		err := g.Client.Create(r.Context(), sb)
 		created(err)
 		if apierrors.IsAlreadyExists(err) && r.Header.Get("Idempotency-Key") != "" {
