@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -268,23 +267,22 @@ func (b *brancher) live(ctx context.Context) (err error) {
 // before (liveSupport), so "not compatible" here is retried briefly
 // (retryCleanup) in case a write-protection is still being released.
 func (m *Machine) enableBackgroundSnapshot(ctx context.Context) error {
-	return m.retryCleanup(ctx, func() error {
+	return m.retryCleanup(ctx, "not compatible", func() error {
 		return m.qmp.Execute(ctx, "migrate-set-capabilities", backgroundSnapshot(true), nil)
-	}, "not compatible")
+	})
 }
 
 // retryCleanup runs call until it succeeds, fails with another error than
-// a QMP error whose description holds one of matches (what an earlier
-// migration still cleaning up causes), or compatRetry has passed.
-func (m *Machine) retryCleanup(ctx context.Context, call func() error, matches ...string) error {
+// a QMP error whose description holds match (what an earlier migration
+// still cleaning up causes), or compatRetry has passed.
+func (m *Machine) retryCleanup(ctx context.Context, match string, call func() error) error {
 	deadline := time.Now().Add(compatRetry)
 	t := time.NewTicker(pollInterval)
 	defer t.Stop()
 	for {
 		err := call()
 		var qe *qmp.Error
-		if err == nil || !errors.As(err, &qe) || !slices.ContainsFunc(matches, func(s string) bool { return strings.Contains(qe.Desc, s) }) ||
-			time.Now().After(deadline) {
+		if err == nil || !errors.As(err, &qe) || !strings.Contains(qe.Desc, match) || time.Now().After(deadline) {
 			return err
 		}
 		m.d.log.Debug("refused while an earlier migration may still be cleaning up, trying again", "id", m.cfg.ID, "err", qe.Desc)
