@@ -152,6 +152,32 @@ func (s *Server) principalOf(r *http.Request) auth.Principal {
 	return p
 }
 
+// actFor makes a request that names a tenant in auth.ActForHeader act
+// for it (auth.Principal.ActFor): only an admin may, anyone else is
+// refused 403. The header is dropped after, so it never reaches a guest
+// through the port proxy.
+func (s *Server) actFor(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tenant := r.Header.Get(auth.ActForHeader)
+		if tenant == "" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		r.Header.Del(auth.ActForHeader)
+		p, ok := s.principal(r)
+		if !ok { // no token: authorize answers 401
+			next.ServeHTTP(w, r)
+			return
+		}
+		acting, err := p.ActFor(tenant)
+		if err != nil {
+			writeProblem(w, r, err)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(auth.WithPrincipal(r.Context(), acting)))
+	})
+}
+
 // authorize runs each request's route policy (see above), then mux.
 func (s *Server) authorize(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -178,7 +178,9 @@ func (s *Server) snapshotAccess(p auth.Principal, tag string) snapAccess {
 	}
 	a.owner, a.shared = s.owners.owner(tag, id)
 	a.owned = p.Sees(a.owner)
-	a.seen = a.owned || sharedWith(a.shared, p.Tenant)
+	// An admin acting for a tenant still sees (as shared) what its own
+	// tenant owns: the operator's base images.
+	a.seen = a.owned || sharedWith(a.shared, p.Tenant) || (p.Operator != "" && auth.TenantOf(a.owner) == p.Operator)
 	return a
 }
 

@@ -186,9 +186,10 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { noRoute(mux, w, r) })
 	// Inside the request id, so 401s carry one too: metrics, then the
 	// audit record (outside auth, so refused requests are recorded too),
-	// auth, the audit gate (which needs the principal), authorization
-	// (authorize.go: roles and tenants), the routes.
-	var h http.Handler = s.auditAdmit(s.authorize(mux))
+	// auth, an admin's acting for a tenant, the audit gate (which needs
+	// the principal), authorization (authorize.go: roles and tenants),
+	// the routes.
+	var h http.Handler = s.actFor(s.auditAdmit(s.authorize(mux)))
 	if s.Tokens != nil {
 		h = auth.Middleware(s.Tokens, h)
 	}

@@ -72,6 +72,31 @@ type Principal struct {
 	Token  string
 	Role   Role
 	Tenant string
+	// Operator is set on an admin acting for a tenant (ActFor): the
+	// admin's own tenant, whose snapshots stay visible to it (an
+	// operator's base images), though nothing else of that tenant's.
+	Operator string
+}
+
+// ActForHeader, sent by an admin, makes the request act as a user of the
+// tenant it names (Principal.ActFor): what an orchestrator serving many
+// tenants through one token sends, e.g. forkd's Kubernetes controller and
+// gateway acting for a namespace.
+const ActForHeader = "Forkd-Tenant"
+
+// ActFor is p acting for tenant: held to a user's role, tenant and quotas
+// as a user token of tenant would be, so what it creates is tenant's and
+// it sees only what tenant sees, besides the snapshots of p's own tenant
+// (Operator). Only an admin may act for another tenant.
+func (p Principal) ActFor(tenant string) (Principal, error) {
+	if !p.Admin() {
+		return Principal{}, fmt.Errorf("%s may not send %s: only an admin token acts for another tenant; drop the header: %w",
+			p, ActForHeader, errdefs.ErrPermissionDenied)
+	}
+	if err := ValidateTenant(tenant); err != nil {
+		return Principal{}, fmt.Errorf("%s: %w", ActForHeader, err)
+	}
+	return Principal{Token: p.Token, Role: RoleUser, Tenant: tenant, Operator: TenantOf(p.Tenant)}, nil
 }
 
 // SocketPrincipal is the identity of a Unix-socket client: the socket's
@@ -95,6 +120,9 @@ func (p Principal) String() string {
 	who := "the Unix socket"
 	if p.Token != "" {
 		who = fmt.Sprintf("token %q", p.Token)
+	}
+	if p.Operator != "" {
+		return fmt.Sprintf("%s (an admin of tenant %q acting as a %s of tenant %q)", who, p.Operator, p.Role, TenantOf(p.Tenant))
 	}
 	return fmt.Sprintf("%s (%s of tenant %q)", who, p.Role, TenantOf(p.Tenant))
 }
