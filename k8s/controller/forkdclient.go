@@ -233,11 +233,24 @@ func (c *NodeClient) Snapshots(ctx context.Context) ([]apiSnapshot, error) {
 	}
 }
 
+// ActForHeader makes a request to a daemon act for a tenant: the
+// controller's admin token acting as a user of that tenant (forkd's
+// docs/SECURITY.md). The controller and the gateway act so for a
+// Sandbox's namespace, so what it creates on a node (the sandbox, the
+// snapshots it branches) is the namespace's, visible to no other.
+const ActForHeader = "Forkd-Tenant"
+
 // Fork is POST /v1/sandboxes with an Idempotency-Key, so a retry after a
 // lost answer (or a controller restart) gets the first fork's sandbox
-// instead of a second one.
-func (c *NodeClient) Fork(ctx context.Context, key string, req apiForkRequest) (apiForkResponse, error) {
+// instead of a second one. It acts for tenant (the Sandbox's namespace):
+// the sandbox is the tenant's, its snapshot must be one the tenant sees
+// (its own, shared with it, or the node's operator's), and the tenant's
+// quota on the node holds.
+func (c *NodeClient) Fork(ctx context.Context, key, tenant string, req apiForkRequest) (apiForkResponse, error) {
 	hdr := http.Header{}
+	if tenant != "" {
+		hdr.Set(ActForHeader, tenant)
+	}
 	hdr.Set("Idempotency-Key", key)
 	hdr.Set("X-Request-Id", requestID(key))
 	var out apiForkResponse

@@ -82,7 +82,7 @@ func (r *SandboxReconciler) fork(ctx context.Context, key string, sb *v1.Sandbox
 			return r.forkFailed(ctx, key, sb, pull, err)
 		}
 	}
-	resp, err := c.Fork(fctx, idempotencyKey(sb), forkRequest(sb))
+	resp, err := c.Fork(fctx, idempotencyKey(sb), sb.Namespace, forkRequest(sb))
 	if err != nil {
 		return r.forkFailed(ctx, key, sb, pull, err)
 	}

@@ -188,6 +188,9 @@ func TestForkRequestBody(t *testing.T) {
 	if call.Key != "k8s-uid-body" {
 		t.Errorf("Idempotency-Key %q, want k8s-uid-body", call.Key)
 	}
+	if call.Tenant != sb.Namespace {
+		t.Errorf("the fork acted for tenant %q, want the Sandbox's namespace %q", call.Tenant, sb.Namespace)
+	}
 	if b.Tag != "py" || *b.Count != 1 || *b.TimeoutS != 600 || *b.IdleTimeoutS != 60 || *b.CPUs != 0.5 {
 		t.Errorf("fork body %+v", b)
 	}

@@ -54,8 +54,10 @@ type standInSandbox struct {
 }
 
 type forkCall struct {
-	Key  string
-	Body standInForkRequest
+	Key string
+	// Tenant is the Forkd-Tenant the controller acted for.
+	Tenant string
+	Body   standInForkRequest
 }
 
 type idemEntry struct {
@@ -87,6 +89,7 @@ type standInForkRequest struct {
 var (
 	requestIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
 	tagPattern       = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+	tenantPattern    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 	refPattern       = regexp.MustCompile(`^[a-z0-9.-]+(:[0-9]+)?/.+(:[^/]+|@sha256:[0-9a-f]{64})$`)
 )
 
@@ -238,6 +241,11 @@ func (s *standIn) fork(w http.ResponseWriter, r *http.Request) {
 		s.violation(w, "Idempotency-Key %q: 1 to 255 printable ASCII characters", key)
 		return
 	}
+	tenant := r.Header.Get(ActForHeader)
+	if tenant != "" && !tenantPattern.MatchString(tenant) {
+		s.violation(w, "%s %q: not a tenant name", ActForHeader, tenant)
+		return
+	}
 	var raw bytes.Buffer
 	raw.ReadFrom(r.Body)
 	var req standInForkRequest
@@ -247,7 +255,7 @@ func (s *standIn) fork(w http.ResponseWriter, r *http.Request) {
 		s.violation(w, "fork body does not follow ForkRequest: %v", err)
 		return
 	}
-	s.forks = append(s.forks, forkCall{Key: key, Body: req})
+	s.forks = append(s.forks, forkCall{Key: key, Tenant: tenant, Body: req})
 	switch {
 	case req.Tag == "":
 		s.violation(w, "fork: tag is required")
