@@ -40,17 +40,38 @@ func (b *AddressBook) Client(node string) (*NodeClient, bool) {
 	if !b.at.IsZero() && (age < missRefresh || (ok && age < durationOr(b.MaxAge, 5*time.Second))) {
 		return c, ok
 	}
+	b.discoverLocked()
+	c, ok = b.clients[node]
+	return c, ok
+}
+
+// All returns a client for every node's daemon discovery finds, by node
+// name, rediscovered when the last discovery is older than MaxAge.
+func (b *AddressBook) All() map[string]*NodeClient {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.at.IsZero() || time.Since(b.at) >= durationOr(b.MaxAge, 5*time.Second) {
+		b.discoverLocked()
+	}
+	all := make(map[string]*NodeClient, len(b.clients))
+	for node, c := range b.clients {
+		all[node] = c
+	}
+	return all
+}
+
+// discoverLocked replaces the clients with a fresh discovery's; a failed
+// one keeps the last known.
+func (b *AddressBook) discoverLocked() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	eps, err := b.Discovery.Discover(ctx)
 	b.at = time.Now() // a failure too: not rediscovered on every lookup
 	if err != nil {
-		return c, ok // the last known, if any
+		return
 	}
 	b.clients = make(map[string]*NodeClient, len(eps))
 	for _, ep := range eps {
 		b.clients[ep.Node] = &NodeClient{Base: ep.URL, Token: b.Token, HTTP: b.HTTP}
 	}
-	c, ok = b.clients[node]
-	return c, ok
 }

@@ -23,9 +23,9 @@ func (d *countingDiscovery) Discover(ctx context.Context) ([]NodeEndpoint, error
 	return d.eps.Discover(ctx)
 }
 
-// TestAddressBook: lookups come from the last discovery while it is
-// fresh; a miss rediscovers at most once a second; a failed discovery
-// keeps the last answer.
+// TestAddressBook: lookups (one node, or All) come from the last
+// discovery while it is fresh; a miss rediscovers at most once a second;
+// a failed discovery keeps the last answer.
 func TestAddressBook(t *testing.T) {
 	d := &countingDiscovery{eps: StaticDiscovery{{Node: "n1", URL: "https://198.51.100.2:7070"}}}
 	b := &AddressBook{Discovery: d, Token: "tok", MaxAge: time.Hour}
@@ -45,6 +45,9 @@ func TestAddressBook(t *testing.T) {
 	if c, ok := b.Client("n2"); !ok || c.Base != "https://198.51.100.6:7070" || d.calls.Load() != 2 {
 		t.Fatalf("n2 after it appeared: %+v %v (%d discoveries)", c, ok, d.calls.Load())
 	}
+	if all := b.All(); len(all) != 2 || all["n2"].Base != "https://198.51.100.6:7070" || d.calls.Load() != 2 {
+		t.Fatalf("All while fresh: %v (%d discoveries), want n1 and n2 from the last", all, d.calls.Load())
+	}
 	// Stale, and discovery fails: the last answer stands.
 	d.fail.Store(true)
 	b.MaxAge = time.Nanosecond
@@ -53,6 +56,9 @@ func TestAddressBook(t *testing.T) {
 	b.mu.Unlock()
 	if c, ok := b.Client("n1"); !ok || c.Base != "https://198.51.100.2:7070" {
 		t.Fatalf("n1 with discovery failing: %+v %v; want the last known", c, ok)
+	}
+	if all := b.All(); len(all) != 2 {
+		t.Fatalf("All with discovery failing: %v, want the last known", all)
 	}
 	calls := d.calls.Load()
 	b.Client("n1")

@@ -26,9 +26,12 @@ import (
 	"github.com/forkd-dev/forkd/k8s/controller"
 )
 
-// Nodes finds the API client of a node's daemon (controller.NodeView).
+// Nodes finds the API clients of the nodes' daemons
+// (controller.AddressBook).
 type Nodes interface {
 	Client(node string) (*controller.NodeClient, bool)
+	// All returns a client for every node's daemon, by node name.
+	All() map[string]*controller.NodeClient
 }
 
 // Gateway is the cluster-wide REST API.
@@ -68,9 +71,12 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}", g.authed(user, g.delete))
 	mux.HandleFunc("/v1/sandboxes/{id}/", g.authed(user, g.proxy))
 	mux.HandleFunc("PATCH /v1/sandboxes/{id}", g.authed(user, g.proxy))
+	mux.HandleFunc("GET /v1/snapshots", g.authed(reader, g.listSnapshots))
+	mux.HandleFunc("GET /v1/snapshots/{tag}", g.authed(reader, g.getSnapshot))
+	mux.HandleFunc("DELETE /v1/snapshots/{tag}", g.authed(user, g.deleteSnapshot))
 	mux.HandleFunc("/", g.authed(reader, func(w http.ResponseWriter, r *http.Request, _ caller) {
 		writeProblem(w, http.StatusNotImplemented, "not_implemented",
-			fmt.Sprintf("%s %s is not served by the cluster gateway: it serves forks, sandboxes and everything under /v1/sandboxes/{id}/; build, push and pull snapshots on the nodes (forkd snapshot, forkd push) and name them in a SandboxTemplate", r.Method, r.URL.Path))
+			fmt.Sprintf("%s %s is not served by the cluster gateway: it serves forks, sandboxes, everything under /v1/sandboxes/{id}/ (branch included) and the snapshots the namespace sees (list, get, delete); build, push and pull base snapshots on the nodes (forkd snapshot, forkd push) and name them in a SandboxTemplate", r.Method, r.URL.Path))
 	}))
 	return mux
 }

@@ -35,6 +35,8 @@ type daemon struct {
 	srv  *httptest.Server
 	mu   sync.Mutex
 	seen []string // METHOD PATH of every request
+	// tenants are the Forkd-Tenant each request acted for.
+	tenants []string
 }
 
 func newDaemon(t *testing.T) *daemon {
@@ -42,6 +44,7 @@ func newDaemon(t *testing.T) *daemon {
 	d.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		d.mu.Lock()
 		d.seen = append(d.seen, r.Method+" "+r.URL.Path)
+		d.tenants = append(d.tenants, r.Header.Get(controller.ActForHeader))
 		d.mu.Unlock()
 		if r.Header.Get("Authorization") != "Bearer "+nodeToken {
 			http.Error(w, "wrong token", http.StatusUnauthorized)
@@ -73,6 +76,7 @@ func newDaemon(t *testing.T) *daemon {
 type nodeMap map[string]*controller.NodeClient
 
 func (m nodeMap) Client(n string) (*controller.NodeClient, bool) { c, ok := m[n]; return c, ok }
+func (m nodeMap) All() map[string]*controller.NodeClient         { return m }
 
 type kit struct {
 	t      *testing.T
@@ -94,6 +98,24 @@ func newKit(t *testing.T, readyTimeout ...time.Duration) *kit {
 	c := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&v1.Sandbox{}).
 		WithIndex(&v1.Sandbox{}, IndexSandboxID, SandboxIDOf).Build()
 	d := newDaemon(t)
+	g := &Gateway{
+		Client: c, Nodes: nodeMap{"n1": {Base: d.srv.URL, Token: nodeToken}}, Tokens: testTokens(t),
+		DefaultNamespace: "forkd", ReadyTimeout: 2 * time.Minute, Version: "test", Log: testr.New(t),
+	}
+	if len(readyTimeout) > 0 {
+		g.ReadyTimeout = readyTimeout[0]
+	}
+	k := &kit{t: t, gw: httptest.NewServer(g.Handler()), c: c, daemon: d}
+	t.Cleanup(k.gw.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go k.controller(ctx)
+	return k
+}
+
+// testTokens: alice (user of team-a), bob (user of team-b), viewer
+// (reader of team-a); each token is NAME-token.
+func testTokens(t *testing.T) *Tokens {
 	var store strings.Builder
 	store.WriteString(`{"version":2,"tokens":[`)
 	for i, e := range [][3]string{{"alice", "user", "team-a"}, {"bob", "user", "team-b"}, {"viewer", "reader", "team-a"}} {
@@ -108,19 +130,7 @@ func newKit(t *testing.T, readyTimeout ...time.Duration) *kit {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &Gateway{
-		Client: c, Nodes: nodeMap{"n1": {Base: d.srv.URL, Token: nodeToken}}, Tokens: toks,
-		DefaultNamespace: "forkd", ReadyTimeout: 2 * time.Minute, Version: "test", Log: testr.New(t),
-	}
-	if len(readyTimeout) > 0 {
-		g.ReadyTimeout = readyTimeout[0]
-	}
-	k := &kit{t: t, gw: httptest.NewServer(g.Handler()), c: c, daemon: d}
-	t.Cleanup(k.gw.Close)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go k.controller(ctx)
-	return k
+	return toks
 }
 
 // controller plays the controller: every Sandbox without a phase gets
@@ -239,6 +249,12 @@ func TestForkProxyAndKill(t *testing.T) {
 	if resp.StatusCode != 200 || len(lines) != 3 || lines[0] != `{"stdout":"a"}` || resp.Header.Get("Content-Type") != "application/x-ndjson" {
 		t.Fatalf("exec through the gateway: %d %q", resp.StatusCode, lines)
 	}
+	k.daemon.mu.Lock()
+	acted := k.daemon.tenants[len(k.daemon.tenants)-1]
+	k.daemon.mu.Unlock()
+	if acted != "team-a" {
+		t.Errorf("the exec reached the node acting for %q, want alice's namespace team-a", acted)
+	}
 
 	// Another tenant, and a reader's write.
 	if st, b := k.call("bob", "POST", "/v1/sandboxes/"+id+"/exec", `{"cmd":["x"]}`); st != 404 || !strings.Contains(string(b), "not_found") {
@@ -326,7 +342,7 @@ func TestBadRequests(t *testing.T) {
 		{"alice", "POST", "/v1/sandboxes", `{"count":1}`, 400, "tag is required"},
 		{"alice", "POST", "/v1/sandboxes", `{"tag":"py","count":1000}`, 400, "want 1 to 100"},
 		{"alice", "POST", "/v1/sandboxes", `{"tag":"py","recipe":"x"}`, 400, "unknown field"},
-		{"alice", "POST", "/v1/snapshots", `{}`, 501, "build, push and pull snapshots on the nodes"},
+		{"alice", "POST", "/v1/snapshots", `{}`, 501, "build, push and pull base snapshots on the nodes"},
 		{"alice", "GET", "/v1/sandboxes/sb-nope/files?path=/", "", 404, "in this token's namespace"},
 		{"alice", "POST", "/v1/sandboxes/kill", `{}`, 400, "exactly one of ids and all"},
 		{"alice", "POST", "/v1/sandboxes", `{"tag":"py","metadata":{"":"x"}}`, 400, "keys take 1 to 63 bytes"},

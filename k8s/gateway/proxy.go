@@ -44,7 +44,8 @@ func httpClient(nc *controller.NodeClient) *http.Client {
 
 // proxy forwards a request about one sandbox to the daemon on its node,
 // path and query unchanged (the gateway's paths are the daemon's), with
-// the node token for the caller's. Streams (NDJSON, SSE), WebSocket and
+// the node token for the caller's, acting for the caller's namespace
+// (controller.ActForHeader). Streams (NDJSON, SSE), WebSocket and
 // other upgrades pass through; answers are flushed as they come.
 func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, c caller) {
 	id := r.PathValue("id")
@@ -73,6 +74,9 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, c caller) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(base) // base's path (if any) + the request's
 			pr.Out.Header.Set("Authorization", "Bearer "+nc.Token)
+			// As the namespace, so what the request makes there (a
+			// branch's snapshot) is the namespace's alone.
+			pr.Out.Header.Set(controller.ActForHeader, c.namespace)
 			pr.SetXForwarded()
 		},
 		Transport:     httpClient(nc).Transport,
