@@ -280,12 +280,22 @@ func (c *NodeClient) PullSnapshot(ctx context.Context, key, ref, tag string) err
 	if statusOf(err) != http.StatusConflict {
 		return err
 	}
-	var snap apiSnapshot
-	if gerr := c.do(ctx, http.MethodGet, "/v1/snapshots/"+url.PathEscape(tag), nil, nil, &snap); gerr == nil && (snap.State == "" || snap.State == "ready") {
+	if snap, gerr := c.Snapshot(ctx, tag); gerr == nil && snap.ready() {
 		return nil
 	}
 	return err
 }
+
+// Snapshot is GET /v1/snapshots/{tag}.
+func (c *NodeClient) Snapshot(ctx context.Context, tag string) (apiSnapshot, error) {
+	var snap apiSnapshot
+	err := c.do(ctx, http.MethodGet, "/v1/snapshots/"+url.PathEscape(tag), nil, nil, &snap)
+	return snap, err
+}
+
+// ready says the snapshot can be forked (a daemon that reports no state
+// has only ready ones).
+func (s apiSnapshot) ready() bool { return s.State == "" || s.State == "ready" }
 
 // Sandbox is GET /v1/sandboxes/{id}.
 func (c *NodeClient) Sandbox(ctx context.Context, id string) (apiSandbox, error) {

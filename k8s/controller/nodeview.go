@@ -62,6 +62,8 @@ type NodeView struct {
 	mu     sync.Mutex
 	nodes  map[string]*nodeRecord
 	rounds int
+	// found is when FindSnapshot last asked the nodes for a tag.
+	found map[string]time.Time
 }
 
 type nodeRecord struct {
@@ -358,7 +360,7 @@ func (v *NodeView) pollNode(ctx context.Context, node string, c *NodeClient) pol
 	}
 	res.snapshots = map[string]apiSnapshot{}
 	for _, s := range snaps {
-		if s.State == "" || s.State == "ready" { // only a ready snapshot forks
+		if s.ready() { // only a ready snapshot forks
 			res.snapshots[s.Tag] = s
 		}
 	}

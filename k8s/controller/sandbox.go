@@ -206,12 +206,18 @@ func (r *SandboxReconciler) place(ctx context.Context, key string, sb *v1.Sandbo
 	} else {
 		var began time.Time
 		var err error
-		d, began, err = r.placeTimed(placement.Request{
+		req := placement.Request{
 			Key:         key,
 			Snapshot:    sb.Spec.Snapshot.Tag,
 			MemoryBytes: mem,
 			Pullable:    sb.Spec.Snapshot.Image != "",
-		})
+		}
+		d, began, err = r.placeTimed(req)
+		if errors.Is(err, placement.ErrNoCapacity) && r.Nodes.FindSnapshot(ctx, req.Snapshot) {
+			// Made on a node since the view's last round (a branch):
+			// found there now.
+			d, began, err = r.placeTimed(req)
+		}
 		if err == nil {
 			starts.begin(sb.UID, began, d.Pull)
 		}

@@ -461,3 +461,52 @@ func containsString(list []string, s string) bool {
 	}
 	return false
 }
+
+// TestForkOfASnapshotMadeSinceTheLastRound: a tag no node was known to
+// hold at the last poll (a branch made through the gateway since) is
+// looked for on the nodes when placement finds no holder, and the
+// sandbox forks there at once, without waiting for a round; a tag no
+// node holds is looked for at most once per findEvery, and a tag known
+// held is never looked for.
+func TestForkOfASnapshotMadeSinceTheLastRound(t *testing.T) {
+	e := newTestEnv(t,
+		nodeSpec{name: "node-a", memory: 8 * gib, snapshots: map[string]int{"py": 512}},
+		nodeSpec{name: "node-b", memory: 8 * gib})
+	b := e.standIn["node-b"]
+	b.mu.Lock()
+	b.snapshots["py-br-1"] = 512 // branched after the poll
+	b.mu.Unlock()
+	e.create(newSandbox("child", "py-br-1"))
+	e.reconcile("child")
+	if sb := e.get("child"); sb.Status.NodeName != "node-b" || sb.Status.Phase != v1.SandboxRunning {
+		t.Fatalf("child of a new branch: %+v, want Running on node-b without a new round", sb.Status)
+	}
+
+	e.create(newSandbox("typo", "py-typo"))
+	e.reconcile("typo")
+	e.reconcile("typo")
+	if sb := e.get("typo"); sb.Status.Phase != v1.SandboxPending {
+		t.Fatalf("a tag no node holds: %+v, want Pending", sb.Status)
+	}
+	e.create(newSandbox("known", "py"))
+	e.reconcile("known")
+	count := func(si *standIn, tag string) int {
+		si.mu.Lock()
+		defer si.mu.Unlock()
+		n := 0
+		for _, g := range si.snapshotGets {
+			if g == tag {
+				n++
+			}
+		}
+		return n
+	}
+	for _, n := range []string{"node-a", "node-b"} {
+		if got := count(e.standIn[n], "py-typo"); got != 1 {
+			t.Errorf("%s asked for py-typo %d times in two reconciles, want once (at most every %v)", n, got, findEvery)
+		}
+		if got := count(e.standIn[n], "py"); got != 0 {
+			t.Errorf("%s asked for py, which node-a is known to hold, %d times", n, got)
+		}
+	}
+}

@@ -46,6 +46,8 @@ type standIn struct {
 	// pullFails every pull is a 404 from the registry.
 	pulls     []string
 	pullFails bool
+	// snapshotGets are the tags of GET /v1/snapshots/{tag}.
+	snapshotGets []string
 }
 
 type standInSandbox struct {
@@ -173,6 +175,7 @@ func (s *standIn) serve(w http.ResponseWriter, r *http.Request) {
 		s.pull(w, r)
 	case r.Method == http.MethodGet && strings.HasPrefix(path, "/v1/snapshots/"):
 		tag := path[len("/v1/snapshots/"):]
+		s.snapshotGets = append(s.snapshotGets, tag)
 		mib, ok := s.snapshots[tag]
 		if !ok {
 			problem(w, 404, "not_found", "snapshot "+tag+" not found")
