@@ -6,6 +6,18 @@ import (
 	"time"
 )
 
+// HeldAnywhere says some node up is known to hold tag ready.
+func (v *NodeView) HeldAnywhere(tag string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, r := range v.nodes {
+		if _, ok := r.snapshots[tag]; ok && r.up {
+			return true
+		}
+	}
+	return false
+}
+
 // findEvery is how often FindSnapshot may ask the nodes for one tag.
 const findEvery = 5 * time.Second
 

@@ -222,9 +222,16 @@ func (r *SandboxReconciler) place(ctx context.Context, key string, sb *v1.Sandbo
 			starts.begin(sb.UID, began, d.Pull)
 		}
 		if errors.Is(err, placement.ErrNoCapacity) {
+			reason, msg := v1.ReasonNoCapacity, err.Error()
+			if !req.Pullable && !r.Nodes.HeldAnywhere(req.Snapshot) {
+				// Not full: absent (a typo, a tag not built yet, or one
+				// removed), as a daemon's fork of it is a 404.
+				reason = v1.ReasonSnapshotNotFound
+				msg = fmt.Sprintf("no node holds snapshot %q (every node up was asked) and the Sandbox names no image to pull it from", req.Snapshot)
+			}
 			sb.Status.Phase = v1.SandboxPending
-			r.setCondition(sb, v1.ConditionPlaced, metav1.ConditionFalse, v1.ReasonNoCapacity, err.Error())
-			record(r.Events, sb, nil, eventWarning, v1.ReasonNoCapacity, actionPlace, "%v", err)
+			r.setCondition(sb, v1.ConditionPlaced, metav1.ConditionFalse, reason, msg)
+			record(r.Events, sb, nil, eventWarning, reason, actionPlace, "%s", msg)
 			return false, retry, r.updateStatus(ctx, sb)
 		}
 		if err != nil {

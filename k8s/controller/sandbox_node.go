@@ -126,10 +126,15 @@ func (r *SandboxReconciler) forkFailed(ctx context.Context, key string, sb *v1.S
 		record(r.Events, sb, nil, eventWarning, ReasonPullFailed, actionFork, "node %s could not pull %s: %v", node, sb.Spec.Snapshot.Image, err)
 		return ctrl.Result{RequeueAfter: retryAfter}, r.updateStatus(ctx, sb)
 	case st >= 400 && st < 500 && st != http.StatusTooManyRequests:
-		// Refused for good (a bad body, an unknown tag): say so, retry
-		// slowly in case the node changes (a snapshot created later).
-		r.setCondition(sb, v1.ConditionReady, metav1.ConditionFalse, ReasonForkFailed, err.Error())
-		record(r.Events, sb, nil, eventWarning, ReasonForkFailed, actionFork, "%v", err)
+		// Refused for good (a bad body, an unknown tag, another
+		// namespace's snapshot): say so, retry slowly in case the node
+		// changes (a snapshot created or shared later).
+		reason := ReasonForkFailed
+		if st == http.StatusNotFound {
+			reason = v1.ReasonSnapshotNotFound
+		}
+		r.setCondition(sb, v1.ConditionReady, metav1.ConditionFalse, reason, err.Error())
+		record(r.Events, sb, nil, eventWarning, reason, actionFork, "%v", err)
 		return ctrl.Result{RequeueAfter: 4 * retryAfter}, r.updateStatus(ctx, sb)
 	default:
 		// Unavailable, 429, 5xx, no answer: controller-runtime backs off.

@@ -327,15 +327,23 @@ func TestDaemonPodGoneMarksSandboxesLost(t *testing.T) {
 	}
 }
 
+// TestNoCapacity: a holder without room is NoCapacity; a tag no node
+// holds, with no image, is SnapshotNotFound; both are retried.
 func TestNoCapacity(t *testing.T) {
 	e := newTestEnv(t, nodeSpec{name: "n1", memory: 8 * gib, snapshots: map[string]int{"py": 512}})
+	big := newSandbox("big", "py")
+	mem := resource.MustParse("16Gi")
+	big.Spec.Resources.Memory = &mem
+	e.create(big)
 	e.create(newSandbox("nope", "absent"))
-	res := e.reconcile("nope")
-	sb := e.get("nope")
-	if sb.Status.NodeName != "" || res.RequeueAfter == 0 {
-		t.Fatalf("status %+v, result %+v: want unplaced and a retry", sb.Status, res)
+	for name, reason := range map[string]string{"big": v1.ReasonNoCapacity, "nope": v1.ReasonSnapshotNotFound} {
+		res := e.reconcile(name)
+		sb := e.get(name)
+		if sb.Status.NodeName != "" || res.RequeueAfter == 0 {
+			t.Fatalf("%s: status %+v, result %+v: want unplaced and a retry", name, sb.Status, res)
+		}
+		wantCondition(t, sb.Status.Conditions, v1.ConditionPlaced, metav1.ConditionFalse, reason)
 	}
-	wantCondition(t, sb.Status.Conditions, v1.ConditionPlaced, metav1.ConditionFalse, v1.ReasonNoCapacity)
 }
 
 func TestPullForksTheImageReference(t *testing.T) {

@@ -151,11 +151,16 @@ func (k *kit) controller(ctx context.Context) {
 				if sb.Status.Phase != "" {
 					continue
 				}
-				if sb.Spec.Snapshot.Tag == "full" {
+				switch sb.Spec.Snapshot.Tag {
+				case "full":
 					sb.Status.Phase = v1.SandboxPending
 					sb.Status.Conditions = []metav1.Condition{{Type: v1.ConditionPlaced, Status: metav1.ConditionFalse,
 						Reason: v1.ReasonNoCapacity, Message: "no ready node has room", LastTransitionTime: metav1.Now()}}
-				} else {
+				case "absent":
+					sb.Status.Phase = v1.SandboxPending
+					sb.Status.Conditions = []metav1.Condition{{Type: v1.ConditionPlaced, Status: metav1.ConditionFalse,
+						Reason: v1.ReasonSnapshotNotFound, Message: `no node holds snapshot "absent"`, LastTransitionTime: metav1.Now()}}
+				default:
 					sb.Status.Phase, sb.Status.NodeName, sb.Status.SandboxID = v1.SandboxRunning, "n1", "sb-"+sb.Name
 				}
 				k.c.Status().Update(ctx, sb)
@@ -326,6 +331,16 @@ func TestForkIdempotentAndUndone(t *testing.T) {
 	}
 	if n, err := k2.waitGone(); n != 0 {
 		t.Fatalf("a failed fork left %d Sandboxes (%v)", n, err)
+	}
+	// A tag no node holds for the namespace is a 404 at once (as a
+	// daemon's), not the deadline's 429 or 504.
+	k3 := newKit(t)
+	st, b = k3.call("alice", "POST", "/v1/sandboxes", `{"tag":"absent"}`)
+	if st != http.StatusNotFound || !strings.Contains(string(b), `no node holds snapshot \"absent\"`) {
+		t.Fatalf("fork of a tag no node holds: %d %s", st, b)
+	}
+	if n, err := k3.waitGone(); n != 0 {
+		t.Fatalf("a fork of an absent tag left %d Sandboxes (%v)", n, err)
 	}
 }
 

@@ -186,6 +186,9 @@ func (g *Gateway) waitRunning(ctx context.Context, namespace, name string) (json
 			return raw, 0, "", nil
 		case err == nil && (sb.Status.Phase == v1.SandboxLost || sb.Status.Phase == v1.SandboxEnded):
 			return nil, http.StatusServiceUnavailable, "unavailable", fmt.Errorf("Sandbox %s is %s: %s", name, sb.Status.Phase, readyMessage(&sb))
+		case err == nil && snapshotNotFound(&sb):
+			// As a daemon answers a fork of a tag it does not hold.
+			return nil, http.StatusNotFound, "not_found", fmt.Errorf("Sandbox %s: %s", name, readyMessage(&sb))
 		}
 		select {
 		case <-ctx.Done():
@@ -201,6 +204,18 @@ func (g *Gateway) waitRunning(ctx context.Context, namespace, name string) (json
 		case <-tick.C:
 		}
 	}
+}
+
+// snapshotNotFound says the controller found no snapshot to fork for
+// the Sandbox: none held for its namespace anywhere, or refused by the
+// node chosen.
+func snapshotNotFound(sb *v1.Sandbox) bool {
+	for _, t := range []string{v1.ConditionReady, v1.ConditionPlaced} {
+		if c := meta.FindStatusCondition(sb.Status.Conditions, t); c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1.ReasonSnapshotNotFound {
+			return true
+		}
+	}
+	return false
 }
 
 // readyMessage is why a Sandbox is where it is, from its conditions.

@@ -136,9 +136,14 @@ const (
 	ReasonForked = "Forked"
 	// ReasonPulling: the chosen node is pulling the snapshot first.
 	ReasonPulling = "PullingSnapshot"
-	// ReasonNoCapacity: no ready node has the memory, or none holds the
-	// snapshot and it has no image to pull from.
+	// ReasonNoCapacity: no ready node holding the snapshot (or, with an
+	// image, none at all) has the memory.
 	ReasonNoCapacity = "NoCapacity"
+	// ReasonSnapshotNotFound: no node holds the snapshot for the
+	// Sandbox's namespace and it names no image to pull it from, or the
+	// node chosen answered that it holds none the namespace may fork
+	// (another namespace's). Retried, in case it appears.
+	ReasonSnapshotNotFound = "SnapshotNotFound"
 	// ReasonNodeLost: the node stopped reporting; the sandbox is gone.
 	ReasonNodeLost = "NodeLost"
 	// ReasonExpired: its lifetime ran out.
