@@ -101,11 +101,12 @@ func newCredentials(t *testing.T, forkd string, ips []string) *credentials {
 	c.certFile = writePEM("tls.crt", "CERTIFICATE", leafDER)
 	c.keyFN = writePEM("tls.key", "EC PRIVATE KEY", keyDER)
 
-	// A user of tenant default, as gen-secrets.sh makes, through the CLI
-	// that writes the daemon's own token store format.
+	// The daemons' admin, as gen-secrets.sh makes it (the controller acts
+	// for each namespace with it), through the CLI that writes the
+	// daemon's own token store format.
 	var stderr bytes.Buffer
 	cmd := exec.Command(forkd, "token", "create", "--token-file", filepath.Join(dir, "tokens.json"),
-		"--tenant", "default", "forkd-controller")
+		"--role", "admin", "forkd-controller")
 	cmd.Stderr = &stderr
 	out, err := cmd.Output() // the token alone; stderr says what it is
 	if err != nil {
