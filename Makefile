@@ -1,6 +1,7 @@
 # forkd — see README.md. Two commands do everything on a fresh Debian host:
 #   make quickstart   install, build, snapshot py-pandas, fork 3, run pandas
-#   make test         unit tests + integration tests that boot real microVMs
+#   make test         unit tests, integration tests that boot real microVMs,
+#                     and the Kubernetes tests against a real kube-apiserver
 
 GO        ?= go
 # scripts/install-go.sh puts Go there when the host's is missing or too old.
@@ -36,7 +37,7 @@ DEB_VERSION ?= $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null) &
 NFPM      ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
 DIST_NAME := forkd-$(DEB_VERSION)-linux-amd64
 
-.PHONY: all build deps test-deps quickstart test test-k8s test-load unit integration vet fmt bench clean install uninstall deb dist images
+.PHONY: all build deps test-deps quickstart test test-k8s-norace test-k8s test-load unit integration vet fmt bench clean install uninstall deb dist images
 
 all: build
 
@@ -67,21 +68,28 @@ unit:
 integration: build
 	$(GO) test -count=1 -timeout 55m ./integration/...
 
-# Kubernetes tests: the modules in K8S_MODULES, vetted and run with the race
-# detector; test/k8s starts a real etcd and kube-apiserver, which
-# scripts/k8s-testenv.sh builds from the Go module proxy once and caches in
-# ~/.cache/forkd/k8s (cold on 2 cores: 12-17 minutes, and about 9 more to
-# compile the test modules; with both caches warm: about 25 seconds).
-# test/k8s/e2e runs bin/forkd as the nodes' daemons, hence build.
-test-k8s: build
-	@for m in $(K8S_MODULES); do (cd $$m && echo "go vet ($$m)" && $(GO) vet ./...) || exit 1; done
+# Kubernetes tests: the modules in K8S_MODULES, vetted and run; test/k8s
+# starts a real etcd and kube-apiserver, which scripts/k8s-testenv.sh
+# builds from the Go module proxy once and caches in ~/.cache/forkd/k8s;
+# test/k8s/e2e runs bin/forkd as the nodes' daemons, hence build. All with
+# -trimpath, as the script builds kube-apiserver, so the tests reuse what
+# that build compiled (client-go, apimachinery). make test runs them
+# without the race detector (cold on 2 cores: about 16 minutes, binaries
+# included; warm: about a minute); make test-k8s adds it (about 6 more
+# minutes cold, compiling those libraries again with -race).
+define k8s_tests
+	@for m in $(K8S_MODULES); do (cd $$m && echo "go vet ($$m)" && GOFLAGS=-trimpath $(GO) vet ./...) || exit 1; done
 	assets=$$(./scripts/k8s-testenv.sh) && for m in $(K8S_MODULES); do \
-		(cd $$m && KUBEBUILDER_ASSETS=$$assets $(GO) test -race -count=1 -timeout 30m ./...) || exit 1; done
+		(cd $$m && KUBEBUILDER_ASSETS=$$assets GOFLAGS=-trimpath $(GO) test $(1) -count=1 -timeout 30m ./...) || exit 1; done
+endef
 
-# test-k8s is not yet part of test: on a fresh clone it adds 20-26
-# minutes (docs/KUBERNETES.md) to CI's ~20; it joins once its cold cost
-# has been cut (Debian's etcd, prebuilt binaries kept between runs).
-test: test-deps build vet unit integration
+test-k8s-norace: build
+	$(call k8s_tests,)
+
+test-k8s: build
+	$(call k8s_tests,-race)
+
+test: test-deps build vet unit integration test-k8s-norace
 
 # The whole suite while every core is kept busy (scripts/test-load.sh), as
 # CI may be: a test that waits for a fixed time instead of a condition
