@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -15,7 +16,8 @@ import (
 // tenant's (an operator's base images), not another tenant's; it sees
 // only that tenant's sandboxes; it is held to that tenant's quota and a
 // user's role; the audit log names the token and the tenant. Anyone else
-// sending the header is refused.
+// sending the header is refused (and audited under its token), as is an
+// admin acting for its own tenant, or two headers.
 func TestAdminActsForTenant(t *testing.T) {
 	tk := newTenancy(t, nil)
 	acme := map[string]string{auth.ActForHeader: "acme"}
@@ -61,6 +63,35 @@ func TestAdminActsForTenant(t *testing.T) {
 	if a := tk.call("ops", "GET", "/v1/snapshots", "", map[string]string{auth.ActForHeader: "a b"}); a.status != 400 {
 		t.Errorf("acting for a bad tenant name: %d %s", a.status, a.body)
 	}
+	// Acting for its own tenant would own the operator's snapshots.
+	if a := tk.call("ops", "DELETE", "/v1/snapshots/legacy", "", map[string]string{auth.ActForHeader: "default"}); a.status != 400 ||
+		!strings.Contains(a.p.Detail, "own tenant") {
+		t.Errorf("acting for the admin's own tenant: %d %s", a.status, a.body)
+	}
+	if _, err := tk.s.Engine.Store().Get("legacy"); err != nil {
+		t.Fatalf("legacy is gone: %v", err)
+	}
+	// Two values are refused, not collapsed (nor passed on).
+	req, _ := http.NewRequest("GET", tk.srv.URL+"/v1/snapshots", nil)
+	req.Header.Set("Authorization", "Bearer "+tk.tok["ops"])
+	req.Header.Add(auth.ActForHeader, "")
+	req.Header.Add(auth.ActForHeader, "acme")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 400 {
+		t.Errorf("two %s headers: %v %v", auth.ActForHeader, resp.StatusCode, err)
+	} else {
+		resp.Body.Close()
+	}
+	// A user's attempt is audited as its own refused request.
+	if a := tk.call("alice", "POST", "/v1/sandboxes", `{"tag":"b-base"}`, map[string]string{auth.ActForHeader: "beta"}); a.status != 403 {
+		t.Errorf("alice forking as beta: %d %s", a.status, a.body)
+	}
+	refused := false
+	for _, rec := range auditRecords(t, tk.auditDir)["POST /v1/sandboxes"] {
+		refused = refused || (rec.Token == "alice" && rec.Tenant == "acme" && rec.Outcome == "permission_denied")
+	}
+	if !refused {
+		t.Error("alice's refused attempt to act for beta is not in the audit log under her token")
+	}
 
 	found := false
 	for _, rec := range auditRecords(t, tk.auditDir)["POST /v1/sandboxes"] {
@@ -68,5 +99,37 @@ func TestAdminActsForTenant(t *testing.T) {
 	}
 	if !found {
 		t.Error("no audit record of ops' fork acting for acme")
+	}
+}
+
+// headers adds fixed headers to every request.
+type headers struct {
+	h    map[string]string
+	next http.RoundTripper
+}
+
+func (t headers) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	for k, v := range t.h {
+		r.Header.Set(k, v)
+	}
+	return t.next.RoundTrip(r)
+}
+
+// TestAdminActsForTenantThroughMCP: the REST calls an /mcp tool makes for
+// an admin acting for a tenant act for it too, so MCP is no way around
+// the tenant's bounds.
+func TestAdminActsForTenantThroughMCP(t *testing.T) {
+	tk := newTenancy(t, nil)
+	hc := &http.Client{Transport: headers{map[string]string{
+		"Authorization": "Bearer " + tk.tok["ops"], auth.ActForHeader: "acme",
+	}, http.DefaultTransport}}
+	cs, err := mcpConnect(t, tk.srv.URL+"/mcp", hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := resultText(toolCall(t, cs, "list_snapshots", map[string]any{}))
+	if !strings.Contains(got, "a-base") || !strings.Contains(got, "legacy") || strings.Contains(got, "b-base") {
+		t.Errorf("list_snapshots acting for acme: %s; want a-base and legacy, not b-base", got)
 	}
 }

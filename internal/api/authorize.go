@@ -158,19 +158,29 @@ func (s *Server) principalOf(r *http.Request) auth.Principal {
 // through the port proxy.
 func (s *Server) actFor(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tenant := r.Header.Get(auth.ActForHeader)
-		if tenant == "" {
+		values := r.Header.Values(auth.ActForHeader)
+		r.Header.Del(auth.ActForHeader)
+		if len(values) == 0 {
 			next.ServeHTTP(w, r)
 			return
 		}
-		r.Header.Del(auth.ActForHeader)
 		p, ok := s.principal(r)
 		if !ok { // no token: authorize answers 401
 			next.ServeHTTP(w, r)
 			return
 		}
-		acting, err := p.ActFor(tenant)
+		acting, err := p.ActFor(values[0])
+		if len(values) > 1 {
+			err = fmt.Errorf("%d %s headers: send one: %w", len(values), auth.ActForHeader, errdefs.ErrInvalidArgument)
+		}
 		if err != nil {
+			// Recorded as this token's refused request, not as an
+			// anonymous one.
+			if n, _ := r.Context().Value(auditKey{}).(*auditNote); n != nil {
+				n.mu.Lock()
+				n.token, n.tenant, n.passed = p.Token, auth.TenantOf(p.Tenant), true
+				n.mu.Unlock()
+			}
 			writeProblem(w, r, err)
 			return
 		}

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/forkd-dev/forkd/internal/auth"
 	"github.com/forkd-dev/forkd/internal/client"
 	"github.com/forkd-dev/forkd/internal/errdefs"
 	forkdmcp "github.com/forkd-dev/forkd/internal/mcp"
@@ -80,6 +81,7 @@ type mcpCallerKey struct{}
 // its tools make.
 type mcpCaller struct {
 	authorization string   // the request's Authorization header, re-verified by each inner request
+	actFor        string   // the tenant an admin acts for (auth.ActForHeader), sent on with each inner request
 	localAddr     net.Addr // where the request arrived (http.LocalAddrContextKey)
 	peer          string   // who sent it (PeerContext), for the audit log
 	remoteAddr    string
@@ -117,8 +119,12 @@ func (s *Server) mcpHandler() http.Handler {
 		}
 		once.Do(build)
 		local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+		var actFor string
+		if p, ok := s.principal(r); ok && p.Operator != "" { // actFor consumed the header
+			actFor = p.Tenant
+		}
 		c := mcpCaller{
-			authorization: r.Header.Get("Authorization"), localAddr: local,
+			authorization: r.Header.Get("Authorization"), actFor: actFor, localAddr: local,
 			peer: peerOf(r), remoteAddr: r.RemoteAddr, requestID: requestID(r),
 		}
 		pw := &problemWriter{ResponseWriter: w, r: r}
@@ -226,6 +232,10 @@ func (t *mcpTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	in.RemoteAddr = c.remoteAddr
 	in.Proto, in.ProtoMajor, in.ProtoMinor = "HTTP/1.1", 1, 1
 	in.Header.Del("Authorization")
+	in.Header.Del(auth.ActForHeader)
+	if c.actFor != "" {
+		in.Header.Set(auth.ActForHeader, c.actFor)
+	}
 	if c.authorization != "" {
 		in.Header.Set("Authorization", c.authorization)
 	}

@@ -87,7 +87,8 @@ const ActForHeader = "Forkd-Tenant"
 // ActFor is p acting for tenant: held to a user's role, tenant and quotas
 // as a user token of tenant would be, so what it creates is tenant's and
 // it sees only what tenant sees, besides the snapshots of p's own tenant
-// (Operator). Only an admin may act for another tenant.
+// (Operator). Only an admin may act, and only for another tenant than
+// its own.
 func (p Principal) ActFor(tenant string) (Principal, error) {
 	if !p.Admin() {
 		return Principal{}, fmt.Errorf("%s may not send %s: only an admin token acts for another tenant; drop the header: %w",
@@ -95,6 +96,12 @@ func (p Principal) ActFor(tenant string) (Principal, error) {
 	}
 	if err := ValidateTenant(tenant); err != nil {
 		return Principal{}, fmt.Errorf("%s: %w", ActForHeader, err)
+	}
+	if tenant == TenantOf(p.Tenant) {
+		// It would own what it only sees otherwise: the operator's
+		// snapshots, removable by whoever it acts for.
+		return Principal{}, fmt.Errorf("%s %q is %s's own tenant: an admin acts only for another (map that tenant to another name, as forkd's Kubernetes controller maps namespace default to k8s.default): %w",
+			ActForHeader, tenant, p, errdefs.ErrInvalidArgument)
 	}
 	return Principal{Token: p.Token, Role: RoleUser, Tenant: tenant, Operator: TenantOf(p.Tenant)}, nil
 }
