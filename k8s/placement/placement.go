@@ -56,6 +56,11 @@ type Request struct {
 	// SnapshotBytes is the disk that takes (0: unknown, not checked).
 	Pullable      bool
 	SnapshotBytes int64
+	// Also are other snapshot keys the sandbox may fork as well, tried
+	// after Snapshot's holders (held only: never pulled under them): the
+	// controller's key of a tag every namespace may fork, after the key of
+	// the tag held for the sandbox's namespace alone.
+	Also []string
 	// OnlyNew asks for a decision only for a key with no reservation: a
 	// placed key gets ErrPlaced instead of its first decision (a caller
 	// that may give the reservation back must not give back another's).
@@ -257,9 +262,15 @@ func (c *Cluster) Place(req Request) (Decision, error) {
 		return Decision{Node: p.n.Name, Pull: p.pull}, nil
 	}
 	fits := func(n *node) bool { return n.Ready && n.free() >= req.MemoryBytes }
-	if n := best(c.holders[req.Snapshot], fits); n != nil {
-		c.reserveLocked(req.Key, n, req.MemoryBytes, false)
-		return Decision{Node: n.Name}, nil
+	for i := -1; i < len(req.Also); i++ {
+		key := req.Snapshot
+		if i >= 0 {
+			key = req.Also[i]
+		}
+		if n := best(c.holders[key], fits); n != nil {
+			c.reserveLocked(req.Key, n, req.MemoryBytes, false)
+			return Decision{Node: n.Name}, nil
+		}
 	}
 	if n := best(c.pulling[req.Snapshot], fits); n != nil {
 		c.reserveLocked(req.Key, n, req.MemoryBytes, true)

@@ -190,3 +190,23 @@ func TestConcurrentPlacementsNeverOvercommit(t *testing.T) {
 		t.Fatalf("placed %d, failed %d; want %d placed", total, failed, want)
 	}
 }
+
+// TestPlaceAlsoKeys: a sandbox goes to a holder of its own key first,
+// then of an Also key (another holder of a tag it may fork), and a pull
+// is only ever of its own key.
+func TestPlaceAlsoKeys(t *testing.T) {
+	c := New()
+	c.SetNode(Node{Name: "public", Ready: true, MemoryBytes: 64 * gib, DiskFreeBytes: 100 * gib, Snapshots: []string{"py"}})
+	c.SetNode(Node{Name: "mine", Ready: true, MemoryBytes: 8 * gib, DiskFreeBytes: 100 * gib, Snapshots: []string{"@a/py"}})
+	c.SetNode(Node{Name: "theirs", Ready: true, MemoryBytes: 128 * gib, DiskFreeBytes: 100 * gib, Snapshots: []string{"@b/py"}})
+	if d := mustPlace(t, c, Request{Key: "s1", Snapshot: "@a/py", Also: []string{"py"}, MemoryBytes: 4 * gib}); d.Node != "mine" {
+		t.Fatalf("placed on %q, want mine (its own key's holder, before the Also key's bigger one)", d.Node)
+	}
+	if d := mustPlace(t, c, Request{Key: "s2", Snapshot: "@a/py", Also: []string{"py"}, MemoryBytes: 6 * gib}); d.Node != "public" {
+		t.Fatalf("placed on %q, want public (mine is full; theirs is another's)", d.Node)
+	}
+	d := mustPlace(t, c, Request{Key: "s3", Snapshot: "@c/py", MemoryBytes: 4 * gib, Pullable: true})
+	if d.Node != "theirs" || !d.Pull {
+		t.Fatalf("placed %+v, want a pull of @c/py to the roomiest node", d)
+	}
+}
