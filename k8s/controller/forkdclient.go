@@ -51,6 +51,9 @@ type apiSnapshot struct {
 	MemoryMiB int    `json:"memory_mib"`
 	DiskBytes int64  `json:"disk_bytes"`
 	State     string `json:"state"`
+	// Owner and SharedWith, shown to admins in full: who may fork it.
+	Owner      string   `json:"owner,omitempty"`
+	SharedWith []string `json:"shared_with,omitempty"`
 }
 
 // apiSnapshotList is the SnapshotList schema (GET /v1/snapshots).
@@ -265,13 +268,22 @@ type apiPullRequest struct {
 	Tag string `json:"tag,omitempty"`
 }
 
-// PullSnapshot is POST /v1/snapshots/pull: the node fetches ref and
-// keeps it under tag, answering once it is pulled (201). A 409 means the
-// tag is held already (a pull for another sandbox won) or this key's
-// pull is still running: the tag being ready tells them apart, and only
-// the first is no error.
-func (c *NodeClient) PullSnapshot(ctx context.Context, key, ref, tag string) error {
+// errTagTaken is PullSnapshot's answer when the tag is held on the node
+// by a tenant that does not share it with this one.
+var errTagTaken = errors.New("the tag is another tenant's on this node")
+
+// PullSnapshot is POST /v1/snapshots/pull acting for tenant: the node
+// fetches ref and keeps it under tag as the tenant's, answering once it
+// is pulled (201). A 409 means the tag is held already (a pull for
+// another sandbox of the tenant won, or another tenant's) or this key's
+// pull is still running: the tag being ready to the tenant tells them
+// apart, and only the first is no error; one the tenant cannot see at
+// all is errTagTaken.
+func (c *NodeClient) PullSnapshot(ctx context.Context, key, tenant, ref, tag string) error {
 	hdr := http.Header{}
+	if tenant != "" {
+		hdr.Set(ActForHeader, tenant)
+	}
 	if key != "" {
 		hdr.Set("Idempotency-Key", key)
 		hdr.Set("X-Request-Id", requestID(key))
@@ -280,16 +292,29 @@ func (c *NodeClient) PullSnapshot(ctx context.Context, key, ref, tag string) err
 	if statusOf(err) != http.StatusConflict {
 		return err
 	}
-	if snap, gerr := c.Snapshot(ctx, tag); gerr == nil && snap.ready() {
+	snap, gerr := c.snapshot(ctx, tag, hdr)
+	switch {
+	case gerr == nil && snap.ready():
 		return nil
+	case statusOf(gerr) == http.StatusNotFound:
+		return fmt.Errorf("pull %s as %s on %s: %w (%v)", tag, tenant, c.Base, errTagTaken, err)
 	}
 	return err
 }
 
-// Snapshot is GET /v1/snapshots/{tag}.
+// Snapshot is GET /v1/snapshots/{tag} (as the admin: with its owner and
+// shares).
 func (c *NodeClient) Snapshot(ctx context.Context, tag string) (apiSnapshot, error) {
+	return c.snapshot(ctx, tag, nil)
+}
+
+func (c *NodeClient) snapshot(ctx context.Context, tag string, hdr http.Header) (apiSnapshot, error) {
+	h := http.Header{}
+	if t := hdr.Get(ActForHeader); t != "" {
+		h.Set(ActForHeader, t)
+	}
 	var snap apiSnapshot
-	err := c.do(ctx, http.MethodGet, "/v1/snapshots/"+url.PathEscape(tag), nil, nil, &snap)
+	err := c.do(ctx, http.MethodGet, "/v1/snapshots/"+url.PathEscape(tag), h, nil, &snap)
 	return snap, err
 }
 

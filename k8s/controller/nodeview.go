@@ -62,8 +62,10 @@ type NodeView struct {
 	mu     sync.Mutex
 	nodes  map[string]*nodeRecord
 	rounds int
-	// found is when FindSnapshot last asked the nodes for a tag.
-	found map[string]time.Time
+	// lookups are FindSnapshot's, by tag; lookupSlots bounds how many
+	// run at once.
+	lookups     map[string]*lookup
+	lookupSlots chan struct{}
 }
 
 type nodeRecord struct {
@@ -73,7 +75,10 @@ type nodeRecord struct {
 	failures int
 	// snapshots are the ready snapshots it holds, by tag.
 	snapshots map[string]apiSnapshot
-	features  map[string]bool
+	// foundAt is when FindSnapshot's lookup that found a tag began: a
+	// round that began before then keeps the tag it did not see.
+	foundAt  map[string]time.Time
+	features map[string]bool
 	// capacity is what the daemon last reported of its room (nil: it
 	// reports none: an older daemon, or a token without the admin role).
 	capacity *apiCapacity
@@ -191,6 +196,7 @@ type pollResult struct {
 // A discovery error leaves the view as it was (the apiserver being away
 // is no evidence against the nodes) and is returned.
 func (v *NodeView) PollOnce(ctx context.Context) error {
+	began := time.Now()
 	eps, err := v.Discovery.Discover(ctx)
 	if err != nil {
 		return err
@@ -211,7 +217,7 @@ func (v *NodeView) PollOnce(ctx context.Context) error {
 			}
 			nr := &nodeRecord{ep: ep, client: &NodeClient{Base: ep.URL, Token: v.Token, HTTP: hc}}
 			if r != nil { // a new daemon pod on a known node
-				nr.up, nr.failures, nr.snapshots, nr.features, nr.capacity = r.up, r.failures, r.snapshots, r.features, r.capacity
+				nr.up, nr.failures, nr.snapshots, nr.foundAt, nr.features, nr.capacity = r.up, r.failures, r.snapshots, r.foundAt, r.features, r.capacity
 			}
 			r = nr
 			v.nodes[ep.Node] = r
@@ -255,6 +261,14 @@ func (v *NodeView) PollOnce(ctx context.Context) error {
 				ups = append(ups, res.node)
 			}
 			r.up, r.failures = true, 0
+			for tag, at := range r.foundAt {
+				_, seen := res.snapshots[tag]
+				if s, ok := r.snapshots[tag]; ok && !seen && at.After(began) {
+					res.snapshots[tag] = s // found after this round asked
+				} else {
+					delete(r.foundAt, tag)
+				}
+			}
 			r.snapshots, r.features, r.capacity = res.snapshots, res.features, res.capacity
 			v.Cluster.SetNode(r.node(true))
 			continue
@@ -300,17 +314,12 @@ func (v *NodeView) PollOnce(ctx context.Context) error {
 
 // node is the placement report of a record.
 func (r *nodeRecord) node(ready bool) placement.Node {
-	tags := make([]string, 0, len(r.snapshots))
-	for tag := range r.snapshots {
-		tags = append(tags, tag)
-	}
-	sort.Strings(tags)
 	n := placement.Node{
 		Name:          r.ep.Node,
 		Ready:         ready,
 		MemoryBytes:   r.ep.MemoryBytes,
 		DiskFreeBytes: r.ep.DiskFreeBytes,
-		Snapshots:     tags,
+		Snapshots:     placementKeys(r.snapshots),
 	}
 	if c := r.capacity; c != nil {
 		n.CommittedBytes = c.GuestMemoryCommittedBytes

@@ -6,53 +6,133 @@ import (
 	"time"
 )
 
-// HeldAnywhere says some node up is known to hold tag ready.
-func (v *NodeView) HeldAnywhere(tag string) bool {
+// HoldsFor says node holds tag ready for tenant: its own, shared with it,
+// or public (the operator's, or shared with every tenant).
+func (v *NodeView) HoldsFor(node, tag, tenant string) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	r := v.nodes[node]
+	if r == nil {
+		return false
+	}
+	s, ok := r.snapshots[tag]
+	return ok && visibleTo(s, tenant)
+}
+
+// HeldAnywhere says some node up is known to hold tag ready for tenant.
+func (v *NodeView) HeldAnywhere(tag, tenant string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.heldLocked(tag, tenant)
+}
+
+func (v *NodeView) heldLocked(tag, tenant string) bool {
 	for _, r := range v.nodes {
-		if _, ok := r.snapshots[tag]; ok && r.up {
+		if s, ok := r.snapshots[tag]; ok && r.up && visibleTo(s, tenant) {
 			return true
 		}
 	}
 	return false
 }
 
-// findEvery is how often FindSnapshot may ask the nodes for one tag.
-const findEvery = 5 * time.Second
+// Bounds of FindSnapshot: lookups at once (each asks every node, 16 at a
+// time), and how long one may take in all.
+const (
+	maxLookups     = 4
+	lookupDeadline = 30 * time.Second
+	// lookupKept is how long a finished lookup answers for Sandboxes made
+	// before it began.
+	lookupKept = 5 * time.Second
+)
 
-// FindSnapshot looks for a snapshot no node is known to hold, between
-// polling rounds: every node up is asked for the tag (GET
-// /v1/snapshots/{tag}, 16 at a time) and those holding it ready are
-// recorded as holders, in the view and in placement. So a snapshot made
-// on a node since the last round (a sandbox branched through the
-// gateway, then forked) is placed at once rather than a round and a
-// retry later. It reports whether it found a holder the view did not
-// know. A tag some node is known to hold is not looked for (a full
-// holder is no reason to ask), nor one looked for in the last findEvery:
-// a fan-out over every node per unknown tag at most every 5 s.
-func (v *NodeView) FindSnapshot(ctx context.Context, tag string) bool {
-	v.mu.Lock()
-	if v.found == nil {
-		v.found = map[string]time.Time{}
+// lookup is one FindSnapshot fan-out for a tag.
+type lookup struct {
+	began time.Time
+	done  chan struct{}
+	// complete: every node answered or failed within its own timeout
+	// (set before done is closed).
+	complete bool
+}
+
+// FindSnapshot looks for a snapshot no node is known to hold for tenant,
+// between polling rounds, so a snapshot made on a node since the last
+// round (a sandbox branched through the gateway, then forked) is placed
+// at once rather than a round and a retry later: every node up is asked
+// for the tag (GET /v1/snapshots/{tag}, 16 at a time) and its ready
+// holders are recorded, with who may fork them, in the view and in
+// placement. It answers from a lookup that began after since (a
+// Sandbox's creation), starting one if none did: a snapshot made before
+// since cannot be missed. Concurrent callers for a tag share a lookup;
+// at most maxLookups run at once, each within lookupDeadline. sure is
+// false when none could answer for every node (ctx ended, or the
+// deadline passed first).
+func (v *NodeView) FindSnapshot(ctx context.Context, tag, tenant string, since time.Time) (held, sure bool) {
+	for {
+		v.mu.Lock()
+		if v.heldLocked(tag, tenant) {
+			v.mu.Unlock()
+			return true, true
+		}
+		if v.lookups == nil {
+			v.lookups = map[string]*lookup{}
+			v.lookupSlots = make(chan struct{}, maxLookups)
+		}
+		now := time.Now()
+		for t, l := range v.lookups {
+			select {
+			case <-l.done:
+				if now.Sub(l.began) > lookupKept {
+					delete(v.lookups, t)
+				}
+			default:
+			}
+		}
+		l := v.lookups[tag]
+		if l == nil || !l.began.After(since) && isDone(l) {
+			l = &lookup{began: now, done: make(chan struct{})}
+			v.lookups[tag] = l
+			v.mu.Unlock()
+			v.runLookup(ctx, tag, l)
+		} else {
+			v.mu.Unlock()
+		}
+		select {
+		case <-l.done:
+		case <-ctx.Done():
+			return false, false
+		}
+		if l.began.After(since) {
+			held := v.HeldAnywhere(tag, tenant)
+			return held, held || l.complete
+		}
+		// It began too early to answer for this Sandbox: another.
 	}
-	now := time.Now()
-	if last, ok := v.found[tag]; ok && now.Sub(last) < findEvery {
-		v.mu.Unlock()
+}
+
+func isDone(l *lookup) bool {
+	select {
+	case <-l.done:
+		return true
+	default:
 		return false
 	}
-	for t, at := range v.found { // keep the map to recent tags
-		if now.Sub(at) >= findEvery {
-			delete(v.found, t)
-		}
+}
+
+// runLookup asks every node up for tag and records the ready holders.
+func (v *NodeView) runLookup(ctx context.Context, tag string, l *lookup) {
+	defer close(l.done)
+	// Not the first caller's to cancel: others wait on it.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lookupDeadline)
+	defer cancel()
+	select {
+	case v.lookupSlots <- struct{}{}:
+		defer func() { <-v.lookupSlots }()
+	case <-ctx.Done():
+		return
 	}
-	v.found[tag] = now
+	v.mu.Lock()
 	ask := map[string]*NodeClient{}
 	for name, r := range v.nodes {
-		if _, ok := r.snapshots[tag]; ok && r.up {
-			v.mu.Unlock()
-			return false
-		}
 		if r.up {
 			ask[name] = r.client
 		}
@@ -71,7 +151,11 @@ func (v *NodeView) FindSnapshot(ctx context.Context, tag string) bool {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sem <- struct{}{}
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
 			defer func() { <-sem }()
 			cctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
@@ -86,7 +170,7 @@ func (v *NodeView) FindSnapshot(ctx context.Context, tag string) bool {
 
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	added := false
+	l.complete = ctx.Err() == nil
 	for name, s := range held {
 		r := v.nodes[name]
 		if r == nil || !r.up || r.client != ask[name] {
@@ -98,8 +182,10 @@ func (v *NodeView) FindSnapshot(ctx context.Context, tag string) bool {
 		}
 		snaps[tag] = s
 		r.snapshots = snaps
+		if r.foundAt == nil {
+			r.foundAt = map[string]time.Time{}
+		}
+		r.foundAt[tag] = l.began
 		v.Cluster.SetNode(r.node(r.failures == 0))
-		added = true
 	}
-	return added
 }

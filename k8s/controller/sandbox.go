@@ -176,6 +176,7 @@ func (r *SandboxReconciler) place(ctx context.Context, key string, sb *v1.Sandbo
 	var d placement.Decision
 	reason, msg := ReasonPlaced, ""
 	pin := sb.Spec.NodeName
+	tenant := TenantFor(sb.Namespace)
 	if pin != "" {
 		switch r.Nodes.State(pin) {
 		case NodeUp:
@@ -195,7 +196,7 @@ func (r *SandboxReconciler) place(ctx context.Context, key string, sb *v1.Sandbo
 		if err := r.Cluster.Bind(key, pin, mem); err != nil {
 			return false, ctrl.Result{}, err
 		}
-		d = placement.Decision{Node: pin, Pull: !r.Nodes.Holds(pin, sb.Spec.Snapshot.Tag)}
+		d = placement.Decision{Node: pin, Pull: !r.Nodes.HoldsFor(pin, sb.Spec.Snapshot.Tag, tenant)}
 		if d.Pull && sb.Spec.Snapshot.Image == "" {
 			r.Cluster.Release(key)
 			r.setCondition(sb, v1.ConditionPlaced, metav1.ConditionFalse, v1.ReasonNoCapacity,
@@ -206,28 +207,39 @@ func (r *SandboxReconciler) place(ctx context.Context, key string, sb *v1.Sandbo
 	} else {
 		var began time.Time
 		var err error
-		req := placement.Request{
-			Key:         key,
-			Snapshot:    sb.Spec.Snapshot.Tag,
-			MemoryBytes: mem,
-			Pullable:    sb.Spec.Snapshot.Image != "",
-		}
+		tag := sb.Spec.Snapshot.Tag
+		req := placement.Request{Key: key, MemoryBytes: mem, Pullable: sb.Spec.Snapshot.Image != ""}
+		req.Snapshot, req.Also = snapshotKeys(sb.Namespace, tag)
 		d, began, err = r.placeTimed(req)
-		if errors.Is(err, placement.ErrNoCapacity) && r.Nodes.FindSnapshot(ctx, req.Snapshot) {
-			// Made on a node since the view's last round (a branch):
-			// found there now.
-			d, began, err = r.placeTimed(req)
+		sure := true
+		if errors.Is(err, placement.ErrNoCapacity) && !r.Nodes.HeldAnywhere(tag, tenant) {
+			// Perhaps made on a node since the view's last round (a
+			// branch): asked for on every node, by a lookup begun after
+			// the Sandbox was made (CreationTimestamp is truncated to
+			// the second).
+			var held bool
+			held, sure = r.Nodes.FindSnapshot(ctx, tag, tenant, sb.CreationTimestamp.Add(time.Second))
+			if held {
+				d, began, err = r.placeTimed(req)
+			}
 		}
 		if err == nil {
 			starts.begin(sb.UID, began, d.Pull)
 		}
 		if errors.Is(err, placement.ErrNoCapacity) {
 			reason, msg := v1.ReasonNoCapacity, err.Error()
-			if !req.Pullable && !r.Nodes.HeldAnywhere(req.Snapshot) {
-				// Not full: absent (a typo, a tag not built yet, or one
-				// removed), as a daemon's fork of it is a 404.
+			switch {
+			case req.Pullable || r.Nodes.HeldAnywhere(tag, tenant):
+			case !sure:
+				// Not yet known absent: looked for again soon.
+				msg = fmt.Sprintf("snapshot %q: no node known to hold it for this namespace; still looking on every node", tag)
+				retry = ctrl.Result{RequeueAfter: 2 * time.Second}
+			default:
+				// Not full: absent (a typo, a tag not built yet, one
+				// removed, another namespace's), as a daemon's fork of
+				// it is a 404.
 				reason = v1.ReasonSnapshotNotFound
-				msg = fmt.Sprintf("no node holds snapshot %q (every node up was asked) and the Sandbox names no image to pull it from", req.Snapshot)
+				msg = fmt.Sprintf("no node holds snapshot %q for this namespace (every node up was asked) and the Sandbox names no image to pull it from", tag)
 			}
 			sb.Status.Phase = v1.SandboxPending
 			r.setCondition(sb, v1.ConditionPlaced, metav1.ConditionFalse, reason, msg)
@@ -278,7 +290,9 @@ func (r *SandboxReconciler) Preplace(sb *v1.Sandbox) (created func(error)) {
 		return noop
 	}
 	key := types.NamespacedName{Namespace: sb.Namespace, Name: sb.Name}.String()
-	d, began, err := r.placeTimed(placement.Request{Key: key, Snapshot: sb.Spec.Snapshot.Tag, MemoryBytes: r.memoryFor(sb), OnlyNew: true})
+	req := placement.Request{Key: key, MemoryBytes: r.memoryFor(sb), OnlyNew: true}
+	req.Snapshot, req.Also = snapshotKeys(sb.Namespace, sb.Spec.Snapshot.Tag)
+	d, began, err := r.placeTimed(req)
 	if err != nil {
 		return noop
 	}

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -78,11 +79,11 @@ func (r *SandboxReconciler) fork(ctx context.Context, key string, sb *v1.Sandbox
 	if pull {
 		// Under the template's tag, so the node then reports holding it
 		// and placement sends later sandboxes there as to any holder.
-		if err := c.PullSnapshot(fctx, "k8s-pull-"+string(sb.UID), sb.Spec.Snapshot.Image, sb.Spec.Snapshot.Tag); err != nil {
+		if err := c.PullSnapshot(fctx, "k8s-pull-"+string(sb.UID), TenantFor(sb.Namespace), sb.Spec.Snapshot.Image, sb.Spec.Snapshot.Tag); err != nil {
 			return r.forkFailed(ctx, key, sb, pull, err)
 		}
 	}
-	resp, err := c.Fork(fctx, idempotencyKey(sb), sb.Namespace, forkRequest(sb))
+	resp, err := c.Fork(fctx, idempotencyKey(sb), TenantFor(sb.Namespace), forkRequest(sb))
 	if err != nil {
 		return r.forkFailed(ctx, key, sb, pull, err)
 	}
@@ -113,10 +114,12 @@ func (r *SandboxReconciler) forkFailed(ctx context.Context, key string, sb *v1.S
 		// The same key's fork is still running (the daemon's answer to a
 		// concurrent retry): ask again soon.
 		return ctrl.Result{RequeueAfter: 2 * time.Second}, nil
-	case pull && (st == http.StatusNotFound || st == http.StatusForbidden || st == http.StatusBadRequest):
-		// The image could not be pulled there: stop sending sandboxes
-		// to wait for it, and place this one again.
-		r.Cluster.PullFailed(sb.Status.NodeName, sb.Spec.Snapshot.Tag)
+	case pull && (st == http.StatusNotFound || st == http.StatusForbidden || st == http.StatusBadRequest || errors.Is(err, errTagTaken)):
+		// The image could not be pulled there (or the tag is another
+		// namespace's there): stop sending sandboxes to wait for it,
+		// and place this one again.
+		key, _ := snapshotKeys(sb.Namespace, sb.Spec.Snapshot.Tag)
+		r.Cluster.PullFailed(sb.Status.NodeName, key)
 		r.Cluster.Release(key)
 		node := sb.Status.NodeName
 		sb.Status.NodeName = ""

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -188,8 +189,8 @@ func TestForkRequestBody(t *testing.T) {
 	if call.Key != "k8s-uid-body" {
 		t.Errorf("Idempotency-Key %q, want k8s-uid-body", call.Key)
 	}
-	if call.Tenant != sb.Namespace {
-		t.Errorf("the fork acted for tenant %q, want the Sandbox's namespace %q", call.Tenant, sb.Namespace)
+	if call.Tenant != "k8s.default" {
+		t.Errorf("the fork acted for tenant %q, want k8s.default (namespace default, not the operator's tenant)", call.Tenant)
 	}
 	if b.Tag != "py" || *b.Count != 1 || *b.TimeoutS != 600 || *b.IdleTimeoutS != 60 || *b.CPUs != 0.5 {
 		t.Errorf("fork body %+v", b)
@@ -379,6 +380,15 @@ func TestPullForksTheImageReference(t *testing.T) {
 	if got.Status.Phase != v1.SandboxRunning || len(si.pulls) != 1 {
 		t.Fatalf("second sandbox: status %+v, pulls %q", got.Status, si.pulls)
 	}
+	// Pulled acting for the namespace, so the snapshot is its own on the
+	// node: another namespace naming the tag pulls its own elsewhere, or
+	// here is refused, never forks this one.
+	si.mu.Lock()
+	owner := si.ownerOf("py")
+	si.mu.Unlock()
+	if owner != TenantFor(sb.Namespace) {
+		t.Errorf("the pulled py is owned by %q, want the namespace's tenant %q", owner, TenantFor(sb.Namespace))
+	}
 }
 
 // TestFailedPullPlacesAgain: a registry that lacks the image fails the
@@ -511,10 +521,98 @@ func TestForkOfASnapshotMadeSinceTheLastRound(t *testing.T) {
 	}
 	for _, n := range []string{"node-a", "node-b"} {
 		if got := count(e.standIn[n], "py-typo"); got != 1 {
-			t.Errorf("%s asked for py-typo %d times in two reconciles, want once (at most every %v)", n, got, findEvery)
+			t.Errorf("%s asked for py-typo %d times in two reconciles, want once (a lookup answers for Sandboxes made before it began)", n, got)
 		}
 		if got := count(e.standIn[n], "py"); got != 0 {
 			t.Errorf("%s asked for py, which node-a is known to hold, %d times", n, got)
+		}
+	}
+}
+
+// reconcileIn runs the Sandbox reconciler on namespace/name until it has
+// nothing more to do now (see reconcile).
+func (e *testEnv) reconcileIn(namespace, name string) *v1.Sandbox {
+	e.t.Helper()
+	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: namespace, Name: name}}
+	for i := 0; ; i++ {
+		if _, err := e.sbr.Reconcile(e.ctx, req); err == nil {
+			break
+		} else if i == 4 {
+			e.t.Fatalf("reconcile %s/%s: %v", namespace, name, err)
+		}
+	}
+	var sb v1.Sandbox
+	if err := e.client.Get(e.ctx, req.NamespacedName, &sb); err != nil {
+		e.t.Fatal(err)
+	}
+	return &sb
+}
+
+// TestNamespacesForkOnlyWhatTheySee: a node's snapshot owned by one
+// namespace (a branch of its sandbox) is placed for that namespace only;
+// another namespace naming the tag is SnapshotNotFound, placed nowhere
+// (no reservation on, or word of, the node holding it); the operator's
+// snapshots are every namespace's.
+func TestNamespacesForkOnlyWhatTheySee(t *testing.T) {
+	e := newTestEnv(t,
+		nodeSpec{name: "node-a", memory: 8 * gib, snapshots: map[string]int{"br": 256}},
+		nodeSpec{name: "node-b", memory: 8 * gib, snapshots: map[string]int{"py": 256}})
+	a := e.standIn["node-a"]
+	a.mu.Lock()
+	a.owners = map[string]string{"br": "team-a"}
+	a.mu.Unlock()
+	e.poll()
+	for _, c := range []struct{ ns, name, tag string }{{"team-b", "x", "br"}, {"team-a", "y", "br"}, {"team-b", "z", "py"}} {
+		sb := newSandbox(c.name, c.tag)
+		sb.Namespace = c.ns
+		e.create(sb)
+	}
+	x := e.reconcileIn("team-b", "x")
+	if x.Status.NodeName != "" {
+		t.Errorf("team-b's Sandbox of team-a's branch was placed on %q", x.Status.NodeName)
+	}
+	wantCondition(t, x.Status.Conditions, v1.ConditionPlaced, metav1.ConditionFalse, v1.ReasonSnapshotNotFound)
+	if y := e.reconcileIn("team-a", "y"); y.Status.Phase != v1.SandboxRunning || y.Status.NodeName != "node-a" {
+		t.Errorf("team-a's Sandbox of its branch: %+v, want Running on node-a", y.Status)
+	}
+	if call := a.lastFork(); call.Tenant != "team-a" || len(a.forks) != 1 {
+		t.Errorf("node-a's forks: %d, the last acting for %q; want one, for team-a", len(a.forks), call.Tenant)
+	}
+	if z := e.reconcileIn("team-b", "z"); z.Status.Phase != v1.SandboxRunning || z.Status.NodeName != "node-b" {
+		t.Errorf("team-b's Sandbox of the operator's py: %+v, want Running on node-b", z.Status)
+	}
+}
+
+// TestConcurrentForksOfANewBranch: Sandboxes of a tag made since the
+// last round, reconciled at once (a gateway fork with count 3), share one
+// lookup and all run; none is told the tag does not exist.
+func TestConcurrentForksOfANewBranch(t *testing.T) {
+	e := newTestEnv(t, nodeSpec{name: "node-a", memory: 8 * gib, snapshots: map[string]int{"py": 256}})
+	a := e.standIn["node-a"]
+	a.mu.Lock()
+	a.snapshots["py-br"] = 256
+	a.mu.Unlock()
+	names := []string{"c1", "c2", "c3"}
+	for _, n := range names {
+		e.create(newSandbox(n, "py-br"))
+	}
+	var wg sync.WaitGroup
+	for _, n := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: n}}
+			for i := 0; i < 5; i++ {
+				if _, err := e.sbr.Reconcile(e.ctx, req); err == nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, n := range names {
+		if sb := e.get(n); sb.Status.Phase != v1.SandboxRunning {
+			t.Errorf("%s: %+v, want Running", n, sb.Status)
 		}
 	}
 }

@@ -48,6 +48,9 @@ type standIn struct {
 	pullFails bool
 	// snapshotGets are the tags of GET /v1/snapshots/{tag}.
 	snapshotGets []string
+	// owners are the tenants owning tags (none: the operator's); a fork
+	// acting for another tenant is a 404, as forkd answers it.
+	owners map[string]string
 }
 
 type standInSandbox struct {
@@ -106,6 +109,14 @@ func newStandIn(t *testing.T, snapshots map[string]int) *standIn {
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
 	t.Cleanup(s.srv.Close)
 	return s
+}
+
+// ownerOf is the tenant owning tag ("default": the operator).
+func (s *standIn) ownerOf(tag string) string {
+	if o := s.owners[tag]; o != "" {
+		return o
+	}
+	return "default"
 }
 
 func (s *standIn) setDown(down bool) {
@@ -177,11 +188,14 @@ func (s *standIn) serve(w http.ResponseWriter, r *http.Request) {
 		tag := path[len("/v1/snapshots/"):]
 		s.snapshotGets = append(s.snapshotGets, tag)
 		mib, ok := s.snapshots[tag]
+		if t := r.Header.Get(ActForHeader); t != "" && s.ownerOf(tag) != "default" && s.ownerOf(tag) != t {
+			ok = false // another tenant's: as absent
+		}
 		if !ok {
 			problem(w, 404, "not_found", "snapshot "+tag+" not found")
 			return
 		}
-		writeJSON(w, 200, map[string]any{"tag": tag, "memory_mib": mib, "disk_bytes": 0, "state": "ready"})
+		writeJSON(w, 200, map[string]any{"tag": tag, "memory_mib": mib, "disk_bytes": 0, "state": "ready", "owner": s.ownerOf(tag)})
 	case r.Method == http.MethodPost && path == "/v1/sandboxes":
 		s.fork(w, r)
 	case r.Method == http.MethodGet && path == "/v1/sandboxes":
@@ -228,7 +242,7 @@ func (s *standIn) listSnapshots(w http.ResponseWriter, r *http.Request) {
 			"image_digest": "sha256:0", "vmm": "cloud-hypervisor", "vmm_version": "v0", "accel": "kvm",
 			"memory_mib": s.snapshots[tag], "vcpus": 2, "python": true, "files": map[string]any{},
 			"size_bytes": 1 << 30, "disk_bytes": 1 << 28, "create_ms": 1000, "pooled_vmms": 0,
-			"state": "ready", "depth": 0,
+			"state": "ready", "depth": 0, "owner": s.ownerOf(tag),
 		})
 	}
 	writeJSON(w, 200, map[string]any{"items": items})
@@ -304,6 +318,10 @@ func (s *standIn) fork(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	tag := req.Tag
+	if o := s.ownerOf(tag); o != "default" && o != tenant {
+		problem(w, 404, "not_found", "no snapshot tagged "+tag)
+		return
+	}
 	if _, ok := s.snapshots[tag]; !ok {
 		if !refPattern.MatchString(tag) {
 			problem(w, 404, "not_found", "snapshot "+tag+" not found")
@@ -357,7 +375,13 @@ func (s *standIn) pull(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.snapshots[tag] = 256
-	writeJSON(w, 201, map[string]any{"tag": tag, "memory_mib": 256, "disk_bytes": 0, "state": "ready"})
+	if t := r.Header.Get(ActForHeader); t != "" {
+		if s.owners == nil {
+			s.owners = map[string]string{}
+		}
+		s.owners[tag] = t // the puller's
+	}
+	writeJSON(w, 201, map[string]any{"tag": tag, "memory_mib": 256, "disk_bytes": 0, "state": "ready", "owner": s.ownerOf(tag)})
 }
 
 func (s *standIn) listSandboxes(w http.ResponseWriter, r *http.Request) {

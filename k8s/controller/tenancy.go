@@ -1,0 +1,65 @@
+package controller
+
+import (
+	"slices"
+	"sort"
+)
+
+// operatorTenant is the node daemons' own tenant: that of their Unix
+// socket and of the controller's admin token (deploy/gen-secrets.sh gives
+// it none, which is this one). What it owns on a node, base images built
+// there or pulled by the controller, every namespace may fork.
+const operatorTenant = "default"
+
+// TenantFor is the tenant a namespace acts as on the nodes
+// (ActForHeader): its own name, except for a namespace named as the
+// operator's tenant, which would own the operator's snapshots and is
+// "k8s.default" instead (no namespace name has a '.').
+func TenantFor(namespace string) string {
+	if namespace == operatorTenant {
+		return "k8s." + namespace
+	}
+	return namespace
+}
+
+// privateKey is the placement key of a tag a node holds for one tenant
+// (its owner's, or shared with it); a tag alone is the key of one every
+// namespace may fork. Tags have no '@' or '/'.
+func privateKey(tenant, tag string) string { return "@" + tenant + "/" + tag }
+
+// publicSnapshot says every namespace may fork s: the operator's (or from
+// a daemon that reports no owner), or shared with every tenant.
+func publicSnapshot(s apiSnapshot) bool {
+	return s.Owner == "" || s.Owner == operatorTenant || slices.Contains(s.SharedWith, "*")
+}
+
+// visibleTo says tenant may fork s.
+func visibleTo(s apiSnapshot, tenant string) bool {
+	return publicSnapshot(s) || s.Owner == tenant || slices.Contains(s.SharedWith, tenant)
+}
+
+// placementKeys are the keys a node holding snapshots is placed under:
+// the tag for a public one, else one private key per tenant that may
+// fork it, sorted.
+func placementKeys(snapshots map[string]apiSnapshot) []string {
+	keys := make([]string, 0, len(snapshots))
+	for tag, s := range snapshots {
+		if publicSnapshot(s) {
+			keys = append(keys, tag)
+			continue
+		}
+		keys = append(keys, privateKey(s.Owner, tag))
+		for _, t := range s.SharedWith {
+			keys = append(keys, privateKey(t, tag))
+		}
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// snapshotKeys are the placement keys of a Sandbox's snapshot: its
+// namespace's private key (the one pulled under, when pullable), then
+// the public tag.
+func snapshotKeys(namespace, tag string) (snapshot string, also []string) {
+	return privateKey(TenantFor(namespace), tag), []string{tag}
+}
