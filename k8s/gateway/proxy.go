@@ -76,7 +76,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, c caller) {
 			pr.Out.Header.Set("Authorization", "Bearer "+nc.Token)
 			// As the namespace, so what the request makes there (a
 			// branch's snapshot) is the namespace's alone.
-			pr.Out.Header.Set(controller.ActForHeader, c.namespace)
+			pr.Out.Header.Set(controller.ActForHeader, controller.TenantFor(c.namespace))
 			pr.SetXForwarded()
 		},
 		Transport:     httpClient(nc).Transport,

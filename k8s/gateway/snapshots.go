@@ -86,12 +86,19 @@ func fanOut(ctx context.Context, nodes map[string]*controller.NodeClient, call f
 	return out
 }
 
+// answered says a node gave an answer about the snapshot: it holds it
+// for the caller (200) or not (404). Anything else (no answer, 5xx, a
+// refused node token, a node's rate limit) leaves it unknown.
+func answered(a nodeAnswer) bool {
+	return a.err == nil && (a.status == http.StatusOK || a.status == http.StatusNotFound)
+}
+
 // warnUnreachable names, in a Warning header (RFC 9111's 299), the nodes
 // that did not answer, so a partial answer does not pass for a whole one.
 func warnUnreachable(w http.ResponseWriter, answers []nodeAnswer) {
 	var gone []string
 	for _, a := range answers {
-		if a.err != nil || a.status >= 500 {
+		if !answered(a) {
 			gone = append(gone, a.node)
 		}
 	}
@@ -127,23 +134,30 @@ func mergeSnapshot(by map[string]snapshotItem, node string, s snapshotItem) {
 // sees, one entry per tag with the nodes holding it, in one page sorted
 // by tag.
 func (g *Gateway) listSnapshots(w http.ResponseWriter, r *http.Request, c caller) {
+	nodes := g.Nodes.All()
+	if len(nodes) == 0 {
+		noNodes(w)
+		return
+	}
 	filter := r.URL.Query()
 	filter.Del("cursor")
 	filter.Set("limit", "1000")
-	answers := fanOut(r.Context(), g.Nodes.All(), func(ctx context.Context, nc *controller.NodeClient) (int, []byte, error) {
+	answers := fanOut(r.Context(), nodes, func(ctx context.Context, nc *controller.NodeClient) (int, []byte, error) {
 		q := url.Values{}
 		for k, v := range filter {
 			q[k] = v
 		}
 		var items []json.RawMessage
+		total, seen := 0, map[string]bool{}
 		for page := 0; ; page++ {
-			if page > 1000 {
-				return 0, nil, fmt.Errorf("more than 1000 pages")
+			if page > 1000 || total > maxNodeAnswer {
+				return 0, nil, fmt.Errorf("over 1000 pages or %d bytes of snapshots", maxNodeAnswer)
 			}
-			status, body, err := callNode(ctx, nc, c.namespace, http.MethodGet, "/v1/snapshots?"+q.Encode())
+			status, body, err := callNode(ctx, nc, controller.TenantFor(c.namespace), http.MethodGet, "/v1/snapshots?"+q.Encode())
 			if err != nil || status != http.StatusOK {
 				return status, body, err
 			}
+			total += len(body)
 			var l struct {
 				Items      []json.RawMessage `json:"items"`
 				NextCursor string            `json:"next_cursor"`
@@ -156,18 +170,22 @@ func (g *Gateway) listSnapshots(w http.ResponseWriter, r *http.Request, c caller
 				all, err := json.Marshal(items)
 				return http.StatusOK, all, err
 			}
+			if seen[l.NextCursor] {
+				return 0, nil, fmt.Errorf("the snapshot list's cursor %q came back", l.NextCursor)
+			}
+			seen[l.NextCursor] = true
 			q.Set("cursor", l.NextCursor)
 		}
 	})
 	by := map[string]snapshotItem{}
 	for _, a := range answers {
 		if a.err != nil || a.status != http.StatusOK {
-			if a.status >= 400 && a.status < 500 {
+			if a.err == nil && a.status == http.StatusBadRequest {
 				// A bad filter is the caller's: the daemon says which.
 				forwardProblem(w, a)
 				return
 			}
-			continue
+			continue // named in the Warning
 		}
 		var items []snapshotItem
 		if json.Unmarshal(a.body, &items) != nil {
@@ -190,7 +208,10 @@ func (g *Gateway) listSnapshots(w http.ResponseWriter, r *http.Request, c caller
 // describe it (a ready copy over one being written), with "nodes".
 func (g *Gateway) getSnapshot(w http.ResponseWriter, r *http.Request, c caller) {
 	tag := r.PathValue("tag")
-	answers := g.eachNode(r, c, http.MethodGet, "/v1/snapshots/"+url.PathEscape(tag))
+	answers, ok := g.eachNode(w, r, c, http.MethodGet, "/v1/snapshots/"+url.PathEscape(tag))
+	if !ok {
+		return
+	}
 	by := map[string]snapshotItem{}
 	for _, a := range answers {
 		var s snapshotItem
@@ -217,12 +238,16 @@ func (g *Gateway) deleteSnapshot(w http.ResponseWriter, r *http.Request, c calle
 	if r.URL.RawQuery != "" {
 		path += "?" + r.URL.RawQuery
 	}
-	answers := g.eachNode(r, c, http.MethodDelete, path)
+	answers, ok := g.eachNode(w, r, c, http.MethodDelete, path)
+	if !ok {
+		return
+	}
 	removed := map[string]bool{}
-	for _, a := range answers {
+	var from []string
+	var refusal *nodeAnswer
+	for i, a := range answers {
 		switch {
-		case a.err != nil || a.status == http.StatusNotFound:
-		case a.status == http.StatusOK:
+		case a.err == nil && a.status == http.StatusOK:
 			var out struct {
 				Removed []string `json:"removed"`
 			}
@@ -230,12 +255,21 @@ func (g *Gateway) deleteSnapshot(w http.ResponseWriter, r *http.Request, c calle
 			for _, t := range out.Removed {
 				removed[t] = true
 			}
-		default:
-			forwardProblem(w, a)
-			return
+			from = append(from, a.node)
+		case a.err == nil && a.status >= 400 && a.status < 500 && a.status != http.StatusNotFound && a.status != http.StatusTooManyRequests && refusal == nil:
+			refusal = &answers[i]
 		}
 	}
 	warnUnreachable(w, answers)
+	if refusal != nil {
+		// Said with what the other nodes did meanwhile: the deletes ran
+		// on every node at once.
+		if len(from) > 0 {
+			refusal.body = appendDetail(refusal.body, fmt.Sprintf("; node(s) %s removed it meanwhile", strings.Join(from, ", ")))
+		}
+		forwardProblem(w, *refusal)
+		return
+	}
 	if len(removed) == 0 {
 		g.noSnapshot(w, tag, answers)
 		return
@@ -248,18 +282,41 @@ func (g *Gateway) deleteSnapshot(w http.ResponseWriter, r *http.Request, c calle
 	writeJSON(w, http.StatusOK, map[string][]string{"removed": list})
 }
 
-// eachNode sends method path to every node for the caller.
-func (g *Gateway) eachNode(r *http.Request, c caller, method, path string) []nodeAnswer {
-	return fanOut(r.Context(), g.Nodes.All(), func(ctx context.Context, nc *controller.NodeClient) (int, []byte, error) {
-		return callNode(ctx, nc, c.namespace, method, path)
-	})
+// appendDetail adds to a problem document's detail.
+func appendDetail(body []byte, more string) []byte {
+	var p map[string]any
+	if json.Unmarshal(body, &p) != nil {
+		return append(body, more...)
+	}
+	d, _ := p["detail"].(string)
+	p["detail"] = d + more
+	out, _ := json.Marshal(p)
+	return out
+}
+
+// noNodes answers a request no node could be asked about.
+func noNodes(w http.ResponseWriter) {
+	writeProblem(w, http.StatusServiceUnavailable, "unavailable", "no node daemon is known yet (discovery found none, or has not answered): retry")
+}
+
+// eachNode sends method path to every node for the caller; with no node
+// known it answers 503 and false.
+func (g *Gateway) eachNode(w http.ResponseWriter, r *http.Request, c caller, method, path string) ([]nodeAnswer, bool) {
+	nodes := g.Nodes.All()
+	if len(nodes) == 0 {
+		noNodes(w)
+		return nil, false
+	}
+	return fanOut(r.Context(), nodes, func(ctx context.Context, nc *controller.NodeClient) (int, []byte, error) {
+		return callNode(ctx, nc, controller.TenantFor(c.namespace), method, path)
+	}), true
 }
 
 // noSnapshot answers 404 for a tag no node holds for the caller, or 503
 // when some node could not be asked.
 func (g *Gateway) noSnapshot(w http.ResponseWriter, tag string, answers []nodeAnswer) {
 	for _, a := range answers {
-		if a.err != nil || a.status >= 500 {
+		if !answered(a) {
 			writeProblem(w, http.StatusServiceUnavailable, "unavailable",
 				fmt.Sprintf("snapshot %q: no node that answered holds it for this namespace, and node %s did not answer; retry", tag, a.node))
 			return

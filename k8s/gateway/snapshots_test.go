@@ -70,6 +70,10 @@ func (d *snapDaemon) serve(w http.ResponseWriter, r *http.Request) {
 		slices.Sort(tags)
 		if c := r.URL.Query().Get("cursor"); c != "" {
 			i := slices.Index(tags, c)
+			if i < 0 {
+				writeProblem(w, 400, "invalid_argument", "bad cursor")
+				return
+			}
 			tags = tags[i:]
 		}
 		page := map[string]any{}
@@ -89,6 +93,8 @@ func (d *snapDaemon) serve(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 200, view(tag))
 	case r.Method == http.MethodDelete && d.snaps[tag][0] != tenant:
 		writeProblem(w, 403, "permission_denied", `snapshot "`+tag+`" belongs to tenant "default"`)
+	case r.Method == http.MethodDelete && d.snaps[tag][1] == "pinned":
+		writeProblem(w, 409, "failed_precondition", `snapshot "`+tag+`" has dependents`)
 	case r.Method == http.MethodDelete:
 		delete(d.snaps, tag)
 		writeJSON(w, 200, map[string][]string{"removed": {tag}})
@@ -107,8 +113,10 @@ func (d *snapDaemon) serve(w http.ResponseWriter, r *http.Request) {
 func TestSnapshotRoutesAcrossNodes(t *testing.T) {
 	n1 := newSnapDaemon(t, map[string][2]string{
 		"py": {"default", "ready"}, "a-br": {"team-a", "ready"}, "b-br": {"team-b", "ready"}, "a-old": {"team-a", "ready"},
+		"a-dep": {"team-a", "ready"},
 	})
-	n2 := newSnapDaemon(t, map[string][2]string{"py": {"default", "ready"}, "a-br": {"team-a", "writing"}, "a-new": {"team-a", "writing"}})
+	n2 := newSnapDaemon(t, map[string][2]string{"py": {"default", "ready"}, "a-br": {"team-a", "writing"}, "a-new": {"team-a", "writing"},
+		"a-dep": {"team-a", "pinned"}})
 	n3 := newSnapDaemon(t, map[string][2]string{"py": {"default", "ready"}})
 	g := &Gateway{
 		Nodes: nodeMap{
@@ -143,6 +151,7 @@ func TestSnapshotRoutesAcrossNodes(t *testing.T) {
 	}
 	want := []item{
 		{"a-br", "ready", "team-a", []string{"n1", "n2"}},
+		{"a-dep", "ready", "team-a", []string{"n1", "n2"}},
 		{"a-new", "writing", "team-a", []string{"n2"}},
 		{"a-old", "ready", "team-a", []string{"n1"}},
 		{"py", "ready", "default", []string{"n1", "n2", "n3"}},
@@ -183,6 +192,11 @@ func TestSnapshotRoutesAcrossNodes(t *testing.T) {
 	if st, _, _ := call("alice", "DELETE", "/v1/snapshots/a-br"); st != 404 {
 		t.Errorf("removing a-br again: %d", st)
 	}
+	// One node refuses while another removes: the refusal, saying so.
+	if st, _, b := call("alice", "DELETE", "/v1/snapshots/a-dep"); st != 409 || !strings.Contains(string(b), "node n2: ") ||
+		!strings.Contains(string(b), "node(s) n1 removed it meanwhile") {
+		t.Errorf("a delete refused by one node: %d %s", st, b)
+	}
 
 	// A node away: named, and a tag not found is not said to be absent.
 	n3.mu.Lock()
@@ -194,5 +208,13 @@ func TestSnapshotRoutesAcrossNodes(t *testing.T) {
 	}
 	if st, _, b := call("alice", "GET", "/v1/snapshots/a-br"); st != 503 || !strings.Contains(string(b), "node n3 did not answer") {
 		t.Errorf("get of a removed tag with n3 away: %d %s", st, b)
+	}
+
+	// No node known (discovery not answered yet): 503, not an empty list.
+	g.Nodes = nodeMap{}
+	for _, path := range []string{"/v1/snapshots", "/v1/snapshots/py"} {
+		if st, _, b := call("alice", "GET", path); st != 503 {
+			t.Errorf("GET %s with no node known: %d %s", path, st, b)
+		}
 	}
 }
