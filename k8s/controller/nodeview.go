@@ -51,6 +51,9 @@ type NodeView struct {
 	Interval         time.Duration
 	PollTimeout      time.Duration
 	FailureThreshold int
+	// LookupKept is how long a FindSnapshot lookup answers for Sandboxes
+	// made before it began (default 5 s).
+	LookupKept time.Duration
 	// OnNodeUp is called (outside the view's lock) when a node answers for
 	// the first time, so the sandboxes already placed there are bound
 	// again (a controller restart); OnNodeLost when a node is removed,

@@ -41,7 +41,7 @@ const (
 	maxLookups     = 4
 	lookupDeadline = 30 * time.Second
 	// lookupKept is how long a finished lookup answers for Sandboxes made
-	// before it began.
+	// before it began (NodeView.LookupKept).
 	lookupKept = 5 * time.Second
 )
 
@@ -81,7 +81,7 @@ func (v *NodeView) FindSnapshot(ctx context.Context, tag, tenant string, since t
 		for t, l := range v.lookups {
 			select {
 			case <-l.done:
-				if now.Sub(l.began) > lookupKept {
+				if now.Sub(l.began) > durationOr(v.LookupKept, lookupKept) {
 					delete(v.lookups, t)
 				}
 			default:

@@ -73,7 +73,7 @@ func newTestEnv(t *testing.T, specs ...nodeSpec) *testEnv {
 	log := testr.New(t)
 	cluster := placement.New()
 	e.nodes = &NodeView{Cluster: cluster, Discovery: e.disc, Token: "forkd_standin-token",
-		FailureThreshold: 2, PollTimeout: 30 * time.Second, Log: log}
+		FailureThreshold: 2, PollTimeout: 30 * time.Second, LookupKept: time.Hour, Log: log}
 	e.sbr = &SandboxReconciler{Client: c, Cluster: cluster, Nodes: e.nodes, Log: log,
 		Now: func() time.Time { return e.now }}
 	e.nodes.OnNodeUp, e.nodes.OnNodeLost = e.sbr.BindNode, e.sbr.MarkNodeLost
