@@ -37,7 +37,7 @@ DEB_VERSION ?= $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null) &
 NFPM      ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
 DIST_NAME := forkd-$(DEB_VERSION)-linux-amd64
 
-.PHONY: all build deps test-deps quickstart test test-k8s-norace test-k8s test-load unit integration vet fmt bench clean install uninstall deb dist images
+.PHONY: all build deps test-deps quickstart test test-k8s-norace test-k8s test-load unit integration vet fmt bench clean install uninstall deb dist images push-images
 
 all: build
 
@@ -139,6 +139,11 @@ deb: build
 # IMAGE_TAG name them (default ghcr.io/forkd-dev, the version).
 images: build deb
 	VERSION='$(VERSION)' DEB_VERSION='$(DEB_VERSION)' GO='$(GO)' ./packaging/images.sh
+
+# push-images: the two images of make images to REGISTRY (docker login
+# first), printing REF@DIGEST of each (packaging/push-images.sh).
+push-images:
+	VERSION='$(VERSION)' GO='$(GO)' ./packaging/push-images.sh
 
 # dist: a release tarball laid out as `make install` lays out / (extract it
 # with tar -C /, or anywhere and run usr/bin/forkd), and SHA256SUMS.

@@ -13,7 +13,7 @@
 #
 # Load them where the cluster pulls from: `docker load -i FILE`,
 # `kind load image-archive FILE`, `ctr -n k8s.io images import FILE`, or
-# push: `skopeo copy docker-archive:FILE docker://REGISTRY/NAME:TAG`.
+# push: `make push-images REGISTRY=HOST/PATH` (packaging/push-images.sh).
 #
 # Run by `make images` (which passes VERSION, DEB_VERSION); needs root
 # (mmdebstrap) and the Debian mirror. SOURCE_DATE_EPOCH (default: the

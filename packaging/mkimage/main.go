@@ -6,6 +6,11 @@
 //	  [--rootfs rootfs.tar] [--file SRC:DST[:MODE]]... \
 //	  [--entrypoint '["forkd"]'] [--cmd '["serve"]'] [--env K=V]... \
 //	  [--user U] [--workdir D] [--label K=V]...
+//	mkimage push [--insecure] ARCHIVE REGISTRY/REPOSITORY:TAG
+//
+// push uploads an archive's image with the docker configuration's
+// credentials (`docker login`) and prints its digest
+// (packaging/push-images.sh, `make push-images`).
 //
 // The creation time, and every added file's mtime, is SOURCE_DATE_EPOCH
 // (seconds since 1970), else the Unix epoch: the same inputs give the
@@ -13,12 +18,15 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/forkd-dev/forkd/internal/imagebuild"
@@ -30,6 +38,10 @@ func (l *list) String() string     { return strings.Join(*l, ",") }
 func (l *list) Set(v string) error { *l = append(*l, v); return nil }
 
 func main() {
+	run := run
+	if len(os.Args) > 1 && os.Args[1] == "push" {
+		run = push
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "mkimage:", err)
 		os.Exit(1)
@@ -105,6 +117,26 @@ func run() error {
 		return err
 	}
 	fmt.Printf("%s %s %s\n", *out, d, strings.Join(tags, " "))
+	return nil
+}
+
+// push is `mkimage push [--insecure] ARCHIVE REF`.
+func push() error {
+	fs := flag.NewFlagSet("push", flag.ContinueOnError)
+	insecure := fs.Bool("insecure", false, "speak HTTP to the registry (localhost and 127.0.0.1 always are)")
+	if err := fs.Parse(os.Args[2:]); err != nil {
+		return err
+	}
+	if fs.NArg() != 2 {
+		return fmt.Errorf("usage: mkimage push [--insecure] ARCHIVE REGISTRY/REPOSITORY:TAG")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	d, err := imagebuild.Push(ctx, fs.Arg(0), fs.Arg(1), *insecure)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s@%s\n", fs.Arg(1), d)
 	return nil
 }
 
