@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"net/http"
 	"sync"
 	"time"
 )
@@ -60,13 +61,16 @@ type lookup struct {
 // at once rather than a round and a retry later: every node up is asked
 // for the tag (GET /v1/snapshots/{tag}, 16 at a time) and its ready
 // holders are recorded, with who may fork them, in the view and in
-// placement. It answers from a lookup that began after since (a
-// Sandbox's creation), starting one if none did: a snapshot made before
-// since cannot be missed. Concurrent callers for a tag share a lookup;
-// at most maxLookups run at once, each within lookupDeadline. sure is
-// false when none could answer for every node (ctx ended, or the
-// deadline passed first).
-func (v *NodeView) FindSnapshot(ctx context.Context, tag, tenant string, since time.Time) (held, sure bool) {
+// placement. It answers from a lookup that began after the call (so
+// after the Sandbox asking exists, and after any snapshot made before
+// it: no clock but the controller's is compared), starting one if none
+// did; callers arriving while one runs share the next. At most
+// maxLookups run at once, each within lookupDeadline. sure is false
+// unless the lookup heard from every node (the view settled, every node
+// it knows up and answering 200 or 404, no copy still being written):
+// only then may the tag be called absent.
+func (v *NodeView) FindSnapshot(ctx context.Context, tag, tenant string) (held, sure bool) {
+	since := time.Now()
 	for {
 		v.mu.Lock()
 		if v.heldLocked(tag, tenant) {
@@ -88,7 +92,7 @@ func (v *NodeView) FindSnapshot(ctx context.Context, tag, tenant string, since t
 			}
 		}
 		l := v.lookups[tag]
-		if l == nil || !l.began.After(since) && isDone(l) {
+		if l == nil || l.began.Before(since) && isDone(l) {
 			l = &lookup{began: now, done: make(chan struct{})}
 			v.lookups[tag] = l
 			v.mu.Unlock()
@@ -101,7 +105,7 @@ func (v *NodeView) FindSnapshot(ctx context.Context, tag, tenant string, since t
 		case <-ctx.Done():
 			return false, false
 		}
-		if l.began.After(since) {
+		if !l.began.Before(since) {
 			held := v.HeldAnywhere(tag, tenant)
 			return held, held || l.complete
 		}
@@ -132,9 +136,12 @@ func (v *NodeView) runLookup(ctx context.Context, tag string, l *lookup) {
 	}
 	v.mu.Lock()
 	ask := map[string]*NodeClient{}
+	everyNode := v.rounds >= v.threshold() // settled: no node unseen
 	for name, r := range v.nodes {
 		if r.up {
 			ask[name] = r.client
+		} else {
+			everyNode = false // discovered, never answered
 		}
 	}
 	v.mu.Unlock()
@@ -144,6 +151,7 @@ func (v *NodeView) runLookup(ctx context.Context, tag string, l *lookup) {
 		timeout = 10 * time.Second
 	}
 	held := map[string]apiSnapshot{}
+	answered := 0 // 200 ready, or 404
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 16)
@@ -159,10 +167,15 @@ func (v *NodeView) runLookup(ctx context.Context, tag string, l *lookup) {
 			defer func() { <-sem }()
 			cctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
-			if s, err := c.Snapshot(cctx, tag); err == nil && s.ready() && s.Tag == tag {
-				mu.Lock()
+			s, err := c.Snapshot(cctx, tag)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil && s.ready() && s.Tag == tag:
 				held[name] = s
-				mu.Unlock()
+				answered++
+			case statusOf(err) == http.StatusNotFound:
+				answered++
 			}
 		}()
 	}
@@ -170,7 +183,7 @@ func (v *NodeView) runLookup(ctx context.Context, tag string, l *lookup) {
 
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	l.complete = ctx.Err() == nil
+	l.complete = everyNode && answered == len(ask) && ctx.Err() == nil
 	for name, s := range held {
 		r := v.nodes[name]
 		if r == nil || !r.up || r.client != ask[name] {

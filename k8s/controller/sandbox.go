@@ -209,16 +209,15 @@ func (r *SandboxReconciler) place(ctx context.Context, key string, sb *v1.Sandbo
 		var err error
 		tag := sb.Spec.Snapshot.Tag
 		req := placement.Request{Key: key, MemoryBytes: mem, Pullable: sb.Spec.Snapshot.Image != ""}
-		req.Snapshot, req.Also = snapshotKeys(sb.Namespace, tag)
+		snapshotRequest(&req, sb.Namespace, tag)
 		d, began, err = r.placeTimed(req)
 		sure := true
 		if errors.Is(err, placement.ErrNoCapacity) && !r.Nodes.HeldAnywhere(tag, tenant) {
 			// Perhaps made on a node since the view's last round (a
-			// branch): asked for on every node, by a lookup begun after
-			// the Sandbox was made (CreationTimestamp is truncated to
-			// the second).
+			// branch): asked for on every node, by a lookup begun now,
+			// after the Sandbox exists.
 			var held bool
-			held, sure = r.Nodes.FindSnapshot(ctx, tag, tenant, sb.CreationTimestamp.Add(time.Second))
+			held, sure = r.Nodes.FindSnapshot(ctx, tag, tenant)
 			if held {
 				d, began, err = r.placeTimed(req)
 			}
@@ -291,7 +290,7 @@ func (r *SandboxReconciler) Preplace(sb *v1.Sandbox) (created func(error)) {
 	}
 	key := types.NamespacedName{Namespace: sb.Namespace, Name: sb.Name}.String()
 	req := placement.Request{Key: key, MemoryBytes: r.memoryFor(sb), OnlyNew: true}
-	req.Snapshot, req.Also = snapshotKeys(sb.Namespace, sb.Spec.Snapshot.Tag)
+	snapshotRequest(&req, sb.Namespace, sb.Spec.Snapshot.Tag)
 	d, began, err := r.placeTimed(req)
 	if err != nil {
 		return noop

@@ -118,8 +118,8 @@ func (r *SandboxReconciler) forkFailed(ctx context.Context, key string, sb *v1.S
 		// The image could not be pulled there (or the tag is another
 		// namespace's there): stop sending sandboxes to wait for it,
 		// and place this one again.
-		key, _ := snapshotKeys(sb.Namespace, sb.Spec.Snapshot.Tag)
-		r.Cluster.PullFailed(sb.Status.NodeName, key)
+		snapKey, _ := snapshotKeys(sb.Namespace, sb.Spec.Snapshot.Tag)
+		r.Cluster.PullFailed(sb.Status.NodeName, snapKey)
 		r.Cluster.Release(key)
 		node := sb.Status.NodeName
 		sb.Status.NodeName = ""

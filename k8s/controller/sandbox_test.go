@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -329,9 +330,18 @@ func TestDaemonPodGoneMarksSandboxesLost(t *testing.T) {
 }
 
 // TestNoCapacity: a holder without room is NoCapacity; a tag no node
-// holds, with no image, is SnapshotNotFound; both are retried.
+// holds, with no image, is SnapshotNotFound once the node view has
+// settled and every node answered, NoCapacity (still looking, retried
+// soon) before; all are retried.
 func TestNoCapacity(t *testing.T) {
 	e := newTestEnv(t, nodeSpec{name: "n1", memory: 8 * gib, snapshots: map[string]int{"py": 512}})
+	e.create(newSandbox("early", "absent"))
+	res := e.reconcile("early")
+	wantCondition(t, e.get("early").Status.Conditions, v1.ConditionPlaced, metav1.ConditionFalse, v1.ReasonNoCapacity)
+	if res.RequeueAfter != 2*time.Second {
+		t.Errorf("a tag not found before the view settled: requeue after %v, want 2s", res.RequeueAfter)
+	}
+	e.poll() // settled: FailureThreshold rounds
 	big := newSandbox("big", "py")
 	mem := resource.MustParse("16Gi")
 	big.Spec.Resources.Memory = &mem
@@ -408,6 +418,50 @@ func TestFailedPullPlacesAgain(t *testing.T) {
 	wantCondition(t, got.Status.Conditions, v1.ConditionPlaced, metav1.ConditionFalse, ReasonPullFailed)
 	if forks, _, _ := e.standIn["n1"].counts(); forks != 0 {
 		t.Fatalf("%d forks after a failed pull", forks)
+	}
+	// Its reservation was given back: placing it anew is a new decision.
+	if _, err := e.nodes.Cluster.Place(placement.Request{Key: "default/nopull", Snapshot: "x", MemoryBytes: 1, OnlyNew: true}); errors.Is(err, placement.ErrPlaced) {
+		t.Fatalf("the Sandbox still holds its reservation after the failed pull: %v", err)
+	}
+}
+
+// TestPullNotSentWhereTheTagIsAnothers: a node holding the tag for
+// another namespace is never sent a pull of it, though it has the most
+// room; the pull goes to a node without the tag.
+func TestPullNotSentWhereTheTagIsAnothers(t *testing.T) {
+	e := newTestEnv(t,
+		nodeSpec{name: "roomy", memory: 64 * gib, snapshots: map[string]int{"py": 256}},
+		nodeSpec{name: "small", memory: 8 * gib})
+	e.standIn["roomy"].mu.Lock()
+	e.standIn["roomy"].owners = map[string]string{"py": "team-a"}
+	e.standIn["roomy"].mu.Unlock()
+	e.poll()
+	sb := newSandbox("b", "py")
+	sb.Namespace = "team-b"
+	sb.Spec.Snapshot.Image = "registry.example.com/snaps/py:v1"
+	e.create(sb)
+	if got := e.reconcileIn("team-b", "b"); got.Status.NodeName != "small" || got.Status.Phase != v1.SandboxRunning {
+		t.Fatalf("team-b's py: %+v, want pulled and Running on small", got.Status)
+	}
+	if pulls := e.standIn["roomy"].pulls; len(pulls) != 0 {
+		t.Errorf("roomy, holding team-a's py, was sent pulls %q", pulls)
+	}
+}
+
+// TestNodeNotAnsweringIsNoProofOfAbsence: a lookup that could not ask
+// every node (one down) does not call a tag absent: the Sandbox waits
+// (NoCapacity, retried soon) rather than being SnapshotNotFound.
+func TestNodeNotAnsweringIsNoProofOfAbsence(t *testing.T) {
+	e := newTestEnv(t,
+		nodeSpec{name: "node-a", memory: 8 * gib, snapshots: map[string]int{"py": 256}},
+		nodeSpec{name: "node-b", memory: 8 * gib})
+	e.poll() // settled
+	e.standIn["node-b"].setDown(true)
+	e.create(newSandbox("br", "py-br"))
+	res := e.reconcile("br")
+	wantCondition(t, e.get("br").Status.Conditions, v1.ConditionPlaced, metav1.ConditionFalse, v1.ReasonNoCapacity)
+	if res.RequeueAfter != 2*time.Second {
+		t.Errorf("requeue after %v, want 2s", res.RequeueAfter)
 	}
 }
 
@@ -520,8 +574,8 @@ func TestForkOfASnapshotMadeSinceTheLastRound(t *testing.T) {
 		return n
 	}
 	for _, n := range []string{"node-a", "node-b"} {
-		if got := count(e.standIn[n], "py-typo"); got != 1 {
-			t.Errorf("%s asked for py-typo %d times in two reconciles, want once (a lookup answers for Sandboxes made before it began)", n, got)
+		if got := count(e.standIn[n], "py-typo"); got != 2 {
+			t.Errorf("%s asked for py-typo %d times in two reconciles one after the other, want twice (each needs a lookup begun after it asked)", n, got)
 		}
 		if got := count(e.standIn[n], "py"); got != 0 {
 			t.Errorf("%s asked for py, which node-a is known to hold, %d times", n, got)

@@ -3,6 +3,8 @@ package controller
 import (
 	"slices"
 	"sort"
+
+	"github.com/forkd-dev/forkd/k8s/placement"
 )
 
 // operatorTenant is the node daemons' own tenant: that of their Unix
@@ -38,12 +40,17 @@ func visibleTo(s apiSnapshot, tenant string) bool {
 	return publicSnapshot(s) || s.Owner == tenant || slices.Contains(s.SharedWith, tenant)
 }
 
+// occupiedKey is the placement key of every tag a node holds, whoever
+// may fork it: a node holding it cannot pull another snapshot under it.
+func occupiedKey(tag string) string { return "#" + tag }
+
 // placementKeys are the keys a node holding snapshots is placed under:
 // the tag for a public one, else one private key per tenant that may
-// fork it, sorted.
+// fork it; and occupiedKey of each; sorted.
 func placementKeys(snapshots map[string]apiSnapshot) []string {
-	keys := make([]string, 0, len(snapshots))
+	keys := make([]string, 0, 2*len(snapshots))
 	for tag, s := range snapshots {
+		keys = append(keys, occupiedKey(tag))
 		if publicSnapshot(s) {
 			keys = append(keys, tag)
 			continue
@@ -62,4 +69,12 @@ func placementKeys(snapshots map[string]apiSnapshot) []string {
 // the public tag.
 func snapshotKeys(namespace, tag string) (snapshot string, also []string) {
 	return privateKey(TenantFor(namespace), tag), []string{tag}
+}
+
+// snapshotRequest fills a placement request's keys for a Sandbox's
+// snapshot (snapshotKeys, and occupiedKey: never pulled where the tag is
+// held already).
+func snapshotRequest(req *placement.Request, namespace, tag string) {
+	req.Snapshot, req.Also = snapshotKeys(namespace, tag)
+	req.Occupied = occupiedKey(tag)
 }

@@ -61,6 +61,10 @@ type Request struct {
 	// controller's key of a tag every namespace may fork, after the key of
 	// the tag held for the sandbox's namespace alone.
 	Also []string
+	// Occupied is a key whose holders cannot take a pull of Snapshot: the
+	// node holds the tag already, for someone else (the controller's
+	// "#TAG"; one name per tag per node).
+	Occupied string
 	// OnlyNew asks for a decision only for a key with no reservation: a
 	// placed key gets ErrPlaced instead of its first decision (a caller
 	// that may give the reservation back must not give back another's).
@@ -281,7 +285,13 @@ func (c *Cluster) Place(req Request) (Decision, error) {
 			ErrNoCapacity, req.Snapshot, req.MemoryBytes)
 	}
 	var n *node
+	occupied := c.holders[req.Occupied]
 	for _, cand := range c.all.list {
+		if occupied != nil && req.Occupied != "" {
+			if _, ok := occupied.pos[cand]; ok {
+				continue
+			}
+		}
 		if fits(cand) && cand.DiskFreeBytes >= req.SnapshotBytes && better(cand, n) {
 			n = cand
 		}
