@@ -54,6 +54,13 @@ type auditNote struct {
 
 type auditKey struct{}
 
+// passedAs records that the request got past authentication as p.
+func (n *auditNote) passedAs(p auth.Principal) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.token, n.tenant, n.passed = p.Token, auth.TenantOf(p.Tenant), true
+}
+
 // noteTargets adds ids to the request's audit record (e.g. the sandboxes a
 // fork created).
 func noteTargets(r *http.Request, ids ...string) {
@@ -250,9 +257,7 @@ func (s *Server) auditAdmit(next http.Handler) http.Handler {
 			return
 		}
 		p, _ := s.principal(r)
-		note.mu.Lock()
-		note.token, note.tenant, note.passed = p.Token, auth.TenantOf(p.Tenant), true
-		note.mu.Unlock()
+		note.passedAs(p)
 		if err := s.auditWritable(r); err != nil {
 			note.mu.Lock()
 			note.refused = true

@@ -153,9 +153,10 @@ func (s *Server) principalOf(r *http.Request) auth.Principal {
 }
 
 // actFor makes a request that names a tenant in auth.ActForHeader act
-// for it (auth.Principal.ActFor): only an admin may, anyone else is
-// refused 403. The header is dropped after, so it never reaches a guest
-// through the port proxy.
+// for it (auth.Principal.ActFor): only an admin may, for another tenant
+// than its own, with one header; anything else is refused (403, 400).
+// The header is dropped, so it never reaches a guest through the port
+// proxy.
 func (s *Server) actFor(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		values := r.Header.Values(auth.ActForHeader)
@@ -177,9 +178,7 @@ func (s *Server) actFor(next http.Handler) http.Handler {
 			// Recorded as this token's refused request, not as an
 			// anonymous one.
 			if n, _ := r.Context().Value(auditKey{}).(*auditNote); n != nil {
-				n.mu.Lock()
-				n.token, n.tenant, n.passed = p.Token, auth.TenantOf(p.Tenant), true
-				n.mu.Unlock()
+				n.passedAs(p)
 			}
 			writeProblem(w, r, err)
 			return
