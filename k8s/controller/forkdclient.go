@@ -243,6 +243,16 @@ func (c *NodeClient) Snapshots(ctx context.Context) ([]apiSnapshot, error) {
 // snapshots it branches) is the namespace's, visible to no other.
 const ActForHeader = "Forkd-Tenant"
 
+// actingFor is the headers of a request acting for tenant (none for "":
+// as the admin itself).
+func actingFor(tenant string) http.Header {
+	hdr := http.Header{}
+	if tenant != "" {
+		hdr.Set(ActForHeader, tenant)
+	}
+	return hdr
+}
+
 // Fork is POST /v1/sandboxes with an Idempotency-Key, so a retry after a
 // lost answer (or a controller restart) gets the first fork's sandbox
 // instead of a second one. It acts for tenant (the Sandbox's namespace):
@@ -250,10 +260,7 @@ const ActForHeader = "Forkd-Tenant"
 // (its own, shared with it, or the node's operator's), and the tenant's
 // quota on the node holds.
 func (c *NodeClient) Fork(ctx context.Context, key, tenant string, req apiForkRequest) (apiForkResponse, error) {
-	hdr := http.Header{}
-	if tenant != "" {
-		hdr.Set(ActForHeader, tenant)
-	}
+	hdr := actingFor(tenant)
 	hdr.Set("Idempotency-Key", key)
 	hdr.Set("X-Request-Id", requestID(key))
 	var out apiForkResponse
@@ -280,10 +287,7 @@ var errTagTaken = errors.New("the tag is another tenant's on this node")
 // apart, and only the first is no error; one the tenant cannot see at
 // all is errTagTaken.
 func (c *NodeClient) PullSnapshot(ctx context.Context, key, tenant, ref, tag string) error {
-	hdr := http.Header{}
-	if tenant != "" {
-		hdr.Set(ActForHeader, tenant)
-	}
+	hdr := actingFor(tenant)
 	if key != "" {
 		hdr.Set("Idempotency-Key", key)
 		hdr.Set("X-Request-Id", requestID(key))
@@ -292,7 +296,7 @@ func (c *NodeClient) PullSnapshot(ctx context.Context, key, tenant, ref, tag str
 	if statusOf(err) != http.StatusConflict {
 		return err
 	}
-	snap, gerr := c.snapshot(ctx, tag, hdr)
+	snap, gerr := c.snapshot(ctx, tag, tenant)
 	switch {
 	case gerr == nil && snap.ready():
 		return nil
@@ -305,16 +309,13 @@ func (c *NodeClient) PullSnapshot(ctx context.Context, key, tenant, ref, tag str
 // Snapshot is GET /v1/snapshots/{tag} (as the admin: with its owner and
 // shares).
 func (c *NodeClient) Snapshot(ctx context.Context, tag string) (apiSnapshot, error) {
-	return c.snapshot(ctx, tag, nil)
+	return c.snapshot(ctx, tag, "")
 }
 
-func (c *NodeClient) snapshot(ctx context.Context, tag string, hdr http.Header) (apiSnapshot, error) {
-	h := http.Header{}
-	if t := hdr.Get(ActForHeader); t != "" {
-		h.Set(ActForHeader, t)
-	}
+// snapshot is GET /v1/snapshots/{tag} acting for tenant.
+func (c *NodeClient) snapshot(ctx context.Context, tag, tenant string) (apiSnapshot, error) {
 	var snap apiSnapshot
-	err := c.do(ctx, http.MethodGet, "/v1/snapshots/"+url.PathEscape(tag), h, nil, &snap)
+	err := c.do(ctx, http.MethodGet, "/v1/snapshots/"+url.PathEscape(tag), actingFor(tenant), nil, &snap)
 	return snap, err
 }
 

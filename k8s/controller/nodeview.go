@@ -139,14 +139,19 @@ func (v *NodeView) SupportsIdempotency(node string) bool {
 
 // Holds says the node reported holding a ready snapshot of that tag.
 func (v *NodeView) Holds(node, tag string) bool {
+	_, ok := v.snapshotOn(node, tag)
+	return ok
+}
+
+// snapshotOn is the ready snapshot tag on node, as last seen.
+func (v *NodeView) snapshotOn(node, tag string) (apiSnapshot, bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	r := v.nodes[node]
-	if r == nil {
-		return false
+	if r := v.nodes[node]; r != nil {
+		s, ok := r.snapshots[tag]
+		return s, ok
 	}
-	_, ok := r.snapshots[tag]
-	return ok
+	return apiSnapshot{}, false
 }
 
 // SnapshotMemoryBytes is the memory size of a snapshot as a node holding

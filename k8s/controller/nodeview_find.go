@@ -10,13 +10,7 @@ import (
 // HoldsFor says node holds tag ready for tenant: its own, shared with it,
 // or public (the operator's, or shared with every tenant).
 func (v *NodeView) HoldsFor(node, tag, tenant string) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	r := v.nodes[node]
-	if r == nil {
-		return false
-	}
-	s, ok := r.snapshots[tag]
+	s, ok := v.snapshotOn(node, tag)
 	return ok && visibleTo(s, tenant)
 }
 
