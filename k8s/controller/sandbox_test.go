@@ -111,7 +111,13 @@ func (e *testEnv) create(obj client.Object) {
 // now (no error, no immediate requeue), at most 5 times.
 func (e *testEnv) reconcile(name string) ctrl.Result {
 	e.t.Helper()
-	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: name}}
+	return e.reconcileKey(types.NamespacedName{Namespace: "default", Name: name})
+}
+
+// reconcileKey is reconcile of any namespace's Sandbox.
+func (e *testEnv) reconcileKey(key types.NamespacedName) ctrl.Result {
+	e.t.Helper()
+	req := ctrl.Request{NamespacedName: key}
 	var res ctrl.Result
 	var err error
 	for range 5 {
@@ -120,7 +126,7 @@ func (e *testEnv) reconcile(name string) ctrl.Result {
 			return res
 		}
 	}
-	e.t.Fatalf("reconcile %s: %v", name, err)
+	e.t.Fatalf("reconcile %s: %v", key, err)
 	return res
 }
 
@@ -587,16 +593,10 @@ func TestForkOfASnapshotMadeSinceTheLastRound(t *testing.T) {
 // nothing more to do now (see reconcile).
 func (e *testEnv) reconcileIn(namespace, name string) *v1.Sandbox {
 	e.t.Helper()
-	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: namespace, Name: name}}
-	for i := 0; ; i++ {
-		if _, err := e.sbr.Reconcile(e.ctx, req); err == nil {
-			break
-		} else if i == 4 {
-			e.t.Fatalf("reconcile %s/%s: %v", namespace, name, err)
-		}
-	}
+	key := types.NamespacedName{Namespace: namespace, Name: name}
+	e.reconcileKey(key)
 	var sb v1.Sandbox
-	if err := e.client.Get(e.ctx, req.NamespacedName, &sb); err != nil {
+	if err := e.client.Get(e.ctx, key, &sb); err != nil {
 		e.t.Fatal(err)
 	}
 	return &sb
