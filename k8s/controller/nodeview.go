@@ -236,18 +236,9 @@ func (v *NodeView) PollOnce(ctx context.Context) error {
 	v.mu.Unlock()
 
 	results := make([]pollResult, len(todo))
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 16)
-	for i, r := range todo {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			results[i] = v.pollNode(ctx, r.ep.Node, r.client)
-		}()
-	}
-	wg.Wait()
+	FanOut(ctx, len(todo), 0, func(ctx context.Context, i int) { // pollNode bounds each
+		results[i] = v.pollNode(ctx, todo[i].ep.Node, todo[i].client)
+	})
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}

@@ -129,11 +129,15 @@ func (v *NodeView) runLookup(ctx context.Context, tag string, l *lookup) {
 		return
 	}
 	v.mu.Lock()
-	ask := map[string]*NodeClient{}
+	type asked struct {
+		name   string
+		client *NodeClient
+	}
+	var ask []asked
 	everyNode := v.rounds >= v.threshold() // settled: no node unseen
 	for name, r := range v.nodes {
 		if r.up {
-			ask[name] = r.client
+			ask = append(ask, asked{name, r.client})
 		} else {
 			everyNode = false // discovered, never answered
 		}
@@ -144,43 +148,28 @@ func (v *NodeView) runLookup(ctx context.Context, tag string, l *lookup) {
 	if timeout <= 0 {
 		timeout = 10 * time.Second
 	}
-	held := map[string]apiSnapshot{}
-	answered := 0 // 200 ready, or 404
+	held := map[int]apiSnapshot{} // by index in ask
+	answered := 0                 // 200 ready, or 404
 	var mu sync.Mutex
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 16)
-	for name, c := range ask {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				return
-			}
-			defer func() { <-sem }()
-			cctx, cancel := context.WithTimeout(ctx, timeout)
-			defer cancel()
-			s, err := c.Snapshot(cctx, tag)
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case err == nil && s.ready() && s.Tag == tag:
-				held[name] = s
-				answered++
-			case statusOf(err) == http.StatusNotFound:
-				answered++
-			}
-		}()
-	}
-	wg.Wait()
+	FanOut(ctx, len(ask), timeout, func(ctx context.Context, i int) {
+		s, err := ask[i].client.Snapshot(ctx, tag)
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case err == nil && s.ready() && s.Tag == tag:
+			held[i] = s
+			answered++
+		case statusOf(err) == http.StatusNotFound:
+			answered++
+		}
+	})
 
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	l.complete = everyNode && answered == len(ask) && ctx.Err() == nil
-	for name, s := range held {
-		r := v.nodes[name]
-		if r == nil || !r.up || r.client != ask[name] {
+	for i, s := range held {
+		r := v.nodes[ask[i].name]
+		if r == nil || !r.up || r.client != ask[i].client {
 			continue // gone or replaced meanwhile: the next round knows
 		}
 		snaps := make(map[string]apiSnapshot, len(r.snapshots)+1)

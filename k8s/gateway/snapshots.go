@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/forkd-dev/forkd/k8s/controller"
@@ -23,9 +22,8 @@ import (
 // shared with it, and the nodes' operator's (base images), never another
 // namespace's.
 
-// Fan-out bounds: nodes asked at once, and how long one may take.
+// Fan-out bounds: how long one node may take.
 const (
-	fanOutWidth   = 16
 	fanOutTimeout = 10 * time.Second
 	// maxNodeAnswer bounds what is read of one daemon's answer.
 	maxNodeAnswer = 16 << 20
@@ -60,29 +58,18 @@ func callNode(ctx context.Context, nc *controller.NodeClient, tenant, method, pa
 	return resp.StatusCode, body, err
 }
 
-// fanOut runs call on every node, fanOutWidth at a time, each within
-// fanOutTimeout, and returns the answers sorted by node name.
+// fanOut runs call on every node (controller.FanOut: 16 at a time), each
+// within fanOutTimeout, and returns the answers sorted by node name.
 func fanOut(ctx context.Context, nodes map[string]*controller.NodeClient, call func(ctx context.Context, nc *controller.NodeClient) (int, []byte, error)) []nodeAnswer {
 	out := make([]nodeAnswer, 0, len(nodes))
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, fanOutWidth)
-	for node, nc := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			cctx, cancel := context.WithTimeout(ctx, fanOutTimeout)
-			defer cancel()
-			status, body, err := call(cctx, nc)
-			mu.Lock()
-			out = append(out, nodeAnswer{node: node, status: status, body: body, err: err})
-			mu.Unlock()
-		}()
+	for node := range nodes {
+		out = append(out, nodeAnswer{node: node})
 	}
-	wg.Wait()
 	sort.Slice(out, func(i, j int) bool { return out[i].node < out[j].node })
+	controller.FanOut(ctx, len(out), fanOutTimeout, func(ctx context.Context, i int) {
+		a := &out[i]
+		a.status, a.body, a.err = call(ctx, nodes[a.node])
+	})
 	return out
 }
 
