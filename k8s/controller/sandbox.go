@@ -69,10 +69,11 @@ const (
 // Node loss is the NodeView's: OnNodeLost marks the node's Sandboxes Lost.
 type SandboxReconciler struct {
 	Client client.Client
-	// Reader reads a Sandbox not forked yet past the cache (the manager's
-	// APIReader; nil: Client): a cache behind the reconciler's own status
-	// writes would have it place or fork again, which the idempotency key
-	// makes harmless but not free (a replayed fork, a conflict, a backoff).
+	// Reader reads a Sandbox past the cache (the manager's APIReader;
+	// nil: the cache is trusted) when the cache is behind the
+	// reconciler's own last status write (see ownWrites): it would place
+	// or fork again, which the idempotency key makes harmless but not
+	// free (a replayed fork, a conflict, a backoff).
 	Reader  client.Reader
 	Cluster *placement.Cluster
 	Nodes   *NodeView
@@ -89,6 +90,9 @@ type SandboxReconciler struct {
 	// Events records a Sandbox's placement, fork, failures and end.
 	Events EventRecorder
 	Log    logr.Logger
+
+	// writes are the status writes the cache has not shown yet.
+	writes ownWrites
 }
 
 func (r *SandboxReconciler) now() time.Time {
@@ -110,11 +114,14 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	key := req.String()
 	var sb v1.Sandbox
 	err := r.Client.Get(ctx, req.NamespacedName, &sb)
-	if err == nil && sb.Status.SandboxID == "" && sb.DeletionTimestamp.IsZero() && r.Reader != nil {
-		err = r.Reader.Get(ctx, req.NamespacedName, &sb)
+	if err == nil && r.Reader != nil && r.writes.behind(&sb) {
+		if err = r.Reader.Get(ctx, req.NamespacedName, &sb); err == nil {
+			r.writes.settle(&sb)
+		}
 	}
 	if err != nil {
 		if apierrors.IsNotFound(err) {
+			r.writes.forget(req.NamespacedName)
 			r.Cluster.Release(key)
 			return ctrl.Result{}, nil
 		}
@@ -406,5 +413,9 @@ func (r *SandboxReconciler) setCondition(sb *v1.Sandbox, typ string, status meta
 }
 
 func (r *SandboxReconciler) updateStatus(ctx context.Context, sb *v1.Sandbox) error {
-	return r.Client.Status().Update(ctx, sb)
+	if err := r.Client.Status().Update(ctx, sb); err != nil {
+		return err
+	}
+	r.writes.wrote(sb)
+	return nil
 }
