@@ -3,6 +3,7 @@ package controller
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -197,24 +198,16 @@ func (r *ClaimReconciler) bind(ctx context.Context, claim *v1.SandboxClaim) (*v1
 		return mine[0], ctrl.Result{}, nil
 	}
 	// The cache may be behind the claim's own status, an earlier
-	// reconcile's write naming the Sandbox it took or made: the claim is
-	// read past the cache, so a lagging cache cannot make it take a
-	// second. One GET; a LIST of Sandboxes past the cache would cost the
-	// namespace's Sandboxes (57-76 ms of a claim's ~90 with 520 of them in
-	// the load test). What this leaves: a take whose status write failed,
-	// while the cache also lags behind the take, may take a second one
-	// (each is the claim's; the unnamed one goes with the claim).
-	if r.Reader != nil {
-		var fresh v1.SandboxClaim
-		if err := r.Reader.Get(ctx, client.ObjectKeyFromObject(claim), &fresh); err != nil {
-			return nil, ctrl.Result{}, client.IgnoreNotFound(err)
-		}
-		if fresh.Status.Sandbox.Name != "" {
-			// The claim's status event brings the cache up; this is a fallback.
-			return nil, ctrl.Result{RequeueAfter: time.Second}, nil
-		}
-	}
+	// reconcile's write naming the Sandbox it took or made. Creating is
+	// safe anyway: the Sandbox is named as the claim, so a second Create
+	// finds the first (AlreadyExists). Taking from a pool is not: before
+	// it takes, takeFromPool reads the claim past the cache (one GET, on
+	// the pool's path only).
 	sb, err := r.takeFromPool(ctx, claim)
+	if errors.Is(err, errBoundPastCache) {
+		// The claim's status event brings the cache up; this is a fallback.
+		return nil, ctrl.Result{RequeueAfter: time.Second}, nil
+	}
 	if sb != nil || err != nil {
 		return sb, ctrl.Result{}, err
 	}
@@ -306,9 +299,10 @@ func (r *ClaimReconciler) create(ctx context.Context, claim *v1.SandboxClaim, na
 	case !apierrors.IsAlreadyExists(err):
 		return nil, ctrl.Result{}, err
 	default:
-		// Created by an earlier reconcile whose status write was lost (or
-		// someone else's: Reconcile checks the owner).
-		if err := r.Client.Get(ctx, client.ObjectKeyFromObject(sb), sb); err != nil {
+		// Created by an earlier reconcile whose status write was lost or
+		// that the cache does not show yet (or someone else's: Reconcile
+		// checks the owner); read past the cache, which may not have it.
+		if err := r.reader().Get(ctx, client.ObjectKeyFromObject(sb), sb); err != nil {
 			return nil, ctrl.Result{}, err
 		}
 	}

@@ -152,22 +152,26 @@ func TestPinnedToAnUnknownNode(t *testing.T) {
 	wantCondition(t, got.Status.Conditions, v1.ConditionReady, metav1.ConditionFalse, v1.ReasonNodeLost)
 }
 
-// TestClaimReadPastTheCacheBeforeItBinds: when the cached claim names no
+// TestClaimReadPastTheCacheBeforeItTakes: when the cached claim names no
 // Sandbox but the apiserver's does (the cache behind the claim's own
-// status write), the claim neither forks nor takes another; it waits for
-// the cache.
-func TestClaimReadPastTheCacheBeforeItBinds(t *testing.T) {
+// status write), the claim takes nothing from its pool; it waits for the
+// cache. A claim with nothing to take forks with no read past the cache:
+// its Sandbox is named as the claim, so a second create finds the first.
+func TestClaimReadPastTheCacheBeforeItTakes(t *testing.T) {
 	e := newTestEnv(t, nodeSpec{name: "n1", memory: 8 * gib, snapshots: map[string]int{"py": 512}})
 	e.poll()
 	e.createTemplate("py", "py")
+	e.createPool("pool", "py", 1)
+	e.fillPool("pool")
 	e.createClaim("job", "py")
 	var apiReads int
+	bound := "taken-earlier" // what the cache has not shown yet
 	e.claims.Reader = interceptor.NewClient(e.client.(client.WithWatch), interceptor.Funcs{
 		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 			err := c.Get(ctx, key, obj, opts...)
 			if cl, ok := obj.(*v1.SandboxClaim); ok && err == nil {
 				apiReads++
-				cl.Status.Sandbox.Name = "taken-earlier" // what the cache has not shown yet
+				cl.Status.Sandbox.Name = bound
 			}
 			return err
 		},
@@ -176,16 +180,22 @@ func TestClaimReadPastTheCacheBeforeItBinds(t *testing.T) {
 	if err != nil || res.RequeueAfter == 0 {
 		t.Fatalf("reconcile: %+v, %v; want a requeue", res, err)
 	}
-	var l v1.SandboxList
-	if err := e.client.List(e.ctx, &l); err != nil || len(l.Items) != 0 || apiReads != 1 {
-		t.Fatalf("%d Sandboxes made (%v), %d claim reads past the cache; want none made after one read", len(l.Items), err, apiReads)
+	if taken := e.sandboxes(client.MatchingLabels{LabelClaim: "job"}); len(taken) != 0 || apiReads != 1 {
+		t.Fatalf("%d Sandboxes taken or made, %d claim reads past the cache; want none after one read", len(taken), apiReads)
 	}
 
-	// With the apiserver's claim as the cache's, it forks.
-	e.claims.Reader = e.client
+	// With the apiserver's claim as the cache's, it takes the pool's.
+	bound = ""
 	e.reconcileClaim("job")
-	if sb := e.get("job"); sb.Spec.NodeName != "n1" {
-		t.Fatalf("Sandbox %+v, want bound to n1", sb.Spec)
+	if c := e.getClaim("job"); c.Status.Sandbox.Name == "" || c.Status.Sandbox.Name == "job" || apiReads != 2 {
+		t.Fatalf("claim bound to %+v after %d reads, want the pool's Sandbox after 2", c.Status.Sandbox, apiReads)
+	}
+
+	// Nothing left to take (the pool not refilled): forked, not read.
+	e.createClaim("other", "py")
+	e.reconcileClaim("other")
+	if sb := e.get("other"); sb.Spec.NodeName != "n1" || apiReads != 2 {
+		t.Fatalf("Sandbox %+v after %d reads, want bound to n1 with no read past the cache", sb.Spec, apiReads)
 	}
 }
 
