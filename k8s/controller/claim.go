@@ -99,6 +99,19 @@ type ClaimReconciler struct {
 	// Events records which Sandbox a claim binds, and its losses.
 	Events EventRecorder
 	Log    logr.Logger
+	// Now is the clock (tests set it).
+	Now func() time.Time
+
+	// created are the Sandboxes made for claims whose status does not
+	// name them yet.
+	created newSandboxes
+}
+
+func (r *ClaimReconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
 }
 
 // Preplacer places a Sandbox about to be created (see
@@ -119,9 +132,13 @@ func Preplace(p Preplacer, sb *v1.Sandbox) (created func(error)) {
 func (r *ClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var claim v1.SandboxClaim
 	if err := r.Client.Get(ctx, req.NamespacedName, &claim); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.created.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !claim.DeletionTimestamp.IsZero() {
+		r.created.forget(req.NamespacedName)
 		return ctrl.Result{}, nil // the owner reference takes the Sandbox
 	}
 	orig := claim.Status.DeepCopy()
@@ -141,7 +158,19 @@ func (r *ClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		return r.lost(ctx, &claim, sb, orig)
 	}
 	r.mirror(&claim, sb)
-	return ctrl.Result{}, r.updateStatus(ctx, &claim, orig)
+	if orig.Sandbox.Name == "" {
+		r.created.carryConditions(&claim)
+		if hold := r.created.holdStatus(&claim, sb, r.now()); hold > 0 {
+			// Its fork is under way; its Running status (or why not)
+			// brings the claim back, else this does.
+			return ctrl.Result{RequeueAfter: hold}, nil
+		}
+	}
+	if err := r.updateStatus(ctx, &claim, orig); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.created.forget(req.NamespacedName)
+	return ctrl.Result{}, nil
 }
 
 // boundSandbox returns the claim's Sandbox: the one its status names,
@@ -197,8 +226,22 @@ func (r *ClaimReconciler) bind(ctx context.Context, claim *v1.SandboxClaim) (*v1
 	if len(mine) > 0 {
 		return mine[0], ctrl.Result{}, nil
 	}
+	if rec, ok := r.created.lookup(claim); ok {
+		// Made by an earlier reconcile, not in the cache yet, and not
+		// named in the claim's status, which waits for its news.
+		var sb v1.Sandbox
+		err := r.reader().Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: rec.name}, &sb)
+		if err == nil {
+			return &sb, ctrl.Result{}, nil
+		}
+		if !apierrors.IsNotFound(err) {
+			return nil, ctrl.Result{}, err
+		}
+		r.created.forget(client.ObjectKeyFromObject(claim)) // deleted since: bind anew
+	}
 	// The cache may be behind the claim's own status, an earlier
-	// reconcile's write naming the Sandbox it took or made. Creating is
+	// reconcile's write naming the Sandbox it took or made (or behind a
+	// create whose claim status waits: r.created, above). Creating is
 	// safe anyway: the Sandbox is named as the claim, so a second Create
 	// finds the first (AlreadyExists). Taking from a pool is not: before
 	// it takes, takeFromPool reads the claim past the cache (one GET, on
@@ -211,7 +254,11 @@ func (r *ClaimReconciler) bind(ctx context.Context, claim *v1.SandboxClaim) (*v1
 	if sb != nil || err != nil {
 		return sb, ctrl.Result{}, err
 	}
-	return r.create(ctx, claim, claim.Name)
+	made, res, err := r.create(ctx, claim, claim.Name)
+	if made != nil {
+		r.created.created(claim, made.Name, r.now())
+	}
+	return made, res, err
 }
 
 func (r *ClaimReconciler) reader() client.Reader {

@@ -10,9 +10,19 @@ import (
 	v1 "github.com/forkd-dev/forkd/k8s/api/v1alpha1"
 )
 
+// reconcileClaim reconciles a claim as its manager would: when its first
+// status waits for a new Sandbox's news (claim_first.go), the clock
+// passes the wait and it is reconciled again, so the claim's status is
+// written either way.
 func (e *testEnv) reconcileClaim(name string) {
 	e.t.Helper()
-	if _, err := e.claims.Reconcile(e.ctx, ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: name}}); err != nil {
+	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: name}}
+	res, err := e.claims.Reconcile(e.ctx, req)
+	if err == nil && res.RequeueAfter > 0 && res.RequeueAfter <= firstStatusWait && e.getClaim(name).Status.Sandbox.Name == "" {
+		e.now = e.now.Add(res.RequeueAfter)
+		_, err = e.claims.Reconcile(e.ctx, req)
+	}
+	if err != nil {
 		e.t.Fatalf("reconcile claim %s: %v", name, err)
 	}
 }

@@ -80,7 +80,8 @@ func newTestEnv(t *testing.T, specs ...nodeSpec) *testEnv {
 	e.nodes.OnNodeUp, e.nodes.OnNodeLost = e.sbr.BindNode, e.sbr.MarkNodeLost
 	e.events = events.NewFakeRecorder(1000)
 	e.sbr.Events = e.events
-	e.claims = &ClaimReconciler{Client: c, Scheme: scheme, Preplacer: e.sbr, Events: e.events, Log: log}
+	e.claims = &ClaimReconciler{Client: c, Scheme: scheme, Preplacer: e.sbr, Events: e.events, Log: log,
+		Now: func() time.Time { return e.now }}
 	e.pools = &WarmPoolReconciler{Client: c, Scheme: scheme, Log: log}
 	e.poll()
 	return e

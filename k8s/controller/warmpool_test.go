@@ -313,6 +313,9 @@ func TestManyClaimsRacingForAPool(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
+	for i := range claims { // the requeues: the forked claims' status
+		e.reconcileClaim(fmt.Sprintf("c%d", i))
+	}
 
 	bound := map[string]string{}
 	taken := 0

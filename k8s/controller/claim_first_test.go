@@ -1,0 +1,131 @@
+package controller
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	v1 "github.com/forkd-dev/forkd/k8s/api/v1alpha1"
+)
+
+// claimStatusWrites has the claim reconciler write through a client that
+// logs each of its status writes, by the claim's Ready reason.
+func (e *testEnv) claimStatusWrites() *writeLog {
+	w := &writeLog{}
+	e.claims.Client = interceptor.NewClient(e.client.(client.WithWatch), interceptor.Funcs{
+		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			if cl, ok := obj.(*v1.SandboxClaim); ok {
+				reason := ""
+				for _, cond := range cl.Status.Conditions {
+					if cond.Type == v1.ConditionReady {
+						reason = cond.Reason
+					}
+				}
+				w.add(cl.Name + " " + reason)
+			}
+			return c.SubResource(sub).Update(ctx, obj, opts...)
+		},
+	})
+	return w
+}
+
+// TestClaimFirstStatusWaitsForItsSandbox: a claim that creates its
+// Sandbox writes no status until the Sandbox has news, so a quick fork's
+// claim is written once, Ready, with the WarmPool condition its create
+// set; a Sandbox with no news after firstStatusWait is shown pending.
+func TestClaimFirstStatusWaitsForItsSandbox(t *testing.T) {
+	e := newTestEnv(t, nodeSpec{name: "n1", memory: 8 * gib, snapshots: map[string]int{"py": 512}})
+	e.poll()
+	e.createTemplate("py", "py")
+	writes := e.claimStatusWrites()
+	e.createClaim("quick", "py")
+	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: "quick"}}
+	res, err := e.claims.Reconcile(e.ctx, req)
+	if err != nil || res.RequeueAfter != firstStatusWait {
+		t.Fatalf("first reconcile: %+v, %v; want a requeue after %v", res, err, firstStatusWait)
+	}
+	if w := writes.take(); len(w) != 0 || e.get("quick").Spec.NodeName != "n1" {
+		t.Fatalf("claim status writes %q; want none yet, with its Sandbox created bound", w)
+	}
+	// Woken again by its Sandbox's create: still nothing to say.
+	if res, err := e.claims.Reconcile(e.ctx, req); err != nil || res.RequeueAfter != firstStatusWait {
+		t.Fatalf("second reconcile: %+v, %v; want the same wait", res, err)
+	}
+	e.reconcile("quick") // forked: Running
+	e.reconcileClaim("quick")
+	if w := writes.take(); !slices.Equal(w, []string{"quick " + v1.ReasonForked}) {
+		t.Fatalf("claim status writes %q, want one, Ready", w)
+	}
+	c := e.getClaim("quick")
+	wantCondition(t, c.Status.Conditions, ConditionWarmPool, metav1.ConditionFalse, ReasonNoPool)
+	if c.Status.Sandbox.Name != "quick" || c.Status.Sandbox.SandboxID == "" || e.claims.created.len() != 0 {
+		t.Fatalf("claim status %+v, %d creates remembered; want bound, none", c.Status.Sandbox, e.claims.created.len())
+	}
+
+	// No news within the wait: the claim says which Sandbox, pending.
+	e.createClaim("slow", "py")
+	slow := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: "slow"}}
+	if _, err := e.claims.Reconcile(e.ctx, slow); err != nil {
+		t.Fatal(err)
+	}
+	e.now = e.now.Add(firstStatusWait / 2)
+	if res, err := e.claims.Reconcile(e.ctx, slow); err != nil || res.RequeueAfter != firstStatusWait/2 {
+		t.Fatalf("halfway: %+v, %v; want the rest of the wait", res, err)
+	}
+	e.now = e.now.Add(firstStatusWait / 2)
+	if _, err := e.claims.Reconcile(e.ctx, slow); err != nil {
+		t.Fatal(err)
+	}
+	if w := writes.take(); !slices.Equal(w, []string{"slow SandboxNotReady"}) {
+		t.Fatalf("claim status writes %q, want one, not ready", w)
+	}
+	if c := e.getClaim("slow"); c.Status.Sandbox.Name != "slow" {
+		t.Fatalf("claim status %+v, want it to name Sandbox slow", c.Status.Sandbox)
+	}
+}
+
+// TestClaimBindsItsNewSandboxBehindTheCache: while a claim's status waits,
+// a reconcile whose cache does not show the Sandbox it created binds that
+// one, not a warm pool's (the status that guarded against it is not
+// written yet).
+func TestClaimBindsItsNewSandboxBehindTheCache(t *testing.T) {
+	e := newTestEnv(t, nodeSpec{name: "n1", memory: 8 * gib, snapshots: map[string]int{"py": 512}})
+	e.poll()
+	e.createTemplate("py", "py")
+	e.createClaim("job", "py")
+	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: "job"}}
+	if _, err := e.claims.Reconcile(e.ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	// A pool fills; the claim's cache lists no Sandbox of the claim.
+	e.createPool("pool", "py", 1)
+	e.fillPool("pool")
+	e.claims.Client = interceptor.NewClient(e.client.(client.WithWatch), interceptor.Funcs{
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if err := c.List(ctx, list, opts...); err != nil {
+				return err
+			}
+			if l, ok := list.(*v1.SandboxList); ok {
+				l.Items = slices.DeleteFunc(l.Items, func(sb v1.Sandbox) bool { return sb.Labels[LabelClaim] == "job" })
+			}
+			return nil
+		},
+	})
+	e.claims.Reader = e.client
+	e.now = e.now.Add(firstStatusWait)
+	if _, err := e.claims.Reconcile(e.ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if c := e.getClaim("job"); c.Status.Sandbox.Name != "job" {
+		t.Fatalf("claim bound to %q, want the Sandbox it created", c.Status.Sandbox.Name)
+	}
+	if n := len(e.sandboxes(client.MatchingLabels{LabelPool: "pool"})); n != 1 {
+		t.Fatalf("%d pool Sandboxes, want the pool's 1 untaken", n)
+	}
+}
