@@ -154,9 +154,12 @@ func (v *NodeView) snapshotOn(node, tag string) (apiSnapshot, bool) {
 	return apiSnapshot{}, false
 }
 
-// SnapshotMemoryBytes is the memory size of a snapshot as a node holding
-// it reports it (memory_mib), 0 when no node holds it.
-func (v *NodeView) SnapshotMemoryBytes(tag string) int64 {
+// SnapshotMemoryBytes is the memory size of the snapshot tenant forks as
+// tag, as a node holding it reports it (memory_mib): a copy the tenant
+// owns or is shared, which placement tries first, else a public one; 0
+// when no node holds one the tenant sees. Another tenant's same-named
+// snapshot, whatever its size, is not the one forked.
+func (v *NodeView) SnapshotMemoryBytes(tag, tenant string) int64 {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	names := make([]string, 0, len(v.nodes))
@@ -164,9 +167,12 @@ func (v *NodeView) SnapshotMemoryBytes(tag string) int64 {
 		names = append(names, name)
 	}
 	sort.Strings(names) // the same answer every time
-	for _, name := range names {
-		if s, ok := v.nodes[name].snapshots[tag]; ok && s.MemoryMiB > 0 {
-			return int64(s.MemoryMiB) << 20
+	for _, public := range []bool{false, true} {
+		for _, name := range names {
+			s, ok := v.nodes[name].snapshots[tag]
+			if ok && s.MemoryMiB > 0 && visibleTo(s, tenant) && publicSnapshot(s) == public {
+				return int64(s.MemoryMiB) << 20
+			}
 		}
 	}
 	return 0

@@ -39,7 +39,7 @@ func TestNodeViewPollsUntilStopped(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- v.Start(ctx) }()
 	waitFor(t, "node n1 up", func() bool { return v.State("n1") == NodeUp })
-	if got := v.SnapshotMemoryBytes("py"); got != 1024<<20 {
+	if got := v.SnapshotMemoryBytes("py", "team-a"); got != 1024<<20 {
 		t.Errorf("snapshot memory %d, want 1 GiB", got)
 	}
 	if !v.SupportsIdempotency("n1") || !v.Holds("n1", "py") {

@@ -319,12 +319,13 @@ func (r *SandboxReconciler) Preplace(sb *v1.Sandbox) (created func(error)) {
 }
 
 // memoryFor is what placement reserves for a sandbox: its blueprint's
-// memory, else its snapshot's as a node reports it, else the default.
+// memory, else that of the snapshot its namespace forks as a node
+// reports it, else the default.
 func (r *SandboxReconciler) memoryFor(sb *v1.Sandbox) int64 {
 	if m := sb.Spec.Resources.Memory; m != nil {
 		return m.Value()
 	}
-	if b := r.Nodes.SnapshotMemoryBytes(sb.Spec.Snapshot.Tag); b > 0 {
+	if b := r.Nodes.SnapshotMemoryBytes(sb.Spec.Snapshot.Tag, TenantFor(sb.Namespace)); b > 0 {
 		return b
 	}
 	if r.DefaultMemoryBytes > 0 {

@@ -455,6 +455,30 @@ func TestPullNotSentWhereTheTagIsAnothers(t *testing.T) {
 	}
 }
 
+// TestMemoryOfTheSnapshotTheNamespaceForks: a Sandbox naming no memory
+// reserves that of the snapshot its namespace forks under the tag (its
+// own first, else the public one), never another namespace's.
+func TestMemoryOfTheSnapshotTheNamespaceForks(t *testing.T) {
+	e := newTestEnv(t,
+		nodeSpec{name: "a", memory: 64 * gib, snapshots: map[string]int{"py": 8192}},
+		nodeSpec{name: "b", memory: 64 * gib, snapshots: map[string]int{"py": 256}},
+		nodeSpec{name: "c", memory: 64 * gib, snapshots: map[string]int{"py": 1024}})
+	e.standIn["a"].mu.Lock()
+	e.standIn["a"].owners = map[string]string{"py": "team-a"}
+	e.standIn["a"].mu.Unlock()
+	e.standIn["c"].mu.Lock()
+	e.standIn["c"].owners = map[string]string{"py": "team-c"}
+	e.standIn["c"].mu.Unlock()
+	e.poll()
+	for ns, want := range map[string]int64{"team-a": 8192 << 20, "team-b": 256 << 20, "team-c": 1024 << 20} {
+		sb := newSandbox("x", "py")
+		sb.Namespace = ns
+		if got := e.sbr.memoryFor(sb); got != want {
+			t.Errorf("namespace %s reserves %d bytes for py, want %d", ns, got, want)
+		}
+	}
+}
+
 // TestNodeNotAnsweringIsNoProofOfAbsence: a lookup that could not ask
 // every node (one down) does not call a tag absent: the Sandbox waits
 // (NoCapacity, retried soon) rather than being SnapshotNotFound.
