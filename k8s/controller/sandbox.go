@@ -92,7 +92,7 @@ type SandboxReconciler struct {
 	Log    logr.Logger
 
 	// writes are the status writes the cache has not shown yet.
-	writes ownWrites
+	writes ownWrites[progress]
 }
 
 func (r *SandboxReconciler) now() time.Time {
@@ -114,9 +114,9 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	key := req.String()
 	var sb v1.Sandbox
 	err := r.Client.Get(ctx, req.NamespacedName, &sb)
-	if err == nil && r.Reader != nil && r.writes.behind(&sb) {
+	if err == nil && r.Reader != nil && r.writes.behind(req.NamespacedName, sb.UID, progressOf(&sb)) {
 		if err = r.Reader.Get(ctx, req.NamespacedName, &sb); err == nil {
-			r.writes.settle(&sb)
+			r.writes.settle(req.NamespacedName, sb.UID, progressOf(&sb))
 		}
 	}
 	if err != nil {
@@ -417,6 +417,6 @@ func (r *SandboxReconciler) updateStatus(ctx context.Context, sb *v1.Sandbox) er
 	if err := r.Client.Status().Update(ctx, sb); err != nil {
 		return err
 	}
-	r.writes.wrote(sb)
+	r.writes.wrote(keyOf(sb.Namespace, sb.Name), sb.UID, progressOf(sb))
 	return nil
 }

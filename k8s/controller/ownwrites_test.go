@@ -79,39 +79,36 @@ func TestSandboxReadsPastTheCacheOnlyBehindItsOwnWrite(t *testing.T) {
 }
 
 // TestOwnWritesEndOnOthersWrites: a record ends when the apiserver's copy
-// shows progress someone else wrote since, when another object takes the
-// name, and when the Sandbox is gone.
+// shows a value someone else wrote since, when another object takes the
+// name, and when the object is gone.
 func TestOwnWritesEndOnOthersWrites(t *testing.T) {
-	var w ownWrites
-	sb := newSandbox("a", "py")
-	sb.Status = v1.SandboxStatus{NodeName: "n1", SandboxID: "sb-1", Phase: v1.SandboxRunning}
-	w.wrote(sb)
+	var w ownWrites[progress]
+	nn := types.NamespacedName{Namespace: "default", Name: "a"}
+	running := progress{node: "n1", id: "sb-1", phase: v1.SandboxRunning}
+	w.wrote(nn, "uid-a", running)
 
-	cached := newSandbox("a", "py")
-	if !w.behind(cached) {
+	if !w.behind(nn, "uid-a", progress{}) {
 		t.Fatal("a cached copy without the Running write is not behind")
 	}
-	lost := sb.DeepCopy()
-	lost.Status.Phase = v1.SandboxLost
-	w.settle(lost) // written by another since
-	if w.behind(cached) || w.len() != 0 {
+	lost := running
+	lost.phase = v1.SandboxLost
+	w.settle(nn, "uid-a", lost) // written by another since
+	if w.behind(nn, "uid-a", progress{}) || w.len() != 0 {
 		t.Fatalf("after another's write: behind or %d records; want neither", w.len())
 	}
 
-	w.wrote(sb)
-	w.settle(sb.DeepCopy()) // the apiserver shows it; the cache has yet to
-	if !w.behind(cached) {
+	w.wrote(nn, "uid-a", running)
+	w.settle(nn, "uid-a", running) // the apiserver shows it; the cache has yet to
+	if !w.behind(nn, "uid-a", progress{}) {
 		t.Fatal("settled by the apiserver's copy, the record ended before the cache showed it")
 	}
-	other := newSandbox("a", "py")
-	other.UID = "uid-a-again"
-	if w.behind(other) || w.len() != 0 {
+	if w.behind(nn, "uid-a-again", progress{}) || w.len() != 0 {
 		t.Fatal("another object of the same name is behind a write to the first")
 	}
 
-	w.wrote(sb)
-	w.forget(types.NamespacedName{Namespace: "default", Name: "a"})
+	w.wrote(nn, "uid-a", running)
+	w.forget(nn)
 	if w.len() != 0 {
-		t.Fatal("a Sandbox gone is still remembered")
+		t.Fatal("an object gone is still remembered")
 	}
 }
