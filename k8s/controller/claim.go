@@ -103,8 +103,10 @@ type ClaimReconciler struct {
 	Now func() time.Time
 
 	// created are the Sandboxes made for claims whose status does not
-	// name them yet.
+	// name them yet; writes, the Sandbox each claim's last status write
+	// named, until the cache shows it.
 	created newSandboxes
+	writes  ownWrites[string]
 }
 
 func (r *ClaimReconciler) now() time.Time {
@@ -131,14 +133,22 @@ func Preplace(p Preplacer, sb *v1.Sandbox) (created func(error)) {
 // Reconcile binds one claim.
 func (r *ClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var claim v1.SandboxClaim
-	if err := r.Client.Get(ctx, req.NamespacedName, &claim); err != nil {
+	err := r.Client.Get(ctx, req.NamespacedName, &claim)
+	if err == nil && r.Reader != nil && r.writes.behind(req.NamespacedName, claim.UID, claim.Status.Sandbox.Name) {
+		// The cache is behind this reconciler's own status write: what
+		// the claim is bound to is read past it, not decided again.
+		if err = r.Reader.Get(ctx, req.NamespacedName, &claim); err == nil {
+			r.writes.settle(req.NamespacedName, claim.UID, claim.Status.Sandbox.Name)
+		}
+	}
+	if err != nil {
 		if apierrors.IsNotFound(err) {
-			r.created.forget(req.NamespacedName)
+			r.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !claim.DeletionTimestamp.IsZero() {
-		r.created.forget(req.NamespacedName)
+		r.forget(req.NamespacedName)
 		return ctrl.Result{}, nil // the owner reference takes the Sandbox
 	}
 	orig := claim.Status.DeepCopy()
@@ -166,11 +176,13 @@ func (r *ClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 			return ctrl.Result{RequeueAfter: hold}, nil
 		}
 	}
-	if err := r.updateStatus(ctx, &claim, orig); err != nil {
-		return ctrl.Result{}, err
-	}
-	r.created.forget(req.NamespacedName)
-	return ctrl.Result{}, nil
+	return ctrl.Result{}, r.updateStatus(ctx, &claim, orig)
+}
+
+// forget ends what is remembered of a claim that is gone.
+func (r *ClaimReconciler) forget(nn types.NamespacedName) {
+	r.created.forget(nn)
+	r.writes.forget(nn)
 }
 
 // boundSandbox returns the claim's Sandbox: the one its status names,
@@ -237,7 +249,12 @@ func (r *ClaimReconciler) bind(ctx context.Context, claim *v1.SandboxClaim) (*v1
 		if !apierrors.IsNotFound(err) {
 			return nil, ctrl.Result{}, err
 		}
-		r.created.forget(client.ObjectKeyFromObject(claim)) // deleted since: bind anew
+		// Deleted since, before the claim's status named it: as for a
+		// bound Sandbox gone (boundSandbox), the claim is over.
+		claim.Status.Sandbox.Name = rec.name
+		r.setCondition(claim, v1.ConditionReady, metav1.ConditionFalse, ReasonSandboxGone,
+			fmt.Sprintf("Sandbox %s no longer exists", rec.name))
+		return nil, ctrl.Result{}, nil
 	}
 	// The cache may be behind the claim's own status, an earlier
 	// reconcile's write naming the Sandbox it took or made (or behind a
@@ -380,7 +397,13 @@ func (r *ClaimReconciler) updateStatus(ctx context.Context, c *v1.SandboxClaim, 
 	if equalClaimStatus(&c.Status, orig) {
 		return nil
 	}
-	return r.Client.Status().Update(ctx, c)
+	if err := r.Client.Status().Update(ctx, c); err != nil {
+		return err
+	}
+	nn := client.ObjectKeyFromObject(c)
+	r.writes.wrote(nn, c.UID, c.Status.Sandbox.Name)
+	r.created.forget(nn) // its status is written: no first write to hold
+	return nil
 }
 
 // equalClaimStatus compares two statuses, ignoring condition times

@@ -20,12 +20,14 @@ import (
 const firstStatusWait = time.Second
 
 // newSandboxes remembers, per claim, the Sandbox its reconciler created
-// and when, until the claim's status names it. While remembered:
+// and when, until the claim's status is written (then the claim's
+// ownWrites take over). While remembered:
 //   - the claim's status write waits (firstStatusWait) for the Sandbox's
 //     own news, a status its reconciler writes (Running, or why not);
 //   - the claim binds that Sandbox and no other, whatever a cache behind
 //     the create shows (the claim's status, which guarded that, is not
-//     written yet).
+//     written yet); deleted meanwhile, the claim is over (SandboxGone),
+//     as when a Sandbox its status names is gone.
 //
 // After a controller restart nothing is remembered: the cache, listed at
 // start, shows the Sandbox, and the claim's status is written at once.
@@ -90,8 +92,8 @@ func (n *newSandboxes) holdStatus(claim *v1.SandboxClaim, sb *v1.Sandbox, now ti
 	return max(0, firstStatusWait-now.Sub(rec.created))
 }
 
-// forget ends the record of a claim whose status names its Sandbox, or
-// that is gone.
+// forget ends the record of a claim whose status is written, or that is
+// gone.
 func (n *newSandboxes) forget(nn types.NamespacedName) {
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -129,3 +129,91 @@ func TestClaimBindsItsNewSandboxBehindTheCache(t *testing.T) {
 		t.Fatalf("%d pool Sandboxes, want the pool's 1 untaken", n)
 	}
 }
+
+// TestStaleClaimAfterAReplacementCreatesNothing: a claim's Sandbox lost
+// before the claim's status named it is replaced (the claim's first
+// write names the replacement) and the lost one deleted; a reconcile
+// whose cache shows neither that write nor the replacement reads the
+// claim past the cache and creates no second Sandbox under the freed
+// name.
+func TestStaleClaimAfterAReplacementCreatesNothing(t *testing.T) {
+	e := newTestEnv(t,
+		nodeSpec{name: "n1", memory: 8 * gib, snapshots: map[string]int{"py": 512}},
+		nodeSpec{name: "n2", memory: 8 * gib, snapshots: map[string]int{"py": 512}})
+	e.poll()
+	e.createTemplate("py", "py")
+	e.createClaim("c", "py")
+	e.claims.Reader = e.client
+	stale := e.getClaim("c") // as the cache will keep showing it
+	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: "c"}}
+	if _, err := e.claims.Reconcile(e.ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	e.standIn[e.get("c").Spec.NodeName].setDown(true)
+	e.poll()
+	e.poll() // threshold 2: lost
+	if p := e.get("c").Status.Phase; p != v1.SandboxLost {
+		t.Fatalf("phase %s, want Lost", p)
+	}
+	if _, err := e.claims.Reconcile(e.ctx, req); err != nil { // replaces
+		t.Fatal(err)
+	}
+	if c := e.getClaim("c"); c.Status.Sandbox.Name != "c-r1" {
+		t.Fatalf("claim status %+v, want it to name c-r1", c.Status.Sandbox)
+	}
+	e.reconcile("c") // the lost one's finalizer: gone
+
+	e.claims.Client = interceptor.NewClient(e.client.(client.WithWatch), interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if cl, ok := obj.(*v1.SandboxClaim); ok && key.Name == "c" {
+				stale.DeepCopyInto(cl)
+				return nil
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if err := c.List(ctx, list, opts...); err != nil {
+				return err
+			}
+			if l, ok := list.(*v1.SandboxList); ok {
+				l.Items = slices.DeleteFunc(l.Items, func(sb v1.Sandbox) bool { return sb.Name == "c-r1" })
+			}
+			return nil
+		},
+	})
+	if _, err := e.claims.Reconcile(e.ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, sb := range e.sandboxes(client.MatchingLabels{LabelClaim: "c"}) {
+		names = append(names, sb.Name)
+	}
+	if !slices.Equal(names, []string{"c-r1"}) {
+		t.Fatalf("the claim's Sandboxes %q, want only c-r1", names)
+	}
+}
+
+// TestNewSandboxDeletedBeforeTheClaimNamedIt: a Sandbox deleted while its
+// claim's first status still waited ends the claim (SandboxGone), as a
+// bound one deleted does; it is not forked again.
+func TestNewSandboxDeletedBeforeTheClaimNamedIt(t *testing.T) {
+	e := newTestEnv(t, nodeSpec{name: "n1", memory: 8 * gib, snapshots: map[string]int{"py": 512}})
+	e.poll()
+	e.createTemplate("py", "py")
+	e.createClaim("c", "py")
+	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: "c"}}
+	if _, err := e.claims.Reconcile(e.ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.Delete(e.ctx, e.get("c")); err != nil {
+		t.Fatal(err)
+	}
+	e.reconcile("c") // its finalizer: gone
+	e.reconcileClaim("c")
+	e.reconcileClaim("c")
+	c := e.getClaim("c")
+	wantCondition(t, c.Status.Conditions, v1.ConditionReady, metav1.ConditionFalse, ReasonSandboxGone)
+	if n := len(e.sandboxes(nil)); n != 0 || c.Status.Sandbox.Name != "c" {
+		t.Fatalf("%d Sandboxes, claim names %q; want none, c", n, c.Status.Sandbox.Name)
+	}
+}
