@@ -35,6 +35,41 @@ func (e *testEnv) claimStatusWrites() *writeLog {
 	return w
 }
 
+// reconcileClaimOnce runs the claim reconciler once, as one event would
+// (reconcileClaim also passes a first status's wait).
+func (e *testEnv) reconcileClaimOnce(name string) ctrl.Result {
+	e.t.Helper()
+	res, err := e.claims.Reconcile(e.ctx, ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: name}})
+	if err != nil {
+		e.t.Fatalf("reconcile claim %s: %v", name, err)
+	}
+	return res
+}
+
+// hideFromClaims has the claim reconciler's cache list no Sandbox hide
+// holds for (a cache behind their creates), and Get claim name as stale
+// when stale is not nil (a cache behind the claim's status writes).
+func (e *testEnv) hideFromClaims(hide func(*v1.Sandbox) bool, name string, stale *v1.SandboxClaim) {
+	e.claims.Client = interceptor.NewClient(e.client.(client.WithWatch), interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if cl, ok := obj.(*v1.SandboxClaim); ok && stale != nil && key.Name == name {
+				stale.DeepCopyInto(cl)
+				return nil
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if err := c.List(ctx, list, opts...); err != nil {
+				return err
+			}
+			if l, ok := list.(*v1.SandboxList); ok {
+				l.Items = slices.DeleteFunc(l.Items, func(sb v1.Sandbox) bool { return hide(&sb) })
+			}
+			return nil
+		},
+	})
+}
+
 // TestClaimFirstStatusWaitsForItsSandbox: a claim that creates its
 // Sandbox writes no status until the Sandbox has news, so a quick fork's
 // claim is written once, Ready, with the WarmPool condition its create
@@ -45,17 +80,15 @@ func TestClaimFirstStatusWaitsForItsSandbox(t *testing.T) {
 	e.createTemplate("py", "py")
 	writes := e.claimStatusWrites()
 	e.createClaim("quick", "py")
-	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: "quick"}}
-	res, err := e.claims.Reconcile(e.ctx, req)
-	if err != nil || res.RequeueAfter != firstStatusWait {
-		t.Fatalf("first reconcile: %+v, %v; want a requeue after %v", res, err, firstStatusWait)
+	if res := e.reconcileClaimOnce("quick"); res.RequeueAfter != firstStatusWait {
+		t.Fatalf("first reconcile: %+v; want a requeue after %v", res, firstStatusWait)
 	}
 	if w := writes.take(); len(w) != 0 || e.get("quick").Spec.NodeName != "n1" {
 		t.Fatalf("claim status writes %q; want none yet, with its Sandbox created bound", w)
 	}
 	// Woken again by its Sandbox's create: still nothing to say.
-	if res, err := e.claims.Reconcile(e.ctx, req); err != nil || res.RequeueAfter != firstStatusWait {
-		t.Fatalf("second reconcile: %+v, %v; want the same wait", res, err)
+	if res := e.reconcileClaimOnce("quick"); res.RequeueAfter != firstStatusWait {
+		t.Fatalf("second reconcile: %+v; want the same wait", res)
 	}
 	e.reconcile("quick") // forked: Running
 	e.reconcileClaim("quick")
@@ -70,18 +103,13 @@ func TestClaimFirstStatusWaitsForItsSandbox(t *testing.T) {
 
 	// No news within the wait: the claim says which Sandbox, pending.
 	e.createClaim("slow", "py")
-	slow := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: "slow"}}
-	if _, err := e.claims.Reconcile(e.ctx, slow); err != nil {
-		t.Fatal(err)
+	e.reconcileClaimOnce("slow")
+	e.now = e.now.Add(firstStatusWait / 2)
+	if res := e.reconcileClaimOnce("slow"); res.RequeueAfter != firstStatusWait/2 {
+		t.Fatalf("halfway: %+v; want the rest of the wait", res)
 	}
 	e.now = e.now.Add(firstStatusWait / 2)
-	if res, err := e.claims.Reconcile(e.ctx, slow); err != nil || res.RequeueAfter != firstStatusWait/2 {
-		t.Fatalf("halfway: %+v, %v; want the rest of the wait", res, err)
-	}
-	e.now = e.now.Add(firstStatusWait / 2)
-	if _, err := e.claims.Reconcile(e.ctx, slow); err != nil {
-		t.Fatal(err)
-	}
+	e.reconcileClaimOnce("slow")
 	if w := writes.take(); !slices.Equal(w, []string{"slow SandboxNotReady"}) {
 		t.Fatalf("claim status writes %q, want one, not ready", w)
 	}
@@ -99,29 +127,14 @@ func TestClaimBindsItsNewSandboxBehindTheCache(t *testing.T) {
 	e.poll()
 	e.createTemplate("py", "py")
 	e.createClaim("job", "py")
-	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: "job"}}
-	if _, err := e.claims.Reconcile(e.ctx, req); err != nil {
-		t.Fatal(err)
-	}
+	e.reconcileClaimOnce("job")
 	// A pool fills; the claim's cache lists no Sandbox of the claim.
 	e.createPool("pool", "py", 1)
 	e.fillPool("pool")
-	e.claims.Client = interceptor.NewClient(e.client.(client.WithWatch), interceptor.Funcs{
-		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
-			if err := c.List(ctx, list, opts...); err != nil {
-				return err
-			}
-			if l, ok := list.(*v1.SandboxList); ok {
-				l.Items = slices.DeleteFunc(l.Items, func(sb v1.Sandbox) bool { return sb.Labels[LabelClaim] == "job" })
-			}
-			return nil
-		},
-	})
+	e.hideFromClaims(func(sb *v1.Sandbox) bool { return sb.Labels[LabelClaim] == "job" }, "", nil)
 	e.claims.Reader = e.client
 	e.now = e.now.Add(firstStatusWait)
-	if _, err := e.claims.Reconcile(e.ctx, req); err != nil {
-		t.Fatal(err)
-	}
+	e.reconcileClaimOnce("job")
 	if c := e.getClaim("job"); c.Status.Sandbox.Name != "job" {
 		t.Fatalf("claim bound to %q, want the Sandbox it created", c.Status.Sandbox.Name)
 	}
@@ -145,45 +158,21 @@ func TestStaleClaimAfterAReplacementCreatesNothing(t *testing.T) {
 	e.createClaim("c", "py")
 	e.claims.Reader = e.client
 	stale := e.getClaim("c") // as the cache will keep showing it
-	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: "c"}}
-	if _, err := e.claims.Reconcile(e.ctx, req); err != nil {
-		t.Fatal(err)
-	}
+	e.reconcileClaimOnce("c")
 	e.standIn[e.get("c").Spec.NodeName].setDown(true)
 	e.poll()
 	e.poll() // threshold 2: lost
 	if p := e.get("c").Status.Phase; p != v1.SandboxLost {
 		t.Fatalf("phase %s, want Lost", p)
 	}
-	if _, err := e.claims.Reconcile(e.ctx, req); err != nil { // replaces
-		t.Fatal(err)
-	}
+	e.reconcileClaimOnce("c") // replaces
 	if c := e.getClaim("c"); c.Status.Sandbox.Name != "c-r1" {
 		t.Fatalf("claim status %+v, want it to name c-r1", c.Status.Sandbox)
 	}
 	e.reconcile("c") // the lost one's finalizer: gone
 
-	e.claims.Client = interceptor.NewClient(e.client.(client.WithWatch), interceptor.Funcs{
-		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-			if cl, ok := obj.(*v1.SandboxClaim); ok && key.Name == "c" {
-				stale.DeepCopyInto(cl)
-				return nil
-			}
-			return c.Get(ctx, key, obj, opts...)
-		},
-		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
-			if err := c.List(ctx, list, opts...); err != nil {
-				return err
-			}
-			if l, ok := list.(*v1.SandboxList); ok {
-				l.Items = slices.DeleteFunc(l.Items, func(sb v1.Sandbox) bool { return sb.Name == "c-r1" })
-			}
-			return nil
-		},
-	})
-	if _, err := e.claims.Reconcile(e.ctx, req); err != nil {
-		t.Fatal(err)
-	}
+	e.hideFromClaims(func(sb *v1.Sandbox) bool { return sb.Name == "c-r1" }, "c", stale)
+	e.reconcileClaimOnce("c")
 	var names []string
 	for _, sb := range e.sandboxes(client.MatchingLabels{LabelClaim: "c"}) {
 		names = append(names, sb.Name)
@@ -201,10 +190,7 @@ func TestNewSandboxDeletedBeforeTheClaimNamedIt(t *testing.T) {
 	e.poll()
 	e.createTemplate("py", "py")
 	e.createClaim("c", "py")
-	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: "c"}}
-	if _, err := e.claims.Reconcile(e.ctx, req); err != nil {
-		t.Fatal(err)
-	}
+	e.reconcileClaimOnce("c")
 	if err := e.client.Delete(e.ctx, e.get("c")); err != nil {
 		t.Fatal(err)
 	}
