@@ -52,8 +52,9 @@ type NodeView struct {
 	PollTimeout      time.Duration
 	FailureThreshold int
 	// LookupKept is how long a FindSnapshot lookup answers for Sandboxes
-	// made before it began (default 5 s).
-	LookupKept time.Duration
+	// made before it began (default 5 s); FindWait how long FindSnapshot
+	// waits for its lookup (default 1 s).
+	LookupKept, FindWait time.Duration
 	// OnNodeUp is called (outside the view's lock) when a node answers for
 	// the first time, so the sandboxes already placed there are bound
 	// again (a controller restart); OnNodeLost when a node is removed,
@@ -66,9 +67,11 @@ type NodeView struct {
 	nodes  map[string]*nodeRecord
 	rounds int
 	// lookups are FindSnapshot's, by tag; lookupSlots bounds how many
-	// run at once.
+	// run at once; lookingFor counts those running by the tenant whose
+	// Sandbox started them.
 	lookups     map[string]*lookup
 	lookupSlots chan struct{}
+	lookingFor  map[string]int
 }
 
 type nodeRecord struct {

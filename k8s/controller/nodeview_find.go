@@ -31,10 +31,12 @@ func (v *NodeView) heldLocked(tag, tenant string) bool {
 }
 
 // Bounds of FindSnapshot: lookups at once (each asks every node, 16 at a
-// time), and how long one may take in all.
+// time), and how long one may take in all; how long a caller waits for
+// one (NodeView.FindWait).
 const (
 	maxLookups     = 4
 	lookupDeadline = 30 * time.Second
+	findWait       = time.Second
 	// lookupKept is how long a finished lookup answers for Sandboxes made
 	// before it began (NodeView.LookupKept).
 	lookupKept = 5 * time.Second
@@ -43,7 +45,9 @@ const (
 // lookup is one FindSnapshot fan-out for a tag.
 type lookup struct {
 	began time.Time
-	done  chan struct{}
+	// tenant is whose Sandbox started it (NodeView.lookingFor).
+	tenant string
+	done   chan struct{}
 	// complete: every node answered or failed within its own timeout
 	// (set before done is closed).
 	complete bool
@@ -63,8 +67,17 @@ type lookup struct {
 // unless the lookup heard from every node (the view settled, every node
 // it knows up and answering 200 or 404, no copy still being written):
 // only then may the tag be called absent.
+//
+// A reconcile worker is not held for long, nor one namespace's typos
+// allowed to hold the lookups others' branches need: a caller waits at
+// most FindWait for its answer (the lookup runs on; a retry finds what
+// it found), and a tenant with a lookup running starts no other, so one
+// whose Sandboxes name many absent tags takes one slot of maxLookups.
+// Either way the answer is not sure: the caller asks again soon.
 func (v *NodeView) FindSnapshot(ctx context.Context, tag, tenant string) (held, sure bool) {
 	since := time.Now()
+	wait := time.NewTimer(durationOr(v.FindWait, findWait))
+	defer wait.Stop()
 	for {
 		v.mu.Lock()
 		if v.heldLocked(tag, tenant) {
@@ -87,15 +100,23 @@ func (v *NodeView) FindSnapshot(ctx context.Context, tag, tenant string) (held, 
 		}
 		l := v.lookups[tag]
 		if l == nil || l.began.Before(since) && isDone(l) {
-			l = &lookup{began: now, done: make(chan struct{})}
+			if v.lookingFor[tenant] > 0 {
+				v.mu.Unlock()
+				return false, false // its other lookup first
+			}
+			if v.lookingFor == nil {
+				v.lookingFor = map[string]int{}
+			}
+			v.lookingFor[tenant]++
+			l = &lookup{began: now, tenant: tenant, done: make(chan struct{})}
 			v.lookups[tag] = l
-			v.mu.Unlock()
-			v.runLookup(ctx, tag, l)
-		} else {
-			v.mu.Unlock()
+			go v.runLookup(ctx, tag, l)
 		}
+		v.mu.Unlock()
 		select {
 		case <-l.done:
+		case <-wait.C:
+			return false, false
 		case <-ctx.Done():
 			return false, false
 		}
@@ -118,7 +139,14 @@ func isDone(l *lookup) bool {
 
 // runLookup asks every node up for tag and records the ready holders.
 func (v *NodeView) runLookup(ctx context.Context, tag string, l *lookup) {
-	defer close(l.done)
+	defer func() {
+		v.mu.Lock()
+		if v.lookingFor[l.tenant]--; v.lookingFor[l.tenant] <= 0 {
+			delete(v.lookingFor, l.tenant)
+		}
+		v.mu.Unlock()
+		close(l.done)
+	}()
 	// Not the first caller's to cancel: others wait on it.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lookupDeadline)
 	defer cancel()

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -147,4 +148,43 @@ func TestNodeViewUsesDaemonCapacity(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFindSnapshotWaitsBoundedAndFairly: a lookup a node is slow to
+// answer holds its caller at most FindWait (not sure; the lookup runs
+// on), the tenant that started it starts no other meanwhile (not sure at
+// once, no node asked), and another tenant's lookups run and answer.
+func TestFindSnapshotWaitsBoundedAndFairly(t *testing.T) {
+	e := newTestEnv(t, nodeSpec{name: "n1", memory: 8 * gib})
+	e.poll() // settled: a lookup may call a tag absent
+	si := e.standIn["n1"]
+	stall := make(chan struct{})
+	si.mu.Lock()
+	si.stall, si.stallTag = stall, "slow"
+	si.snapshots["later"] = 256 // made since the last round
+	si.mu.Unlock()
+	gets := func(tag string) int {
+		si.mu.Lock()
+		defer si.mu.Unlock()
+		return len(slices.DeleteFunc(slices.Clone(si.snapshotGets), func(g string) bool { return g != tag }))
+	}
+
+	e.nodes.FindWait = 50 * time.Millisecond
+	if held, sure := e.nodes.FindSnapshot(e.ctx, "slow", "team-a"); held || sure {
+		t.Fatalf("a lookup the node does not answer: held %v, sure %v; want neither", held, sure)
+	}
+	if held, sure := e.nodes.FindSnapshot(e.ctx, "later", "team-a"); held || sure || gets("later") != 0 {
+		t.Fatalf("team-a's second tag while its lookup runs: held %v, sure %v, %d GETs; want not sure, no GET", held, sure, gets("later"))
+	}
+
+	e.nodes.FindWait = time.Minute // the lookup's own time, not this bound
+	if held, sure := e.nodes.FindSnapshot(e.ctx, "later", "team-b"); !held || !sure {
+		t.Fatalf("team-b's lookup while team-a's is held up: held %v, sure %v; want found", held, sure)
+	}
+
+	close(stall)
+	waitFor(t, "team-a's lookups to run again", func() bool {
+		held, sure := e.nodes.FindSnapshot(e.ctx, "absent", "team-a")
+		return !held && sure
+	})
 }

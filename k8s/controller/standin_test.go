@@ -51,6 +51,9 @@ type standIn struct {
 	// owners are the tenants owning tags (none: the operator's); a fork
 	// acting for another tenant is a 404, as forkd answers it.
 	owners map[string]string
+	// stall, when set, holds GET /v1/snapshots/{stallTag} until closed.
+	stall    chan struct{}
+	stallTag string
 }
 
 type standInSandbox struct {
@@ -148,6 +151,16 @@ func (s *standIn) violation(w http.ResponseWriter, format string, args ...any) {
 }
 
 func (s *standIn) serve(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	stall, stallTag := s.stall, s.stallTag
+	s.mu.Unlock()
+	if stall != nil && r.Method == http.MethodGet && r.URL.Path == "/v1/snapshots/"+stallTag {
+		select { // a node slow to answer for this tag
+		case <-stall:
+		case <-r.Context().Done():
+			return
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.down {
