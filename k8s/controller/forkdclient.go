@@ -54,6 +54,8 @@ type apiSnapshot struct {
 	// Owner and SharedWith, shown to admins in full: who may fork it.
 	Owner      string   `json:"owner,omitempty"`
 	SharedWith []string `json:"shared_with,omitempty"`
+	// Pooled is how many VMMs the node's pool holds ready for it.
+	Pooled int `json:"pooled_vmms"`
 }
 
 // apiSnapshotList is the SnapshotList schema (GET /v1/snapshots).

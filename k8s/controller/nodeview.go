@@ -328,6 +328,7 @@ func (r *nodeRecord) node(ready bool) placement.Node {
 		MemoryBytes:   r.ep.MemoryBytes,
 		DiskFreeBytes: r.ep.DiskFreeBytes,
 		Snapshots:     placementKeys(r.snapshots),
+		Warm:          warmKeys(r.snapshots),
 	}
 	if c := r.capacity; c != nil {
 		n.CommittedBytes = c.GuestMemoryCommittedBytes

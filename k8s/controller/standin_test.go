@@ -51,6 +51,8 @@ type standIn struct {
 	// owners are the tenants owning tags (none: the operator's); a fork
 	// acting for another tenant is a 404, as forkd answers it.
 	owners map[string]string
+	// pooled are the VMMs its pool holds ready, by tag (pooled_vmms).
+	pooled map[string]int
 	// stall, when set, holds GET /v1/snapshots/{stallTag} until closed.
 	stall    chan struct{}
 	stallTag string
@@ -208,7 +210,8 @@ func (s *standIn) serve(w http.ResponseWriter, r *http.Request) {
 			problem(w, 404, "not_found", "snapshot "+tag+" not found")
 			return
 		}
-		writeJSON(w, 200, map[string]any{"tag": tag, "memory_mib": mib, "disk_bytes": 0, "state": "ready", "owner": s.ownerOf(tag)})
+		writeJSON(w, 200, map[string]any{"tag": tag, "memory_mib": mib, "disk_bytes": 0, "state": "ready", "owner": s.ownerOf(tag),
+			"pooled_vmms": s.pooled[tag]})
 	case r.Method == http.MethodPost && path == "/v1/sandboxes":
 		s.fork(w, r)
 	case r.Method == http.MethodGet && path == "/v1/sandboxes":
@@ -254,7 +257,7 @@ func (s *standIn) listSnapshots(w http.ResponseWriter, r *http.Request) {
 			"tag": tag, "id": "snap-" + tag, "created": time.Unix(0, 0).UTC(), "recipe": "python",
 			"image_digest": "sha256:0", "vmm": "cloud-hypervisor", "vmm_version": "v0", "accel": "kvm",
 			"memory_mib": s.snapshots[tag], "vcpus": 2, "python": true, "files": map[string]any{},
-			"size_bytes": 1 << 30, "disk_bytes": 1 << 28, "create_ms": 1000, "pooled_vmms": 0,
+			"size_bytes": 1 << 30, "disk_bytes": 1 << 28, "create_ms": 1000, "pooled_vmms": s.pooled[tag],
 			"state": "ready", "depth": 0, "owner": s.ownerOf(tag),
 		})
 	}

@@ -51,17 +51,45 @@ func placementKeys(snapshots map[string]apiSnapshot) []string {
 	keys := make([]string, 0, 2*len(snapshots))
 	for tag, s := range snapshots {
 		keys = append(keys, occupiedKey(tag))
-		if publicSnapshot(s) {
-			keys = append(keys, tag)
-			continue
-		}
-		keys = append(keys, privateKey(s.Owner, tag))
-		for _, t := range s.SharedWith {
-			keys = append(keys, privateKey(t, tag))
-		}
+		keys = forkKeys(keys, tag, s)
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// forkKeys appends the keys a snapshot held as tag is forked under: the
+// tag for a public one, else one private key per tenant that may fork
+// it.
+func forkKeys(keys []string, tag string, s apiSnapshot) []string {
+	if publicSnapshot(s) {
+		return append(keys, tag)
+	}
+	keys = append(keys, privateKey(s.Owner, tag))
+	for _, t := range s.SharedWith {
+		keys = append(keys, privateKey(t, tag))
+	}
+	return keys
+}
+
+// warmKeys are a node's pooled VMMs by placement key (placement.Node's
+// Warm): each key a snapshot is forked under counts the VMMs pooled for
+// it. The keys of a snapshot shared between tenants each count its whole
+// pool, so forks under different keys may together be sent more than it
+// holds before the next report: the extra ones start cold.
+func warmKeys(snapshots map[string]apiSnapshot) map[string]int {
+	var warm map[string]int
+	for tag, s := range snapshots {
+		if s.Pooled <= 0 {
+			continue
+		}
+		if warm == nil {
+			warm = map[string]int{}
+		}
+		for _, k := range forkKeys(nil, tag, s) {
+			warm[k] = s.Pooled
+		}
+	}
+	return warm
 }
 
 // snapshotKeys are the placement keys of a Sandbox's snapshot: its

@@ -36,6 +36,34 @@ func TestPlacePrefersHolderWithMostFreeMemory(t *testing.T) {
 	}
 }
 
+// TestPlacePrefersAHolderWithAWarmVMM: among holders with room, one with
+// a pooled VMM left for the snapshot wins over more free memory, until
+// its placements use the VMMs it reported; a new report restores them; a
+// warm holder without room is passed over.
+func TestPlacePrefersAHolderWithAWarmVMM(t *testing.T) {
+	c := New()
+	c.SetNode(Node{Name: "big", Ready: true, MemoryBytes: 64 * gib, Snapshots: []string{"py"}})
+	warm := Node{Name: "warm", Ready: true, MemoryBytes: 9 * gib, Snapshots: []string{"py", "js"}, Warm: map[string]int{"py": 2}}
+	c.SetNode(warm)
+	var got []string
+	for i := range 3 {
+		got = append(got, mustPlace(t, c, Request{Key: fmt.Sprint("s", i), Snapshot: "py", MemoryBytes: 2 * gib}).Node)
+	}
+	if !slices.Equal(got, []string{"warm", "warm", "big"}) {
+		t.Fatalf("placed on %q, want warm's two pooled VMMs used first, then the most free memory", got)
+	}
+	if d := mustPlace(t, c, Request{Key: "j", Snapshot: "js", MemoryBytes: 2 * gib}); d.Node != "warm" {
+		t.Fatalf("js on %q, want warm (its only holder)", d.Node)
+	}
+	c.SetNode(warm) // refilled: 2 again; 3 GiB free
+	if d := mustPlace(t, c, Request{Key: "s3", Snapshot: "py", MemoryBytes: 4 * gib}); d.Node != "big" {
+		t.Fatalf("placed on %q, want big: warm has a VMM but not the room", d.Node)
+	}
+	if d := mustPlace(t, c, Request{Key: "s4", Snapshot: "py", MemoryBytes: gib}); d.Node != "warm" {
+		t.Fatalf("placed on %q, want warm: room for 1 GiB and a VMM after the report", d.Node)
+	}
+}
+
 func TestPlacePullsWhenNoHolderHasRoom(t *testing.T) {
 	c := New()
 	c.SetNode(Node{Name: "holder", Ready: true, MemoryBytes: 2 * gib, DiskFreeBytes: 100 * gib, Snapshots: []string{"py"}})
