@@ -203,3 +203,24 @@ func TestNewSandboxDeletedBeforeTheClaimNamedIt(t *testing.T) {
 		t.Fatalf("%d Sandboxes, claim names %q; want none, c", n, c.Status.Sandbox.Name)
 	}
 }
+
+// TestClaimAfterARestartDuringItsWait: a controller restarted while a
+// claim's first status waited (nothing remembered of its create) binds
+// the Sandbox it finds and still says why it forked.
+func TestClaimAfterARestartDuringItsWait(t *testing.T) {
+	e := newTestEnv(t, nodeSpec{name: "n1", memory: 8 * gib, snapshots: map[string]int{"py": 512}})
+	e.poll()
+	e.createTemplate("py", "py")
+	e.createClaim("c", "py")
+	e.reconcileClaimOnce("c")
+	e.claims.created = newSandboxes{} // restarted
+	e.reconcileClaim("c")
+	c := e.getClaim("c")
+	if c.Status.Sandbox.Name != "c" {
+		t.Fatalf("claim status %+v, want it to name Sandbox c", c.Status.Sandbox)
+	}
+	wantCondition(t, c.Status.Conditions, ConditionWarmPool, metav1.ConditionFalse, ReasonNoPool)
+	if n := len(e.sandboxes(nil)); n != 1 {
+		t.Fatalf("%d Sandboxes, want the one made before the restart", n)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -98,6 +99,31 @@ func (r *ClaimReconciler) takeFromPool(ctx context.Context, claim *v1.SandboxCla
 	}
 	r.setCondition(claim, ConditionWarmPool, metav1.ConditionFalse, ReasonNoneReady, msg+"; forked")
 	return nil, nil
+}
+
+// poolConditionOf gives a claim binding a Sandbox made or taken earlier,
+// with no WarmPool condition (the reconcile that made it ran before a
+// restart, or its status write was lost), the condition it would have
+// set: a pool's Sandbox (generated name, template hash) was taken; else
+// it forked, for the reason its pools give now.
+func (r *ClaimReconciler) poolConditionOf(ctx context.Context, claim *v1.SandboxClaim, sb *v1.Sandbox) error {
+	if meta.FindStatusCondition(claim.Status.Conditions, ConditionWarmPool) != nil {
+		return nil
+	}
+	if sb.Labels[LabelTemplateHash] != "" && sb.Name != claim.Name {
+		r.setCondition(claim, ConditionWarmPool, metav1.ConditionTrue, ReasonTakenFromPool,
+			fmt.Sprintf("took Sandbox %s from a warm pool", sb.Name))
+		return nil
+	}
+	pools, reason, msg, err := r.poolsFor(ctx, claim)
+	if err != nil {
+		return err
+	}
+	if len(pools) > 0 {
+		reason, msg = ReasonNoneReady, fmt.Sprintf("no ready Sandbox to take in warm pool %s", poolNames(pools))
+	}
+	r.setCondition(claim, ConditionWarmPool, metav1.ConditionFalse, reason, msg+"; forked")
+	return nil
 }
 
 // errBoundPastCache: the apiserver's copy of the claim names a Sandbox
