@@ -116,7 +116,8 @@ with Sandbox.create(os.environ["TAG"], client=c, timeout=600, metadata={"via": "
 // its node, is listed and forked through the gateway (the child has the
 // state written before the branch), while another namespace can neither
 // see nor fork it, and it is removed; the kill deletes the object, whose
-// finalizer deletes the microVM.
+// finalizer deletes the microVM. Then the TypeScript SDK does the same
+// (checkGatewayTS).
 func checkGateway(ctx context.Context, t *testing.T, c client.Client, gw *gatewayAccess, root string) {
 	t.Helper()
 	py, err := exec.LookPath("python3")
@@ -145,6 +146,7 @@ func checkGateway(ctx context.Context, t *testing.T, c client.Client, gw *gatewa
 	}
 	t.Logf("Python SDK through the gateway: fork, command, list, branch %s, fork of the branch (%s), refused to namespace %s, removed; kill of %s; in %v",
 		f[3], f[5], otherNS, f[1], time.Since(began).Round(time.Millisecond))
+	checkGatewayTS(ctx, t, gw, root)
 	for _, ns := range []string{claimNS, otherNS} {
 		waitFor(t, 2*time.Minute, "the gateway's Sandboxes in "+ns+" to be gone (killed, or undone, through the gateway)", func() (bool, error) {
 			var l v1.SandboxList
