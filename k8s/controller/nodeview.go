@@ -72,6 +72,8 @@ type NodeView struct {
 	lookups     map[string]*lookup
 	lookupSlots chan struct{}
 	lookingFor  map[string]int
+	// runCtx is Start's context: lookups end with the view.
+	runCtx context.Context
 }
 
 type nodeRecord struct {
@@ -187,6 +189,9 @@ func (v *NodeView) Start(ctx context.Context) error {
 	if interval <= 0 {
 		interval = 10 * time.Second
 	}
+	v.mu.Lock()
+	v.runCtx = ctx
+	v.mu.Unlock()
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {

@@ -59,10 +59,12 @@ type lookup struct {
 // at once rather than a round and a retry later: every node up is asked
 // for the tag (GET /v1/snapshots/{tag}, 16 at a time) and its ready
 // holders are recorded, with who may fork them, in the view and in
-// placement. It answers from a lookup that began after the call (so
-// after the Sandbox asking exists, and after any snapshot made before
-// it: no clock but the controller's is compared), starting one if none
-// did; callers arriving while one runs share the next. At most
+// placement. It answers from a lookup that began after since, when the
+// Sandbox asking first asked (so after it exists, and after any snapshot
+// made before it: no clock but the controller's is compared; its retries
+// pass the same since, so a lookup slower than one wait still answers
+// them), starting one if none did; callers arriving while one runs share
+// the next. At most
 // maxLookups run at once, each within lookupDeadline. sure is false
 // unless the lookup heard from every node (the view settled, every node
 // it knows up and answering 200 or 404, no copy still being written):
@@ -74,8 +76,7 @@ type lookup struct {
 // it found), and a tenant with a lookup running starts no other, so one
 // whose Sandboxes name many absent tags takes one slot of maxLookups.
 // Either way the answer is not sure: the caller asks again soon.
-func (v *NodeView) FindSnapshot(ctx context.Context, tag, tenant string) (held, sure bool) {
-	since := time.Now()
+func (v *NodeView) FindSnapshot(ctx context.Context, tag, tenant string, since time.Time) (held, sure bool) {
 	wait := time.NewTimer(durationOr(v.FindWait, findWait))
 	defer wait.Stop()
 	for {
@@ -147,8 +148,15 @@ func (v *NodeView) runLookup(ctx context.Context, tag string, l *lookup) {
 		v.mu.Unlock()
 		close(l.done)
 	}()
-	// Not the first caller's to cancel: others wait on it.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lookupDeadline)
+	// Not the first caller's to cancel, others wait on it: the view's
+	// (its Start's context), else the caller's without its cancel.
+	v.mu.Lock()
+	parent := v.runCtx
+	v.mu.Unlock()
+	if parent == nil {
+		parent = context.WithoutCancel(ctx)
+	}
+	ctx, cancel := context.WithTimeout(parent, lookupDeadline)
 	defer cancel()
 	select {
 	case v.lookupSlots <- struct{}{}:

@@ -153,7 +153,8 @@ func TestNodeViewUsesDaemonCapacity(t *testing.T) {
 // TestFindSnapshotWaitsBoundedAndFairly: a lookup a node is slow to
 // answer holds its caller at most FindWait (not sure; the lookup runs
 // on), the tenant that started it starts no other meanwhile (not sure at
-// once, no node asked), and another tenant's lookups run and answer.
+// once, no node asked), and another tenant's lookups run and answer; the
+// slow lookup, once done, answers the first caller's retry.
 func TestFindSnapshotWaitsBoundedAndFairly(t *testing.T) {
 	e := newTestEnv(t, nodeSpec{name: "n1", memory: 8 * gib})
 	e.poll() // settled: a lookup may call a tag absent
@@ -170,21 +171,28 @@ func TestFindSnapshotWaitsBoundedAndFairly(t *testing.T) {
 	}
 
 	e.nodes.FindWait = 50 * time.Millisecond
-	if held, sure := e.nodes.FindSnapshot(e.ctx, "slow", "team-a"); held || sure {
+	asked := time.Now() // the slow Sandbox's first ask
+	if held, sure := e.nodes.FindSnapshot(e.ctx, "slow", "team-a", asked); held || sure {
 		t.Fatalf("a lookup the node does not answer: held %v, sure %v; want neither", held, sure)
 	}
-	if held, sure := e.nodes.FindSnapshot(e.ctx, "later", "team-a"); held || sure || gets("later") != 0 {
+	if held, sure := e.nodes.FindSnapshot(e.ctx, "later", "team-a", time.Now()); held || sure || gets("later") != 0 {
 		t.Fatalf("team-a's second tag while its lookup runs: held %v, sure %v, %d GETs; want not sure, no GET", held, sure, gets("later"))
 	}
 
 	e.nodes.FindWait = time.Minute // the lookup's own time, not this bound
-	if held, sure := e.nodes.FindSnapshot(e.ctx, "later", "team-b"); !held || !sure {
+	if held, sure := e.nodes.FindSnapshot(e.ctx, "later", "team-b", time.Now()); !held || !sure {
 		t.Fatalf("team-b's lookup while team-a's is held up: held %v, sure %v; want found", held, sure)
 	}
 
+	// The slow lookup ends; the Sandbox's retry, passing its first ask,
+	// is answered by it (sure: absent) and asks no node again.
 	close(stall)
+	if held, sure := e.nodes.FindSnapshot(e.ctx, "slow", "team-a", asked); held || !sure || gets("slow") != 1 {
+		t.Fatalf("the retry after the slow lookup: held %v, sure %v, %d GETs of slow; want sure absent from the one lookup",
+			held, sure, gets("slow"))
+	}
 	waitFor(t, "team-a's lookups to run again", func() bool {
-		held, sure := e.nodes.FindSnapshot(e.ctx, "absent", "team-a")
+		held, sure := e.nodes.FindSnapshot(e.ctx, "absent", "team-a", time.Now())
 		return !held && sure
 	})
 }

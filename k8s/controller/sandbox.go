@@ -91,8 +91,10 @@ type SandboxReconciler struct {
 	Events EventRecorder
 	Log    logr.Logger
 
-	// writes are the status writes the cache has not shown yet.
+	// writes are the status writes the cache has not shown yet; asked,
+	// when each Sandbox looking for its tag first asked.
 	writes ownWrites[progress]
+	asked  askedSince
 }
 
 func (r *SandboxReconciler) now() time.Time {
@@ -122,6 +124,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if err != nil {
 		if apierrors.IsNotFound(err) {
 			r.writes.forget(req.NamespacedName)
+			r.asked.done(key)
 			r.Cluster.Release(key)
 			return ctrl.Result{}, nil
 		}
@@ -221,13 +224,16 @@ func (r *SandboxReconciler) place(ctx context.Context, key string, sb *v1.Sandbo
 		sure := true
 		if errors.Is(err, placement.ErrNoCapacity) && !r.Nodes.HeldAnywhere(tag, tenant) {
 			// Perhaps made on a node since the view's last round (a
-			// branch): asked for on every node, by a lookup begun now,
-			// after the Sandbox exists.
+			// branch): asked for on every node, by a lookup begun
+			// after the Sandbox first asked, so after it exists.
 			var held bool
-			held, sure = r.Nodes.FindSnapshot(ctx, tag, tenant)
+			held, sure = r.Nodes.FindSnapshot(ctx, tag, tenant, r.asked.since(key, tag))
 			if held {
 				d, began, err = r.placeTimed(req)
 			}
+		}
+		if err == nil || sure {
+			r.asked.done(key)
 		}
 		if err == nil {
 			starts.begin(sb.UID, began, d.Pull)
