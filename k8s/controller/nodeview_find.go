@@ -218,6 +218,8 @@ func (v *NodeView) runLookup(ctx context.Context, tag string, l *lookup) {
 			r.foundAt = map[string]time.Time{}
 		}
 		r.foundAt[tag] = l.began
-		v.Cluster.SetNode(r.node(r.failures == 0))
+		n := r.node(r.failures == 0)
+		n.Warm = nil // the poll's pools, not news: placement keeps its count
+		v.Cluster.SetNode(n)
 	}
 }

@@ -77,13 +77,10 @@ func forkKeys(keys []string, tag string, s apiSnapshot) []string {
 // pool, so forks under different keys may together be sent more than it
 // holds before the next report: the extra ones start cold.
 func warmKeys(snapshots map[string]apiSnapshot) map[string]int {
-	var warm map[string]int
+	warm := map[string]int{} // not nil: a report, even of no pools
 	for tag, s := range snapshots {
 		if s.Pooled <= 0 {
 			continue
-		}
-		if warm == nil {
-			warm = map[string]int{}
 		}
 		for _, k := range forkKeys(nil, tag, s) {
 			warm[k] = s.Pooled

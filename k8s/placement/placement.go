@@ -43,10 +43,11 @@ type Node struct {
 	// Snapshots are the tags of the snapshots the node holds.
 	Snapshots []string
 	// Warm counts, by snapshot tag, the VMMs the node reported ready in
-	// its pool for that snapshot: a fork there starts from one (tens of
-	// milliseconds) instead of restoring a VMM first. Among holders with
-	// room, placement prefers one with a VMM left, counting its own
-	// placements down until the next report.
+	// its pool for that snapshot: a fork there starts from one instead of
+	// restoring a VMM first. Among holders with room, placement prefers
+	// the one with the most VMMs left, counting its own placements down
+	// until the next report. Nil: no report of the pools (what placement
+	// counts stays); a map, even empty, is one.
 	Warm map[string]int
 }
 
@@ -193,10 +194,12 @@ func (c *Cluster) SetNode(info Node) {
 	}
 	n.Node = info
 	n.Snapshots = append([]string(nil), info.Snapshots...)
-	n.warm = make(map[string]int, len(info.Warm))
-	for tag, k := range info.Warm {
-		if k > 0 {
-			n.warm[tag] = k
+	if info.Warm != nil || n.warm == nil {
+		n.warm = make(map[string]int, len(info.Warm))
+		for tag, k := range info.Warm {
+			if k > 0 {
+				n.warm[tag] = k
+			}
 		}
 	}
 	n.foreign = max(0, info.CommittedBytes-n.reserved)
@@ -263,8 +266,9 @@ func (c *Cluster) Release(key string) {
 
 // Place picks a node for req and reserves req.MemoryBytes there. Placing a
 // key again returns its first decision. In order of preference: the ready
-// node holding the snapshot with a pooled VMM left for it (Node.Warm) and
-// the most free memory; the ready holder with the most free memory; a node
+// node holding the snapshot with the most pooled VMMs left for it
+// (Node.Warm), then the most free memory; the ready holder with the most
+// free memory; a node
 // already pulling it; the ready node with the most free memory (and the
 // disk) to pull it to. Ties go to the node whose name sorts first, so a
 // decision is reproducible.
@@ -338,28 +342,23 @@ func best(set *nodeSet, fits func(*node) bool) *node {
 	return b
 }
 
-// bestHolder returns the holder of key that fits with a pooled VMM left
-// for it and the most free memory, else the one that fits with the most.
+// bestHolder returns the holder of key that fits with the most pooled
+// VMMs left for it, then the most free memory (so a burst spreads over
+// the pools rather than emptying one).
 func bestHolder(set *nodeSet, fits func(*node) bool, key string) *node {
 	if set == nil {
 		return nil
 	}
-	var warm, cold *node
+	var b *node
 	for _, n := range set.list {
-		switch {
-		case !fits(n):
-		case n.warm[key] > 0:
-			if better(n, warm) {
-				warm = n
-			}
-		case warm == nil && better(n, cold):
-			cold = n
+		if !fits(n) {
+			continue
+		}
+		if b == nil || n.warm[key] > b.warm[key] || n.warm[key] == b.warm[key] && better(n, b) {
+			b = n
 		}
 	}
-	if warm != nil {
-		return warm
-	}
-	return cold
+	return b
 }
 
 // better orders candidates: more free memory, then the smaller name.

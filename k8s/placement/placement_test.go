@@ -55,12 +55,34 @@ func TestPlacePrefersAHolderWithAWarmVMM(t *testing.T) {
 	if d := mustPlace(t, c, Request{Key: "j", Snapshot: "js", MemoryBytes: 2 * gib}); d.Node != "warm" {
 		t.Fatalf("js on %q, want warm (its only holder)", d.Node)
 	}
+	noNews := warm
+	noNews.Warm = nil // a report without the pools (a lookup's): the count stays
+	c.SetNode(noNews)
+	if d := mustPlace(t, c, Request{Key: "s9", Snapshot: "py", MemoryBytes: gib}); d.Node != "big" {
+		t.Fatalf("placed on %q after a report without pools, want big: warm's VMMs are counted used", d.Node)
+	}
+	c.Release("s9")
 	c.SetNode(warm) // refilled: 2 again; 3 GiB free
 	if d := mustPlace(t, c, Request{Key: "s3", Snapshot: "py", MemoryBytes: 4 * gib}); d.Node != "big" {
 		t.Fatalf("placed on %q, want big: warm has a VMM but not the room", d.Node)
 	}
 	if d := mustPlace(t, c, Request{Key: "s4", Snapshot: "py", MemoryBytes: gib}); d.Node != "warm" {
 		t.Fatalf("placed on %q, want warm: room for 1 GiB and a VMM after the report", d.Node)
+	}
+}
+
+// TestPlaceSpreadsOverThePools: the holder with the most pooled VMMs left
+// goes first, so a burst uses every pool rather than emptying one.
+func TestPlaceSpreadsOverThePools(t *testing.T) {
+	c := New()
+	c.SetNode(Node{Name: "x", Ready: true, MemoryBytes: 64 * gib, Snapshots: []string{"py"}, Warm: map[string]int{"py": 1}})
+	c.SetNode(Node{Name: "y", Ready: true, MemoryBytes: 16 * gib, Snapshots: []string{"py"}, Warm: map[string]int{"py": 2}})
+	var got []string
+	for i := range 4 {
+		got = append(got, mustPlace(t, c, Request{Key: fmt.Sprint("s", i), Snapshot: "py", MemoryBytes: gib}).Node)
+	}
+	if !slices.Equal(got, []string{"y", "x", "y", "x"}) {
+		t.Fatalf("placed on %q, want y (2 left), then x and y at 1 each by free memory, then x by memory", got)
 	}
 }
 
