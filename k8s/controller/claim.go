@@ -170,9 +170,7 @@ func (r *ClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	r.mirror(&claim, sb)
 	if orig.Sandbox.Name == "" {
 		r.created.carryConditions(&claim)
-		if err := r.poolConditionOf(ctx, &claim, sb); err != nil {
-			return ctrl.Result{}, err
-		}
+		r.poolConditionOf(ctx, &claim, sb)
 		if hold := r.created.holdStatus(&claim, sb, r.now()); hold > 0 {
 			// Its fork is under way; its Running status (or why not)
 			// brings the claim back, else this does.

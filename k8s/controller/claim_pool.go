@@ -104,26 +104,28 @@ func (r *ClaimReconciler) takeFromPool(ctx context.Context, claim *v1.SandboxCla
 // poolConditionOf gives a claim binding a Sandbox made or taken earlier,
 // with no WarmPool condition (the reconcile that made it ran before a
 // restart, or its status write was lost), the condition it would have
-// set: a pool's Sandbox (generated name, template hash) was taken; else
-// it forked, for the reason its pools give now.
-func (r *ClaimReconciler) poolConditionOf(ctx context.Context, claim *v1.SandboxClaim, sb *v1.Sandbox) error {
+// set: a pool's Sandbox (named by the pool: POOL-xxxxx) was taken; else
+// it forked, for the reason its pools give now. A failure to list them
+// leaves the condition unset (it is only what happened, and the binding
+// must not wait for it).
+func (r *ClaimReconciler) poolConditionOf(ctx context.Context, claim *v1.SandboxClaim, sb *v1.Sandbox) {
 	if meta.FindStatusCondition(claim.Status.Conditions, ConditionWarmPool) != nil {
-		return nil
+		return
 	}
-	if sb.Labels[LabelTemplateHash] != "" && sb.Name != claim.Name {
+	if pool := strings.TrimSuffix(sb.GenerateName, "-"); pool != "" && sb.Name != claim.Name {
 		r.setCondition(claim, ConditionWarmPool, metav1.ConditionTrue, ReasonTakenFromPool,
-			fmt.Sprintf("took Sandbox %s from a warm pool", sb.Name))
-		return nil
+			fmt.Sprintf("took Sandbox %s from warm pool %s", sb.Name, pool))
+		return
 	}
 	pools, reason, msg, err := r.poolsFor(ctx, claim)
 	if err != nil {
-		return err
+		r.Log.Error(err, "listing warm pools for a claim's WarmPool condition", "claim", client.ObjectKeyFromObject(claim).String())
+		return
 	}
 	if len(pools) > 0 {
 		reason, msg = ReasonNoneReady, fmt.Sprintf("no ready Sandbox to take in warm pool %s", poolNames(pools))
 	}
 	r.setCondition(claim, ConditionWarmPool, metav1.ConditionFalse, reason, msg+"; forked")
-	return nil
 }
 
 // errBoundPastCache: the apiserver's copy of the claim names a Sandbox
