@@ -120,12 +120,8 @@ with Sandbox.create(os.environ["TAG"], client=c, timeout=600, metadata={"via": "
 // (checkGatewayTS).
 func checkGateway(ctx context.Context, t *testing.T, c client.Client, gw *gatewayAccess, root string) {
 	t.Helper()
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		if os.Getenv("FORKD_K8S_REQUIRED") == "1" {
-			t.Fatal("the gateway check runs the Python SDK: install python3")
-		}
-		t.Log("no python3: the gateway check is skipped")
+	py, ok := optionalTool(t, "python3", "the gateway check runs the Python SDK")
+	if !ok {
 		return
 	}
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: otherNS}}); err != nil && !apierrors.IsAlreadyExists(err) {

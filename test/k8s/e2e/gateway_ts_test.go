@@ -42,12 +42,8 @@ try {
 // (built from sdk/typescript first: npm ci when it has no node_modules).
 func checkGatewayTS(ctx context.Context, t *testing.T, gw *gatewayAccess, root string) {
 	t.Helper()
-	node, err := exec.LookPath("node")
-	if err != nil {
-		if os.Getenv("FORKD_K8S_REQUIRED") == "1" {
-			t.Fatal("the gateway check runs the TypeScript SDK: install node and npm (scripts/install-deps.sh)")
-		}
-		t.Log("no node: the TypeScript SDK's gateway check is skipped")
+	node, ok := optionalTool(t, "node", "the gateway check runs the TypeScript SDK")
+	if !ok {
 		return
 	}
 	sdk := filepath.Join(root, "sdk", "typescript")

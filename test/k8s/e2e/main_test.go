@@ -61,6 +61,22 @@ func requireNodes(t *testing.T) {
 	}
 }
 
+// optionalTool finds the tool name a part of a test needs, else fails
+// the test saying why it is needed (FORKD_K8S_REQUIRED=1), or logs that
+// the part is skipped and returns false.
+func optionalTool(t *testing.T, name, why string) (string, bool) {
+	t.Helper()
+	path, err := exec.LookPath(name)
+	if err == nil {
+		return path, true
+	}
+	if os.Getenv(testenv.RequiredEnv) == "1" {
+		t.Fatalf("%s: install %s (scripts/install-deps.sh)", why, name)
+	}
+	t.Logf("no %s: %s, skipped", name, why)
+	return "", false
+}
+
 func missing(t *testing.T, why string) {
 	t.Helper()
 	if os.Getenv(testenv.RequiredEnv) == "1" {
