@@ -7,6 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/forkd-dev/forkd/k8s/api/v1alpha1"
 )
@@ -57,7 +58,7 @@ func (n *newSandboxes) created(claim *v1.SandboxClaim, name string, now time.Tim
 	if c := meta.FindStatusCondition(claim.Status.Conditions, ConditionWarmPool); c != nil {
 		rec.pool = c.DeepCopy()
 	}
-	n.m[types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}] = rec
+	n.m[client.ObjectKeyFromObject(claim)] = rec
 }
 
 // carryConditions gives a claim not yet showing it the WarmPool condition
@@ -74,7 +75,7 @@ func (n *newSandboxes) carryConditions(claim *v1.SandboxClaim) {
 func (n *newSandboxes) lookup(claim *v1.SandboxClaim) (createdSandbox, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	rec, ok := n.m[types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}]
+	rec, ok := n.m[client.ObjectKeyFromObject(claim)]
 	return rec, ok && rec.claim == claim.UID
 }
 

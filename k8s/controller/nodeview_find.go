@@ -64,11 +64,10 @@ type lookup struct {
 // made before it: no clock but the controller's is compared; its retries
 // pass the same since, so a lookup slower than one wait still answers
 // them), starting one if none did; callers arriving while one runs share
-// the next. At most
-// maxLookups run at once, each within lookupDeadline. sure is false
-// unless the lookup heard from every node (the view settled, every node
-// it knows up and answering 200 or 404, no copy still being written):
-// only then may the tag be called absent.
+// the next. At most maxLookups run at once, each within lookupDeadline.
+// sure is false unless the lookup heard from every node (the view
+// settled, every node it knows up and answering 200 or 404, no copy still
+// being written): only then may the tag be called absent.
 //
 // A reconcile worker is not held for long, nor one namespace's typos
 // allowed to hold the lookups others' branches need: a caller waits at

@@ -96,7 +96,3 @@ type progress struct {
 func progressOf(sb *v1.Sandbox) progress {
 	return progress{node: sb.Status.NodeName, id: sb.Status.SandboxID, phase: sb.Status.Phase}
 }
-
-func keyOf(namespace, name string) types.NamespacedName {
-	return types.NamespacedName{Namespace: namespace, Name: name}
-}

@@ -423,6 +423,6 @@ func (r *SandboxReconciler) updateStatus(ctx context.Context, sb *v1.Sandbox) er
 	if err := r.Client.Status().Update(ctx, sb); err != nil {
 		return err
 	}
-	r.writes.wrote(keyOf(sb.Namespace, sb.Name), sb.UID, progressOf(sb))
+	r.writes.wrote(client.ObjectKeyFromObject(sb), sb.UID, progressOf(sb))
 	return nil
 }

@@ -267,11 +267,9 @@ func (c *Cluster) Release(key string) {
 // Place picks a node for req and reserves req.MemoryBytes there. Placing a
 // key again returns its first decision. In order of preference: the ready
 // node holding the snapshot with the most pooled VMMs left for it
-// (Node.Warm), then the most free memory; the ready holder with the most
-// free memory; a node
-// already pulling it; the ready node with the most free memory (and the
-// disk) to pull it to. Ties go to the node whose name sorts first, so a
-// decision is reproducible.
+// (Node.Warm), then the most free memory; a node already pulling it; the
+// ready node with the most free memory (and the disk) to pull it to. Ties
+// go to the node whose name sorts first, so a decision is reproducible.
 func (c *Cluster) Place(req Request) (Decision, error) {
 	if req.MemoryBytes < 0 {
 		return Decision{}, fmt.Errorf("place %s: negative memory %d", req.Key, req.MemoryBytes)
@@ -290,7 +288,7 @@ func (c *Cluster) Place(req Request) (Decision, error) {
 		if i >= 0 {
 			key = req.Also[i]
 		}
-		if n := bestHolder(c.holders[key], fits, key); n != nil {
+		if n := best(c.holders[key], fits, key); n != nil {
 			if n.warm[key] > 0 {
 				n.warm[key]--
 			}
@@ -298,7 +296,7 @@ func (c *Cluster) Place(req Request) (Decision, error) {
 			return Decision{Node: n.Name}, nil
 		}
 	}
-	if n := best(c.pulling[req.Snapshot], fits); n != nil {
+	if n := best(c.pulling[req.Snapshot], fits, req.Snapshot); n != nil {
 		c.reserveLocked(req.Key, n, req.MemoryBytes, true)
 		return Decision{Node: n.Name, Pull: true}, nil
 	}
@@ -328,24 +326,11 @@ func (c *Cluster) Place(req Request) (Decision, error) {
 	return Decision{Node: n.Name, Pull: true}, nil
 }
 
-// best returns the node of set that fits with the most free memory.
-func best(set *nodeSet, fits func(*node) bool) *node {
-	if set == nil {
-		return nil
-	}
-	var b *node
-	for _, n := range set.list {
-		if fits(n) && better(n, b) {
-			b = n
-		}
-	}
-	return b
-}
-
-// bestHolder returns the holder of key that fits with the most pooled
-// VMMs left for it, then the most free memory (so a burst spreads over
-// the pools rather than emptying one).
-func bestHolder(set *nodeSet, fits func(*node) bool, key string) *node {
+// best returns the node of set that fits with the most pooled VMMs left
+// for key, then the most free memory (so a burst spreads over the pools
+// rather than emptying one). Nodes pulling key hold no pool for it: among
+// them, the most free memory.
+func best(set *nodeSet, fits func(*node) bool, key string) *node {
 	if set == nil {
 		return nil
 	}
