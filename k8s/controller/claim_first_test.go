@@ -70,6 +70,19 @@ func (e *testEnv) hideFromClaims(hide func(*v1.Sandbox) bool, name string, stale
 	})
 }
 
+// newWaitingClaim is one settled node holding py, template py and a
+// claim of it named name, reconciled once: its Sandbox created, its first
+// status waiting for the Sandbox's news.
+func newWaitingClaim(t *testing.T, name string) *testEnv {
+	t.Helper()
+	e := newTestEnv(t, nodeSpec{name: "n1", memory: 8 * gib, snapshots: map[string]int{"py": 512}})
+	e.poll()
+	e.createTemplate("py", "py")
+	e.createClaim(name, "py")
+	e.reconcileClaimOnce(name)
+	return e
+}
+
 // TestClaimFirstStatusWaitsForItsSandbox: a claim that creates its
 // Sandbox writes no status until the Sandbox has news, so a quick fork's
 // claim is written once, Ready, with the WarmPool condition its create
@@ -123,11 +136,7 @@ func TestClaimFirstStatusWaitsForItsSandbox(t *testing.T) {
 // one, not a warm pool's (the status that guarded against it is not
 // written yet).
 func TestClaimBindsItsNewSandboxBehindTheCache(t *testing.T) {
-	e := newTestEnv(t, nodeSpec{name: "n1", memory: 8 * gib, snapshots: map[string]int{"py": 512}})
-	e.poll()
-	e.createTemplate("py", "py")
-	e.createClaim("job", "py")
-	e.reconcileClaimOnce("job")
+	e := newWaitingClaim(t, "job")
 	// A pool fills; the claim's cache lists no Sandbox of the claim.
 	e.createPool("pool", "py", 1)
 	e.fillPool("pool")
@@ -186,11 +195,7 @@ func TestStaleClaimAfterAReplacementCreatesNothing(t *testing.T) {
 // claim's first status still waited ends the claim (SandboxGone), as a
 // bound one deleted does; it is not forked again.
 func TestNewSandboxDeletedBeforeTheClaimNamedIt(t *testing.T) {
-	e := newTestEnv(t, nodeSpec{name: "n1", memory: 8 * gib, snapshots: map[string]int{"py": 512}})
-	e.poll()
-	e.createTemplate("py", "py")
-	e.createClaim("c", "py")
-	e.reconcileClaimOnce("c")
+	e := newWaitingClaim(t, "c")
 	if err := e.client.Delete(e.ctx, e.get("c")); err != nil {
 		t.Fatal(err)
 	}
@@ -208,11 +213,7 @@ func TestNewSandboxDeletedBeforeTheClaimNamedIt(t *testing.T) {
 // claim's first status waited (nothing remembered of its create) binds
 // the Sandbox it finds and still says why it forked.
 func TestClaimAfterARestartDuringItsWait(t *testing.T) {
-	e := newTestEnv(t, nodeSpec{name: "n1", memory: 8 * gib, snapshots: map[string]int{"py": 512}})
-	e.poll()
-	e.createTemplate("py", "py")
-	e.createClaim("c", "py")
-	e.reconcileClaimOnce("c")
+	e := newWaitingClaim(t, "c")
 	e.claims.created = newSandboxes{} // restarted
 	e.reconcileClaim("c")
 	c := e.getClaim("c")
